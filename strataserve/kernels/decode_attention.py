@@ -1,0 +1,176 @@
+"""Paged decode attention: one query token per sequence against its KV cache, split-KV (flash-decoding).
+
+Math, for sequence b and query head h with KV head g = h // G (G = query heads per KV head, GQA), context
+length L_b (the current token's KV already stored), scale s:
+
+    o[b, h] = sum_j softmax_j(s * q[b, h] · K[b, j, g]) V[b, j, g],   j < L_b
+
+K/V rows are found through the block table: row j lives at k_cache[block_tables[b, j // block_size],
+j % block_size, g].
+
+Algorithm: the online softmax of FlashAttention (Dao et al., 2022) within a program, and the split-KV scheme of
+Flash-Decoding (Dao, Haziza, Massa, Sizov, 2023): the context is cut into ``num_splits`` ranges processed by
+separate programs, each writing a partial output o_s and its log-sum-exp lse_s; a second kernel combines
+
+    o = sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m),   m = max_s lse_s
+
+so one long sequence still fills the GPU. The G query heads sharing one KV head are packed into the rows of one
+program's tile (padded to 16 rows for the tensor cores), so each K/V row is read once per KV head, not G times.
+A sequence with L_b = 0 (padding in a CUDA-graph batch) yields zeros. ``num_splits`` is a launch parameter, not
+derived from L_b on the host, so a captured graph replays correctly for any context length.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from strataserve.kernels._checks import (check, check_float, check_index, check_ndim, check_same_device,
+                                         dot_precision, next_pow2)
+
+
+@triton.jit
+def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
+                         q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh,
+                         scale, G, D, block_size,
+                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PREC: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    ctx = tl.load(ctx_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, ctx)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    hmask = offs_h < G
+    dmask = offs_d < D
+    heads = kvh * G + offs_h
+    q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + offs_d[None, :],
+                mask=hmask[:, None] & dmask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        blk = tl.load(bt_ptr + b * bt_sb + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
+        row = blk * c_sb + (offs_n % block_size) * c_ss + kvh * c_sh
+        kvmask = nmask[:, None] & dmask[None, :]
+        k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        p = tl.exp(qk - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+
+    nonempty = l_i > 0
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+    tl.store(po_ptr + b * po_sb + heads[:, None] * po_sh + split * po_ss + offs_d[None, :], out,
+             mask=hmask[:, None] & dmask[None, :])
+    tl.store(pl_ptr + b * pl_sb + heads * pl_sh + split, lse, mask=hmask)
+
+
+@triton.jit
+def _paged_decode_reduce_kernel(po_ptr, pl_ptr, o_ptr, po_sb, po_sh, po_ss, pl_sb, pl_sh, o_sb, o_sh,
+                                num_splits, D, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    smask = offs_s < num_splits
+    lse = tl.load(pl_ptr + b * pl_sb + h * pl_sh + offs_s, mask=smask, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m)
+    total = tl.sum(w, axis=0)
+    o = tl.load(po_ptr + b * po_sb + h * po_sh + offs_s[:, None] * po_ss + offs_d[None, :],
+                mask=smask[:, None] & (offs_d[None, :] < D), other=0.0)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(o_ptr + b * o_sb + h * o_sh + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
+
+
+def default_num_splits(batch: int, num_kv_heads: int, num_sms: int = 132, max_splits: int = 16) -> int:
+    """Enough programs to fill the GPU about twice; fixed per batch size so CUDA graphs can capture it."""
+    want = (2 * num_sms + batch * num_kv_heads - 1) // (batch * num_kv_heads)
+    return max(1, min(max_splits, want))
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           num_splits: int | None = None, out: torch.Tensor | None = None,
+                           block_n: int = 64) -> torch.Tensor:
+    """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B].
+
+    Returns ``out`` [B, Hq, D] in q's dtype.
+    """
+    check_ndim("q", q, 3, "[batch, q_heads, head_dim]")
+    check_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, kv_heads, head_dim]")
+    check(v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(),
+          "v_cache: must have k_cache's shape and strides")
+    check_float("q", q)
+    check(q.dtype == k_cache.dtype == v_cache.dtype, f"dtypes differ: q {q.dtype}, caches {k_cache.dtype}")
+    B, Hq, D = q.shape
+    _, block_size, Hkv, Dc = k_cache.shape
+    check(Dc == D, f"head_dim differs: q {D}, cache {Dc}")
+    check(Hq % Hkv == 0, f"q heads {Hq} must be a multiple of kv heads {Hkv}")
+    check(q.stride(2) == 1 and k_cache.stride(3) == 1, "head_dim must be contiguous in q and the caches")
+    check_ndim("block_tables", block_tables, 2, "[batch, max_blocks]")
+    check(block_tables.shape[0] == B and block_tables.stride(1) == 1,
+          f"block_tables: expected {B} rows with contiguous columns, got {tuple(block_tables.shape)}")
+    check_index("block_tables", block_tables)
+    check_index("context_lens", context_lens)
+    check(context_lens.shape == (B,), f"context_lens: expected shape ({B},), got {tuple(context_lens.shape)}")
+    check_same_device(q=q, k_cache=k_cache, block_tables=block_tables, context_lens=context_lens)
+    if out is None:
+        out = torch.empty_like(q)
+    check(out.shape == q.shape and out.dtype == q.dtype and out.stride(2) == 1, "out: must match q")
+    if B == 0:
+        return out
+    G = Hq // Hkv
+    splits = num_splits or default_num_splits(B, Hkv)
+    block_d = max(16, next_pow2(D))
+    partial = torch.empty(B, Hq, splits, block_d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
+    _paged_decode_kernel[(B, Hkv, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, partial, lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
+        scale, G, D, block_size,
+        BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, PREC=dot_precision(q.dtype),
+        num_warps=4, num_stages=2)
+    _paged_decode_reduce_kernel[(B, Hq)](
+        partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1), splits, D, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_d, num_warps=4)
+    return out
+
+
+def gather_kv_ref(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` rows [length, Hkv, D] of one sequence's paged cache."""
+    bs = cache.shape[1]
+    j = torch.arange(length, device=cache.device)
+    return cache[block_table[j // bs].long(), j % bs]
+
+
+def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    out = torch.zeros_like(q)
+    G = q.shape[1] // k_cache.shape[2]
+    for b in range(q.shape[0]):
+        L = int(context_lens[b])
+        if L == 0:
+            continue
+        k = gather_kv_ref(k_cache, block_tables[b], L).float().repeat_interleave(G, dim=1)  # [L, Hq, D]
+        v = gather_kv_ref(v_cache, block_tables[b], L).float().repeat_interleave(G, dim=1)
+        att = torch.einsum("hd,lhd->hl", q[b].float(), k) * scale
+        out[b] = torch.einsum("hl,lhd->hd", att.softmax(-1), v).to(q.dtype)
+    return out

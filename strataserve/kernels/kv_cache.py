@@ -1,0 +1,70 @@
+"""Store new keys and values into the paged KV cache through a slot mapping.
+
+Paged KV layout (Kwon et al., "Efficient Memory Management for Large Language Model Serving with
+PagedAttention", SOSP 2023): per layer ``k_cache``/``v_cache`` are [num_blocks, block_size, num_kv_heads,
+head_dim]. Token t of the step goes to slot s = slot_mapping[t]:
+
+    k_cache[s // block_size, s % block_size] = k[t]      (same for v)
+
+A negative slot means "do not store" (padding tokens of a CUDA-graph batch). One program per token copies all its
+KV heads; inputs may be strided views (e.g. slices of a fused qkv projection).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from strataserve.kernels._checks import check, check_index, check_ndim, check_same_device, next_pow2
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+                     k_st, k_sh, v_st, v_sh, c_sb, c_ss, c_sh,
+                     H, D, block_size, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if slot >= 0:
+        blk = slot // block_size
+        off = slot % block_size
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        m = (h[:, None] < H) & (d[None, :] < D)
+        dst = blk * c_sb + off * c_ss + h[:, None] * c_sh + d[None, :]
+        k = tl.load(k_ptr + tok * k_st + h[:, None] * k_sh + d[None, :], mask=m)
+        v = tl.load(v_ptr + tok * v_st + h[:, None] * v_sh + d[None, :], mask=m)
+        tl.store(kc_ptr + dst, k, mask=m)
+        tl.store(vc_ptr + dst, v, mask=m)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write ``k``, ``v`` [T, Hkv, D] into ``k_cache``/``v_cache`` [NB, BS, Hkv, D] at ``slot_mapping`` [T]."""
+    check_ndim("k", k, 3, "[tokens, kv_heads, head_dim]")
+    check(v.shape == k.shape, f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
+    check_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, kv_heads, head_dim]")
+    check(v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(),
+          "v_cache: must have k_cache's shape and strides")
+    T, H, D = k.shape
+    check(k_cache.shape[2:] == (H, D), f"k_cache: heads/head_dim {tuple(k_cache.shape[2:])} differ from k's {(H, D)}")
+    check(k.dtype == v.dtype == k_cache.dtype == v_cache.dtype,
+          f"dtypes differ: k {k.dtype}, v {v.dtype}, caches {k_cache.dtype}/{v_cache.dtype}")
+    check(k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1, "head_dim must be contiguous everywhere")
+    check_index("slot_mapping", slot_mapping)
+    check(slot_mapping.shape == (T,), f"slot_mapping: expected shape ({T},), got {tuple(slot_mapping.shape)}")
+    check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    if T == 0:
+        return
+    _store_kv_kernel[(T,)](k, v, k_cache, v_cache, slot_mapping,
+                           k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                           k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                           H, D, k_cache.shape[1], BLOCK_H=next_pow2(H), BLOCK_D=next_pow2(D), num_warps=4)
+
+
+def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    bs = k_cache.shape[1]
+    k_cache[slots // bs, slots % bs] = k[keep]
+    v_cache[slots // bs, slots % bs] = v[keep]

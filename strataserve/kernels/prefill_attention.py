@@ -1,0 +1,126 @@
+"""Prefill attention over a paged KV cache with a cached prefix: variable-length, causal, block tables.
+
+Segment s of the step holds q_len_s new query tokens of a sequence whose total length (cached prefix plus the
+new tokens, all already stored in the cache) is L_s. Query row i has position p_i = L_s - q_len_s + i and attends
+to keys j ≤ p_i (causal; the whole prefix included):
+
+    o_i = sum_{j ≤ p_i} softmax_j(s · q_i · K_j) V_j,   K_j = k_cache[block_table[j // bs], j % bs, h // G]
+
+Algorithm: FlashAttention's tiling with an online softmax (Dao et al., "FlashAttention: Fast and Memory-Efficient
+Exact Attention with IO-Awareness", 2022): a program owns BLOCK_M query rows of one head of one segment and
+streams the keys in BLOCK_N tiles, gathered row by row through the block table, stopping at the causal edge.
+Queries are packed back to back ([total_tokens, Hq, D], ``cu_seqlens_q`` marks segments).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from strataserve.kernels._checks import (check, check_float, check_index, check_ndim, check_same_device,
+                                         dot_precision, next_pow2)
+from strataserve.kernels.decode_attention import gather_kv_ref
+
+
+@triton.jit
+def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_ptr,
+                              q_st, q_sh, o_st, o_sh, c_sb, c_ss, c_sh, bt_sb,
+                              scale, G, D, block_size,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                              PREC: tl.constexpr):
+    mb = tl.program_id(0)
+    seg = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2)
+    q_start = tl.load(cu_ptr + seg).to(tl.int64)
+    q_len = tl.load(cu_ptr + seg + 1).to(tl.int64) - q_start
+    if mb * BLOCK_M < q_len:
+        seq_len = tl.load(len_ptr + seg).to(tl.int64)
+        prefix = seq_len - q_len
+        kvh = h // G
+        offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        mmask = offs_m < q_len
+        dmask = offs_d < D
+        q = tl.load(q_ptr + (q_start + offs_m)[:, None] * q_st + h * q_sh + offs_d[None, :],
+                    mask=mmask[:, None] & dmask[None, :], other=0.0)
+        pos_m = prefix + offs_m
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        hi = tl.minimum(seq_len, prefix + (mb + 1) * BLOCK_M)
+        for n0 in range(0, hi, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            nmask = offs_n < hi
+            blk = tl.load(bt_ptr + seg * bt_sb + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
+            row = blk * c_sb + (offs_n % block_size) * c_ss + kvh * c_sh
+            kvmask = nmask[:, None] & dmask[None, :]
+            k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
+            qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            ok = (offs_n[None, :] <= pos_m[:, None]) & nmask[None, :]
+            qk = tl.where(ok, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            p = tl.exp(qk - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+            m_i = m_new
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr + (q_start + offs_m)[:, None] * o_st + h * o_sh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                      cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_q_len: int, scale: float,
+                      out: torch.Tensor | None = None, block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+    """``q`` [T, Hq, D] packed segments; ``cu_seqlens_q`` [S+1]; ``seq_lens`` [S] (prefix + new tokens);
+    ``block_tables`` [S, max_blocks]; ``max_q_len`` the longest segment (host int, sizes the grid)."""
+    check_ndim("q", q, 3, "[tokens, q_heads, head_dim]")
+    check_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, kv_heads, head_dim]")
+    check(v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(),
+          "v_cache: must have k_cache's shape and strides")
+    check_float("q", q)
+    check(q.dtype == k_cache.dtype == v_cache.dtype, f"dtypes differ: q {q.dtype}, caches {k_cache.dtype}")
+    T, Hq, D = q.shape
+    _, block_size, Hkv, Dc = k_cache.shape
+    check(Dc == D and Hq % Hkv == 0, f"q {tuple(q.shape)} does not fit cache heads/head_dim {(Hkv, Dc)}")
+    check(q.stride(2) == 1 and k_cache.stride(3) == 1, "head_dim must be contiguous in q and the caches")
+    check_index("cu_seqlens_q", cu_seqlens_q)
+    check_index("seq_lens", seq_lens)
+    check_index("block_tables", block_tables)
+    S = seq_lens.shape[0]
+    check(cu_seqlens_q.shape == (S + 1,), f"cu_seqlens_q: expected shape ({S + 1},), got {tuple(cu_seqlens_q.shape)}")
+    check(block_tables.dim() == 2 and block_tables.shape[0] == S and block_tables.stride(1) == 1,
+          f"block_tables: expected [{S}, max_blocks] with contiguous columns, got {tuple(block_tables.shape)}")
+    check(max_q_len >= 0, "max_q_len: must be >= 0")
+    check_same_device(q=q, k_cache=k_cache, block_tables=block_tables, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens)
+    if out is None:
+        out = torch.empty_like(q)
+    check(out.shape == q.shape and out.dtype == q.dtype and out.stride(2) == 1, "out: must match q")
+    if T == 0 or S == 0 or max_q_len == 0:
+        return out
+    grid = (triton.cdiv(max_q_len, block_m), S, Hq)
+    _prefill_attention_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        scale, Hq // Hkv, D, block_size,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(D)), PREC=dot_precision(q.dtype),
+        num_warps=4, num_stages=2)
+    return out
+
+
+def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                          cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    out = torch.empty_like(q)
+    G = q.shape[1] // k_cache.shape[2]
+    for s in range(seq_lens.shape[0]):
+        a, b, L = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1]), int(seq_lens[s])
+        n = b - a
+        k = gather_kv_ref(k_cache, block_tables[s], L).float().repeat_interleave(G, dim=1)
+        v = gather_kv_ref(v_cache, block_tables[s], L).float().repeat_interleave(G, dim=1)
+        att = torch.einsum("qhd,khd->hqk", q[a:b].float(), k) * scale
+        pos = torch.arange(L - n, L, device=q.device)
+        att = att.masked_fill(torch.arange(L, device=q.device)[None, :] > pos[:, None], float("-inf"))
+        out[a:b] = torch.einsum("hqk,khd->qhd", att.softmax(-1), v).to(q.dtype)
+    return out

@@ -1,0 +1,24 @@
+"""Kernel tests: on CPU under Triton's interpreter in float32; on a GPU (STRATA_TEST_DEVICE=cuda) in fp32/fp16/bf16.
+
+TRITON_INTERPRET must be set before triton is first imported, hence at the top of this conftest.
+"""
+from __future__ import annotations
+
+import os
+
+DEVICE = os.environ.get("STRATA_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
