@@ -1,0 +1,65 @@
+"""Fill what a config leaves out from the model file itself (ONNX graphs carry names, types and shapes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from strataserve.modelserver import model_config_pb2 as pb
+from strataserve.modelserver.config import DEFAULT_MAX_BATCH_SIZE, ConfigError
+
+_ONNX_TO_CONFIG = {
+    1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
+    7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64", 12: "TYPE_UINT32",
+    13: "TYPE_UINT64", 16: "TYPE_BF16",
+}
+
+
+def _onnx_ios(path: Path, source) -> tuple[list[tuple[str, str, list[int]]], list[tuple[str, str, list[int]]]]:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - onnx raises several types for a corrupt file
+        raise ConfigError(source, "default_model_filename", f"cannot read ONNX file {path}: {e}") from None
+    initializers = {i.name for i in model.graph.initializer}
+
+    def describe(values):
+        out = []
+        for v in values:
+            if v.name in initializers:
+                continue
+            tt = v.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in tt.shape.dim]
+            out.append((v.name, _ONNX_TO_CONFIG.get(tt.elem_type, "TYPE_INVALID"), dims))
+        return out
+
+    return describe(model.graph.input), describe(model.graph.output)
+
+
+def autocomplete_onnx(cfg: pb.ModelConfig, path: Path, source) -> None:
+    """Complete `cfg` in place from the ONNX file; a config entry that contradicts the file is a ConfigError."""
+    inputs, outputs = _onnx_ios(path, source)
+    if not cfg.HasField("max_batch_size"):
+        batchable = all(dims and dims[0] == -1 for _, _, dims in inputs + outputs)
+        cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE if batchable else 0
+        if batchable and not cfg.HasField("dynamic_batching"):
+            cfg.dynamic_batching.SetInParent()
+    strip = 1 if cfg.max_batch_size > 0 else 0
+    for kind, model_ios, items in (("input", inputs, cfg.input), ("output", outputs, cfg.output)):
+        by_name = {n: (t, d) for n, t, d in model_ios}
+        if not items:
+            for n, t, d in model_ios:
+                items.add(name=n, data_type=pb.DataType.Value(t), dims=d[strip:])
+            continue
+        for i, item in enumerate(items):
+            if item.name not in by_name:
+                raise ConfigError(source, f"{kind}[{i}].name", f"'{item.name}' is not an {kind} of {path.name}; "
+                                  f"its {kind}s are {sorted(by_name)}")
+            t, d = by_name[item.name]
+            if item.data_type == pb.TYPE_INVALID:
+                item.data_type = pb.DataType.Value(t)
+            elif pb.DataType.Name(item.data_type) != t:
+                raise ConfigError(source, f"{kind}[{i}].data_type", f"{pb.DataType.Name(item.data_type)} for "
+                                  f"'{item.name}' but {path.name} has {t}")
+            if not item.dims and not item.HasField("reshape"):
+                item.dims.extend(d[strip:])

@@ -1,0 +1,301 @@
+"""config.pbtxt → validated `ModelSpec`.
+
+Parsing uses protobuf's text_format against our own schema (model_config.proto), so a field strataserve does
+not know is an error that names it, never silently ignored. Validation errors name the file, the field and the
+fault; they are `ConfigError` (a ModelServerError with code invalid_argument).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+
+from strataserve.modelserver import model_config_pb2 as pb
+from strataserve.modelserver.types import CONFIG_TO_KSERVE, ModelServerError
+
+DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete sets for a batchable model without max_batch_size (as Triton)
+PLATFORM_TO_BACKEND = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "pytorch_torch_export": "pytorch",
+    "ensemble": "ensemble",
+}
+KNOWN_BACKENDS = ("onnxruntime", "pytorch", "python", "llm", "ensemble")
+
+
+class ConfigError(ModelServerError):
+    def __init__(self, source: str | Path, field_name: str, what: str):
+        super().__init__("invalid_argument", f"{source}: field '{field_name}': {what}")
+        self.source, self.field_name, self.what = str(source), field_name, what
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # KServe name, e.g. "FP32", "BYTES"
+    dims: tuple[int, ...]  # without the batch dim; -1 = any size
+    reshape: tuple[int, ...] | None = None  # the shape the model itself sees (without batch dim)
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    timeout_action: str = "REJECT"  # or "DELAY"
+    default_timeout_us: int = 0  # 0: no timeout
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0  # 0: unbounded
+    configured: bool = False  # False: no policy in the config (request timeouts are then honoured)
+
+
+@dataclass(frozen=True)
+class BatchingSpec:
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    priority_levels: int = 0  # 0: a single level
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy = QueuePolicy()
+    priority_queue_policy: dict[int, QueuePolicy] = field(default_factory=dict)
+
+    def policy(self, level: int) -> QueuePolicy:
+        return self.priority_queue_policy.get(level, self.default_queue_policy)
+
+
+@dataclass(frozen=True)
+class EnsembleStep:
+    model_name: str
+    model_version: int  # -1: latest ready
+    input_map: dict[str, str]  # step model's input name -> ensemble tensor name
+    output_map: dict[str, str]  # step model's output name -> ensemble tensor name
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    backend: str
+    platform: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    instance_count: int
+    instance_kind: str  # "KIND_CPU" / "KIND_GPU" / "KIND_MODEL" / "KIND_AUTO"
+    dynamic_batching: BatchingSpec | None
+    ensemble_steps: tuple[EnsembleStep, ...]
+    decoupled: bool
+    parameters: dict[str, str]
+    default_model_filename: str
+    source: str  # the config file (or folder, when auto-completed) errors should name
+    proto: pb.ModelConfig = field(repr=False, compare=False, default=None)
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.outputs if t.name == name), None)
+
+
+def parse_pbtxt(text: str, source: str | Path) -> pb.ModelConfig:
+    msg = pb.ModelConfig()
+    try:
+        text_format.Parse(text, msg)
+    except text_format.ParseError as e:
+        # e.g. '3:1 : Message type "strata.modelconfig.ModelConfig" has no field named "optimisation".'
+        hint = f" (data types: {', '.join(pb.DataType.keys()[1:])})" if "DataType" in str(e) else ""
+        raise ConfigError(source, _field_from_parse_error(str(e), text), f"cannot parse: {e}{hint}") from None
+    return msg
+
+
+def parse_json_override(text: str, source: str) -> pb.ModelConfig:
+    """A Triton-style `config` load parameter: the model's whole config as JSON."""
+    msg = pb.ModelConfig()
+    try:
+        json_format.Parse(text, msg)
+    except (json_format.ParseError, json.JSONDecodeError) as e:
+        raise ConfigError(source, "config", f"cannot parse the JSON config override: {e}") from None
+    return msg
+
+
+def _field_from_parse_error(message: str, text: str) -> str:
+    m = re.search(r'no field named "?([\w.]+)', message) or re.search(r"for field ([\w.]+)", message)
+    if m:
+        return m.group(1)
+    pos = re.match(r"(\d+):(\d+)", message)  # the field name just before the bad value
+    if pos:
+        lines = text.splitlines()
+        row, col = int(pos.group(1)) - 1, int(pos.group(2)) - 1
+        if 0 <= row < len(lines):
+            m = re.search(r"(\w+)\s*:\s*\[?\s*$", lines[row][:col])
+            if m:
+                return m.group(1)
+    return "<syntax>"
+
+
+def config_to_json(cfg: pb.ModelConfig) -> dict:
+    """Triton's JSON form of a config: proto field names, defaults printed, 64-bit integers as numbers."""
+    d = json_format.MessageToDict(
+        cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return _ints_as_numbers(d, cfg.DESCRIPTOR)
+
+
+_INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
+
+
+def _ints_as_numbers(value, descriptor):
+    # MessageToDict writes int64 as strings (JSON precision rule); Triton's config JSON uses numbers.
+    if not isinstance(value, dict) or descriptor is None:
+        return value
+    out = {}
+    for key, v in value.items():
+        fd = descriptor.fields_by_name.get(key)
+        if fd is None:
+            out[key] = v
+            continue
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            val_fd = fd.message_type.fields_by_name["value"]
+            out[key] = {k: _convert(x, val_fd) for k, x in v.items()}
+        elif isinstance(v, list):
+            out[key] = [_convert(x, fd) for x in v]
+        else:
+            out[key] = _convert(v, fd)
+    return out
+
+
+def _convert(v, fd):
+    if fd.type in _INT64_TYPES and isinstance(v, str):
+        return int(v)
+    if fd.message_type is not None:
+        return _ints_as_numbers(v, fd.message_type)
+    return v
+
+
+def _dims(values, source, field_name, allow_empty: bool) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in values)
+    for d in dims:
+        if d == 0 or d < -1:
+            raise ConfigError(source, field_name, f"dimension {d} is invalid; use a positive size or -1")
+    if not dims and not allow_empty:
+        raise ConfigError(source, field_name, "dims must list at least one dimension")
+    return dims
+
+
+def _tensors(items, kind: str, source, batching: bool) -> tuple[TensorSpec, ...]:
+    specs, seen = [], set()
+    for i, t in enumerate(items):
+        where = f"{kind}[{i}]"
+        if not t.name:
+            raise ConfigError(source, f"{where}.name", "is empty")
+        if t.name in seen:
+            raise ConfigError(source, f"{where}.name", f"'{t.name}' is declared twice")
+        seen.add(t.name)
+        dtype_name = pb.DataType.Name(t.data_type)
+        if dtype_name not in CONFIG_TO_KSERVE:
+            raise ConfigError(source, f"{where}.data_type", f"'{t.name}' has no data_type (e.g. TYPE_FP32)")
+        dims = _dims(t.dims, source, f"{where}.dims", allow_empty=batching or t.HasField("reshape"))
+        reshape = None
+        if t.HasField("reshape"):
+            reshape = _dims(t.reshape.shape, source, f"{where}.reshape.shape", allow_empty=True)
+            if -1 not in dims and -1 not in reshape and _prod(dims) != _prod(reshape):
+                raise ConfigError(source, f"{where}.reshape", f"{list(reshape)} does not hold the {_prod(dims)} "
+                                  f"elements of dims {list(dims)}")
+        specs.append(TensorSpec(t.name, CONFIG_TO_KSERVE[dtype_name], dims, reshape,
+                                bool(getattr(t, "optional", False))))
+    return tuple(specs)
+
+
+def _prod(xs) -> int:
+    p = 1
+    for x in xs:
+        p *= x
+    return p
+
+
+def _queue_policy(q: pb.ModelQueuePolicy, configured: bool) -> QueuePolicy:
+    return QueuePolicy(pb.ModelQueuePolicy.TimeoutAction.Name(q.timeout_action), int(q.default_timeout_microseconds),
+                       bool(q.allow_timeout_override), int(q.max_queue_size), configured)
+
+
+def build_spec(cfg: pb.ModelConfig, model_name: str, source: str | Path, backend_hint: str | None = None) -> ModelSpec:
+    """Validate a parsed (and auto-completed) config. `backend_hint` comes from the files in the model folder."""
+    if cfg.name and cfg.name != model_name:
+        raise ConfigError(source, "name", f"'{cfg.name}' differs from the model folder name '{model_name}'")
+    cfg.name = model_name
+    backend = cfg.backend or PLATFORM_TO_BACKEND.get(cfg.platform, "") or (backend_hint or "")
+    if cfg.platform and cfg.platform not in PLATFORM_TO_BACKEND:
+        raise ConfigError(source, "platform", f"unknown platform '{cfg.platform}'; known: {sorted(PLATFORM_TO_BACKEND)}")
+    if not backend:
+        raise ConfigError(source, "backend", "no backend or platform given and none can be told from the model files")
+    if backend not in KNOWN_BACKENDS:
+        raise ConfigError(source, "backend", f"unknown backend '{backend}'; known: {list(KNOWN_BACKENDS)}")
+    mbs = cfg.max_batch_size if cfg.HasField("max_batch_size") else 0
+    if mbs < 0:
+        raise ConfigError(source, "max_batch_size", f"{mbs} is negative; use 0 (no batching) or a positive size")
+    inputs = _tensors(cfg.input, "input", source, mbs > 0)
+    outputs = _tensors(cfg.output, "output", source, mbs > 0)
+    if not inputs and backend != "llm":
+        raise ConfigError(source, "input", "the model declares no inputs")
+    if not outputs and backend != "llm":
+        raise ConfigError(source, "output", "the model declares no outputs")
+
+    count, kind = 1, "KIND_CPU"
+    if len(cfg.instance_group) > 1:
+        raise ConfigError(source, "instance_group", "only one instance_group entry is supported; use its count")
+    for i, g in enumerate(cfg.instance_group):
+        count = g.count or 1
+        if count < 0:
+            raise ConfigError(source, f"instance_group[{i}].count", f"{count} is negative")
+        kind = pb.ModelInstanceGroup.Kind.Name(g.kind)
+        if kind == "KIND_AUTO":
+            kind = "KIND_CPU"
+
+    batching = None
+    if cfg.HasField("dynamic_batching"):
+        db = cfg.dynamic_batching
+        if mbs == 0:
+            raise ConfigError(source, "dynamic_batching", "needs max_batch_size > 0")
+        for s in db.preferred_batch_size:
+            if s <= 0 or s > mbs:
+                raise ConfigError(source, "dynamic_batching.preferred_batch_size",
+                                  f"{s} must be between 1 and max_batch_size ({mbs})")
+        levels = int(db.priority_levels)
+        default_level = int(db.default_priority_level)
+        if levels and not 1 <= default_level <= levels:
+            raise ConfigError(source, "dynamic_batching.default_priority_level",
+                              f"{default_level} must be between 1 and priority_levels ({levels})")
+        for level in db.priority_queue_policy:
+            if not 1 <= level <= max(levels, 1):
+                raise ConfigError(source, "dynamic_batching.priority_queue_policy",
+                                  f"level {level} is outside 1..priority_levels ({levels})")
+        batching = BatchingSpec(
+            tuple(sorted(int(s) for s in db.preferred_batch_size)), int(db.max_queue_delay_microseconds),
+            levels, default_level if levels else 0,
+            _queue_policy(db.default_queue_policy, db.HasField("default_queue_policy")),
+            {int(k): _queue_policy(v, True) for k, v in db.priority_queue_policy.items()},
+        )
+
+    steps = []
+    if backend == "ensemble":
+        if not cfg.ensemble_scheduling.step:
+            raise ConfigError(source, "ensemble_scheduling", "an ensemble needs at least one step")
+        for i, s in enumerate(cfg.ensemble_scheduling.step):
+            if not s.model_name:
+                raise ConfigError(source, f"ensemble_scheduling.step[{i}].model_name", "is empty")
+            steps.append(EnsembleStep(s.model_name, int(s.model_version) or -1, dict(s.input_map), dict(s.output_map)))
+    elif cfg.HasField("ensemble_scheduling"):
+        raise ConfigError(source, "ensemble_scheduling", f"is only allowed with platform 'ensemble', not '{backend}'")
+
+    decoupled = cfg.model_transaction_policy.decoupled
+    if decoupled and backend not in ("python", "llm"):
+        raise ConfigError(source, "model_transaction_policy.decoupled", f"backend '{backend}' cannot be decoupled")
+    return ModelSpec(
+        name=model_name, backend=backend, platform=cfg.platform, max_batch_size=mbs, inputs=inputs,
+        outputs=outputs, instance_count=count, instance_kind=kind, dynamic_batching=batching,
+        ensemble_steps=tuple(steps), decoupled=decoupled,
+        parameters={k: v.string_value for k, v in cfg.parameters.items()},
+        default_model_filename=cfg.default_model_filename, source=str(source), proto=cfg,
+    )
