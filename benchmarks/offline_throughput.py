@@ -1,0 +1,102 @@
+"""Offline throughput of the LLM engine (issue 2's benchmark).
+
+N requests with random token prompts and random output lengths (uniform in the given ranges), ignore_eos, greedy,
+all submitted at once to `LLM.generate`. Fixed seed, one warm-up pass, then one timed pass. Prints one line:
+`output_tokens=... time_s=... tok_per_s=...`.
+
+    python benchmarks/offline_throughput.py                       # tiny random Llama (CPU goal: >= 2,400 tok/s)
+    python benchmarks/offline_throughput.py --model DIR --dtype bfloat16 --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="HF checkpoint folder (default: a tiny random Llama, hidden 256)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--input-len", type=int, nargs=2, default=(32, 256), metavar=("MIN", "MAX"))
+    p.add_argument("--output-len", type=int, nargs=2, default=(32, 256), metavar=("MIN", "MAX"))
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
+    p.add_argument("--mode", default="auto", help="runner mode: auto/eager/triton/graph/hybrid")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--warmup-requests", type=int, default=16)
+    p.add_argument("--profile", default=None, help="write a cProfile of the timed pass to this file")
+    return p.parse_args(argv)
+
+
+def make_workload(n: int, vocab: int, in_range, out_range, seed: int):
+    rng = random.Random(seed)
+    prompts, outs = [], []
+    for _ in range(n):
+        plen = rng.randint(*in_range)
+        prompts.append([rng.randint(10, vocab - 1) for _ in range(plen)])
+        outs.append(rng.randint(*out_range))
+    return prompts, outs
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from strataserve import LLM, SamplingParams
+
+    tmp = None
+    model = args.model
+    if model is None:
+        from _tiny_checkpoint import write_random_llama
+
+        tmp = tempfile.TemporaryDirectory()
+        model = str(write_random_llama(Path(tmp.name) / "tiny-llama", seed=args.seed))
+    llm = LLM(model=model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_gib=args.kv_cache_memory_gib,
+              mode=args.mode, seed=args.seed)
+    vocab = llm.llm_engine.vocab_size if hasattr(llm, "llm_engine") else 4096
+    prompts, outs = make_workload(args.num_requests, vocab, args.input_len, args.output_len, args.seed)
+    params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for o in outs]
+
+    w = args.warmup_requests
+    llm.generate(prompts[:w], params[:w], use_tqdm=False)
+
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    t0 = time.perf_counter()
+    results = llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(args.profile)
+    n_out = sum(len(r.outputs[0].token_ids) for r in results)
+    expected = sum(outs)
+    if n_out != expected:
+        raise SystemExit(f"engine produced {n_out} tokens, expected {expected}")
+    res = {"output_tokens": n_out, "time_s": round(dt, 3), "tok_per_s": round(n_out / dt, 1),
+           "requests": args.num_requests, "device": args.device, "dtype": args.dtype, "torch": torch.__version__,
+           "threads": torch.get_num_threads()}
+    print(" ".join(f"{k}={v}" for k, v in res.items()), flush=True)
+    if tmp is not None:
+        tmp.cleanup()
+    return res
+
+
+if __name__ == "__main__":
+    main()
