@@ -1,0 +1,321 @@
+"""KServe v2 gRPC front (`inference.GRPCInferenceService`) over a `ModelServer`, on grpc.aio.
+
+The server runs on the asyncio loop that calls `start_grpc_server` -- the loop uvicorn serves HTTP on -- so
+both fronts feed the same dynamic batchers without cross-thread hand-offs:
+
+    handle = await start_grpc_server(model_server, host, port)   # e.g. in the FastAPI lifespan
+    ...
+    await handle.stop()
+
+Tensors come in as `raw_input_contents` (what tritonclient sends) or typed `contents`, and always go out as
+`raw_output_contents`. ModelStreamInfer runs the requests of one stream concurrently (so they batch) and
+sends every response of a decoupled model; a failing request sends an `error_message` and the stream goes on.
+Errors map from ModelServerError codes to INVALID_ARGUMENT / NOT_FOUND / UNAVAILABLE / ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+
+from strataserve.api.kserve_codec import split_request_parameters, tensor_from_raw, tensor_to_raw
+from strataserve.api.proto import grpc_service_pb2 as pb
+from strataserve.api.proto import grpc_service_pb2_grpc as pb_grpc
+from strataserve.modelserver import model_config_pb2
+from strataserve.modelserver.types import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
+
+logger = logging.getLogger(__name__)
+
+# datatype -> the InferTensorContents field that carries it (FP16/BF16: raw contents only)
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+_EMPTY_FINAL = "triton_enable_empty_final_response"
+_FINAL_FLAG = "triton_final_response"
+_UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+def _bad(message: str) -> ModelServerError:
+    return ModelServerError("invalid_argument", message)
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+def _param_value(p: Any) -> Any:
+    """InferParameter / ModelRepositoryParameter -> Python value (None when unset)."""
+    which = p.WhichOneof("parameter_choice")
+    return None if which is None else getattr(p, which)
+
+
+def _params_to_dict(params: Any) -> dict[str, Any]:
+    return {k: _param_value(v) for k, v in params.items()}
+
+
+def _fill_params(target: Any, params: dict[str, Any]) -> None:
+    for key, value in params.items():
+        p = target[key]
+        if isinstance(value, bool):
+            p.bool_param = value
+        elif isinstance(value, (int, np.integer)):
+            p.int64_param = int(value)
+        elif isinstance(value, (float, np.floating)):
+            p.double_param = float(value)
+        else:
+            p.string_param = str(value)
+
+
+# ---------------------------------------------------------------------------------------------- tensors
+def _tensor_from_contents(t: Any) -> InferTensor:
+    field = _CONTENTS_FIELD.get(t.datatype)
+    if t.datatype not in KSERVE_DTYPES:
+        raise _bad(f"input '{t.name}': unsupported datatype {t.datatype!r}; use one of {sorted(KSERVE_DTYPES)}")
+    if field is None:
+        raise _bad(f"input '{t.name}': {t.datatype} data must be sent in raw_input_contents")
+    shape = list(t.shape)
+    if any(d < 0 for d in shape):
+        raise _bad(f"input '{t.name}': shape {shape} has a negative dimension")
+    values = getattr(t.contents, field)
+    count = math.prod(shape)
+    if len(values) != count:
+        raise _bad(f"input '{t.name}': contents.{field} holds {len(values)} elements but shape {shape} needs {count}")
+    if t.datatype == "BYTES":
+        arr = np.empty(count, dtype=object)
+        arr[:] = list(values)
+    else:
+        try:
+            arr = np.asarray(values, dtype=KSERVE_DTYPES[t.datatype])
+        except (OverflowError, ValueError) as exc:
+            raise _bad(f"input '{t.name}': a value does not fit {t.datatype}: {exc}") from None
+    return InferTensor(t.name, t.datatype, shape, arr.reshape(shape), _params_to_dict(t.parameters))
+
+
+def decode_infer_request(msg: Any) -> tuple[InferRequest, bool]:
+    """ModelInferRequest -> (InferRequest, whether the client asked for an empty final stream response)."""
+    if not msg.model_name:
+        raise _bad("model_name is empty")
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise _bad(f"raw_input_contents has {len(raw)} entries but the request has {len(msg.inputs)} inputs")
+    inputs = []
+    for i, t in enumerate(msg.inputs):
+        if raw:
+            shape = list(t.shape)
+            if any(d < 0 for d in shape):
+                raise _bad(f"input '{t.name}': shape {shape} has a negative dimension")
+            inputs.append(tensor_from_raw(t.name, t.datatype, shape, raw[i], _params_to_dict(t.parameters)))
+        else:
+            inputs.append(_tensor_from_contents(t))
+    params = _params_to_dict(msg.parameters)
+    empty_final = bool(params.pop(_EMPTY_FINAL, False))
+    priority, timeout_us = split_request_parameters(params)
+    params = {k: v for k, v in params.items() if k not in ("priority", "timeout")}
+    req = InferRequest(
+        model_name=msg.model_name,
+        model_version=msg.model_version,
+        id=msg.id or None,
+        inputs=inputs,
+        requested_outputs=[o.name for o in msg.outputs] or None,
+        parameters=params,
+        priority=priority,
+        timeout_us=timeout_us,
+    )
+    return req, empty_final
+
+
+def encode_infer_response(resp: InferResponse, final: bool | None = None) -> Any:
+    """InferResponse -> ModelInferResponse with raw_output_contents; `final` sets triton_final_response."""
+    out = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id or "")
+    _fill_params(out.parameters, resp.parameters)
+    if final is not None:
+        out.parameters[_FINAL_FLAG].bool_param = final
+    for t in resp.outputs:
+        o = out.outputs.add(name=t.name, datatype=t.datatype, shape=[int(d) for d in t.shape])
+        _fill_params(o.parameters, t.parameters)
+        out.raw_output_contents.append(tensor_to_raw(t))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- servicer
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    if isinstance(exc, ModelServerError):
+        await context.abort(grpc.StatusCode[exc.grpc_code], exc.message)
+    logger.exception("KServe gRPC handler failed", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, model_server: Any):
+        self.ms = model_server
+
+    async def _call(self, context: grpc.aio.ServicerContext, fn: Any) -> Any:
+        try:
+            out = fn()
+            return await out if asyncio.iscoroutine(out) else out
+        except Exception as exc:
+            await _abort(context, exc)
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=bool(self.ms.live()))
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=bool(self.ms.ready()))
+
+    async def ModelReady(self, request, context):
+        return await self._call(
+            context, lambda: pb.ModelReadyResponse(ready=bool(self.ms.model_ready(request.name, request.version)))
+        )
+
+    async def ServerMetadata(self, request, context):
+        return await self._call(context, lambda: _parse(self.ms.server_metadata(), pb.ServerMetadataResponse()))
+
+    async def ModelMetadata(self, request, context):
+        return await self._call(
+            context,
+            lambda: _parse(self.ms.model_metadata(request.name, request.version), pb.ModelMetadataResponse()),
+        )
+
+    async def ModelConfig(self, request, context):
+        def run() -> Any:
+            cfg = _parse(self.ms.model_config(request.name, request.version), model_config_pb2.ModelConfig())
+            return pb.ModelConfigResponse(config=cfg)
+
+        return await self._call(context, run)
+
+    async def ModelStatistics(self, request, context):
+        return await self._call(
+            context,
+            lambda: _parse(self.ms.statistics(request.name, request.version), pb.ModelStatisticsResponse()),
+        )
+
+    async def RepositoryIndex(self, request, context):
+        def run() -> Any:
+            out = pb.RepositoryIndexResponse()
+            for m in self.ms.repository_index(ready_only=request.ready):
+                out.models.add(**{k: str(m.get(k, "") or "") for k in ("name", "version", "state", "reason")})
+            return out
+
+        return await self._call(context, run)
+
+    async def RepositoryModelLoad(self, request, context):
+        async def run() -> Any:
+            params = _params_to_dict(request.parameters)
+            await self.ms.load(request.model_name, params or None)
+            return pb.RepositoryModelLoadResponse()
+
+        return await self._call(context, run)
+
+    async def RepositoryModelUnload(self, request, context):
+        async def run() -> Any:
+            params = _params_to_dict(request.parameters)
+            await self.ms.unload(request.model_name, unload_dependents=bool(params.get("unload_dependents")))
+            return pb.RepositoryModelUnloadResponse()
+
+        return await self._call(context, run)
+
+    async def ModelInfer(self, request, context):
+        async def run() -> Any:
+            req, _ = decode_infer_request(request)
+            if self.ms.is_decoupled(req.model_name, req.model_version):
+                raise ModelServerError(
+                    "invalid_argument",
+                    f"model '{req.model_name}' is decoupled (it may send several responses): "
+                    "use ModelStreamInfer, or HTTP .../infer with Accept: text/event-stream",
+                )
+            return encode_infer_response(await self.ms.infer(req))
+
+        return await self._call(context, run)
+
+    async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[Any]:
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+        tasks: set[asyncio.Task] = set()
+
+        async def run_one(msg: Any) -> None:
+            try:
+                req, empty_final = decode_infer_request(msg)
+                flag = False if empty_final else None
+                if self.ms.is_decoupled(req.model_name, req.model_version):
+                    async for resp in self.ms.infer_stream(req):
+                        queue.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(resp, flag)))
+                    if empty_final:
+                        last = pb.ModelInferResponse(model_name=req.model_name, model_version=req.model_version)
+                        last.id = req.id or ""
+                        last.parameters[_FINAL_FLAG].bool_param = True
+                        queue.put_nowait(pb.ModelStreamInferResponse(infer_response=last))
+                else:
+                    resp = await self.ms.infer(req)
+                    final = True if empty_final else None
+                    queue.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(resp, final)))
+            except ModelServerError as exc:
+                queue.put_nowait(pb.ModelStreamInferResponse(error_message=exc.message))
+            except Exception as exc:
+                logger.exception("KServe gRPC stream request failed")
+                queue.put_nowait(pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}"))
+
+        async def reader() -> None:
+            try:
+                async for msg in request_iterator:
+                    task = asyncio.create_task(run_one(msg))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            finally:
+                queue.put_nowait(done)
+
+        reader_task = asyncio.create_task(reader())
+        try:
+            while (item := await queue.get()) is not done:
+                yield item
+        finally:  # client went away or stream ended: stop what is still running for it
+            reader_task.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+
+def _parse(doc: Any, message: Any) -> Any:
+    """The model server's JSON-shaped dicts -> protobuf (unknown keys are ignored, the shapes match)."""
+    return json_format.ParseDict(doc, message, ignore_unknown_fields=True)
+
+
+# ---------------------------------------------------------------------------------------------- server
+@dataclass
+class GrpcServerHandle:
+    server: grpc.aio.Server
+    host: str
+    port: int  # the bound port (useful when started with port=0)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        await self.server.stop(grace_s)
+
+
+async def start_grpc_server(model_server: Any, host: str = "0.0.0.0", port: int = 8001) -> GrpcServerHandle:
+    """Start the gRPC front on the running asyncio loop; port=0 picks a free port (see handle.port)."""
+    server = grpc.aio.server(options=_UNLIMITED)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(model_server), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind the KServe gRPC server to {address}: {exc}") from None
+    if not bound:
+        raise OSError(f"cannot bind the KServe gRPC server to {address} (port in use?)")
+    await server.start()
+    return GrpcServerHandle(server, host, bound)

@@ -1,0 +1,255 @@
+"""KServe v2 / Open Inference Protocol HTTP routes over a `ModelServer` (Triton's HTTP extensions included).
+
+`make_kserve_router(model_server)` returns a FastAPI APIRouter; the app that mounts it owns start-up.
+Errors are `{"error": "..."}` with the status that the `ModelServerError` code maps to (400/404/429/503/504);
+only a bug in the server itself answers 500.
+
+Decoupled models (zero, one or many responses per request) over HTTP -- Triton refuses them on /infer:
+- `POST .../infer` with `Accept: text/event-stream` streams each response as an SSE event
+  `data: <v2 response JSON>` (tensors inline as JSON), then `data: [DONE]`;
+- a plain `POST .../infer` waits for the last response and answers one JSON object
+  `{"model_name", "model_version", "id", "responses": [<v2 response JSON>, ...]}`;
+- `.../generate_stream` streams them too when the model takes generate-style inputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import msgspec
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from strataserve.api.kserve_codec import (
+    HEADER_LENGTH,
+    decode_http_request,
+    decompress,
+    encode_http_response,
+    response_to_dict,
+)
+from strataserve.modelserver.types import ModelServerError
+
+logger = logging.getLogger(__name__)
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def _guard(fn: Callable[[], Response | Awaitable[Response]]) -> Response:
+    """Run a handler, mapping ModelServerError to its status and anything else to a logged 500."""
+    try:
+        out = fn()
+        return await out if inspect.isawaitable(out) else out
+    except ModelServerError as exc:
+        return _error(exc.http_status, exc.message)
+    except Exception as exc:  # a server bug: report it, keep serving
+        logger.exception("KServe HTTP handler failed")
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def _json_body(request: Request, *, allow_empty: bool = True) -> dict:
+    body = decompress(await request.body(), request.headers.get("content-encoding"))
+    if not body.strip():
+        if allow_empty:
+            return {}
+        raise ModelServerError("invalid_argument", "request body must be a JSON object, got an empty body")
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ModelServerError("invalid_argument", f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ModelServerError("invalid_argument", "request body must be a JSON object")
+    return doc
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+
+
+def _sse(event: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(event) + b"\n\n"
+
+
+async def _sse_stream(first: Any, rest: AsyncIterator[Any], to_json: Callable[[Any], Any]) -> AsyncIterator[bytes]:
+    """SSE events for an already-started stream; errors after the first event become an error event."""
+    yield _sse(to_json(first))
+    try:
+        async for item in rest:
+            yield _sse(to_json(item))
+    except ModelServerError as exc:
+        yield _sse({"error": exc.message})
+        return
+    except Exception as exc:
+        logger.exception("KServe stream failed")
+        yield _sse({"error": f"internal error: {type(exc).__name__}: {exc}"})
+        return
+    yield b"data: [DONE]\n\n"
+
+
+async def _start_stream(it: AsyncIterator[Any], to_json: Callable[[Any], Any]) -> Response:
+    """Pull the first item before answering so an early error still gets its proper HTTP status."""
+    try:
+        first = await it.__anext__()
+    except StopAsyncIteration:
+        return StreamingResponse(iter([b"data: [DONE]\n\n"]), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return StreamingResponse(_sse_stream(first, it, to_json), media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+def make_kserve_router(model_server: Any) -> APIRouter:
+    """Routes of the KServe v2 protocol (+ Triton statistics, repository, generate) over `model_server`."""
+    ms = model_server
+    router = APIRouter()
+
+    # ------------------------------------------------------------------------------------------ health
+    @router.get("/v2/health/live")
+    async def health_live() -> Response:
+        live = ms.live()
+        return _json({"live": live}, 200 if live else 503)
+
+    @router.get("/v2/health/ready")
+    async def health_ready() -> Response:
+        ready = ms.ready()
+        return _json({"ready": ready}, 200 if ready else 503)
+
+    @router.get("/v2")
+    async def server_metadata() -> Response:
+        return await _guard(lambda: _json(ms.server_metadata()))
+
+    # ------------------------------------------------------------------------ statistics (before {m})
+    @router.get("/v2/models/stats")
+    async def all_stats() -> Response:
+        return await _guard(lambda: _json(ms.statistics()))
+
+    # ------------------------------------------------------------------------------------ per model
+    def model_routes(prefix: str) -> None:
+        """Register the per-model routes under `prefix` ('/v2/models/{m}' or '.../versions/{v}')."""
+
+        @router.get(prefix)
+        async def metadata(request: Request) -> Response:
+            m, v = _mv(request)
+            return await _guard(lambda: _json(ms.model_metadata(m, v)))
+
+        @router.get(prefix + "/ready")
+        async def ready(request: Request) -> Response:
+            m, v = _mv(request)
+
+            async def run() -> Response:
+                if ms.model_ready(m, v):
+                    return _json({"name": m, "ready": True})
+                label = f"'{m}'" + (f" version {v}" if v else "")
+                return _error(400, f"model {label} is not ready")
+
+            return await _guard(run)
+
+        @router.get(prefix + "/config")
+        async def config(request: Request) -> Response:
+            m, v = _mv(request)
+            return await _guard(lambda: _json(ms.model_config(m, v)))
+
+        @router.get(prefix + "/stats")
+        async def stats(request: Request) -> Response:
+            m, v = _mv(request)
+            return await _guard(lambda: _json(ms.statistics(m, v)))
+
+        @router.post(prefix + "/infer")
+        async def infer(request: Request) -> Response:
+            m, v = _mv(request)
+            return await _guard(lambda: _infer(ms, request, m, v))
+
+        @router.post(prefix + "/generate")
+        async def generate(request: Request) -> Response:
+            m, v = _mv(request)
+
+            async def run() -> Response:
+                inputs, params = _generate_args(await _json_body(request, allow_empty=False))
+                return _json(await ms.generate(m, v, inputs, params))
+
+            return await _guard(run)
+
+        @router.post(prefix + "/generate_stream")
+        async def generate_stream(request: Request) -> Response:
+            m, v = _mv(request)
+
+            async def run() -> Response:
+                inputs, params = _generate_args(await _json_body(request, allow_empty=False))
+                return await _start_stream(aiter_of(ms.generate_stream(m, v, inputs, params)), lambda d: d)
+
+            return await _guard(run)
+
+    model_routes("/v2/models/{model_name}/versions/{model_version}")
+    model_routes("/v2/models/{model_name}")
+
+    # ----------------------------------------------------------------------------------- repository
+    @router.post("/v2/repository/index")
+    async def repository_index(request: Request) -> Response:
+        async def run() -> Response:
+            doc = await _json_body(request)
+            return _json(ms.repository_index(ready_only=bool(doc.get("ready", False))))
+
+        return await _guard(run)
+
+    @router.post("/v2/repository/models/{model_name}/load")
+    async def repository_load(request: Request, model_name: str) -> Response:
+        async def run() -> Response:
+            params = _params_of(await _json_body(request))
+            await ms.load(model_name, params or None)
+            return _json({})
+
+        return await _guard(run)
+
+    @router.post("/v2/repository/models/{model_name}/unload")
+    async def repository_unload(request: Request, model_name: str) -> Response:
+        async def run() -> Response:
+            params = _params_of(await _json_body(request))
+            await ms.unload(model_name, unload_dependents=bool(params.get("unload_dependents", False)))
+            return _json({})
+
+        return await _guard(run)
+
+    return router
+
+
+def aiter_of(obj: Any) -> AsyncIterator[Any]:
+    return obj.__aiter__()
+
+
+def _mv(request: Request) -> tuple[str, str]:
+    p = request.path_params
+    return p["model_name"], p.get("model_version", "")
+
+
+def _params_of(doc: dict) -> dict:
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ModelServerError("invalid_argument", "'parameters' must be a JSON object")
+    return params
+
+
+def _generate_args(doc: dict) -> tuple[dict, dict]:
+    """Triton's generate extension: every top-level key but 'parameters' (and 'id') is an input."""
+    params = _params_of(doc)
+    inputs = {k: v for k, v in doc.items() if k not in ("parameters", "id")}
+    return inputs, params
+
+
+async def _infer(ms: Any, request: Request, m: str, v: str) -> Response:
+    body = decompress(await request.body(), request.headers.get("content-encoding"))
+    decoded = decode_http_request(body, request.headers.get(HEADER_LENGTH), m, v)
+    if ms.is_decoupled(m, v):
+        stream = aiter_of(ms.infer_stream(decoded.request))
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return await _start_stream(stream, response_to_dict)
+        responses = [response_to_dict(r) async for r in stream]
+        version = responses[-1]["model_version"] if responses else v
+        rid = decoded.request.id or ""
+        return _json({"model_name": m, "model_version": version, "id": rid, "responses": responses})
+    resp = await ms.infer(decoded.request)
+    out, header_len = encode_http_response(resp, decoded)
+    if header_len is None:
+        return Response(out, media_type="application/json")
+    return Response(out, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_len)})
