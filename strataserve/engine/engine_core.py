@@ -1,0 +1,81 @@
+"""The engine core loop: scheduler + model runner, one ``step()`` at a time.
+
+Runs in-process (offline ``LLM``, ``InprocCoreClient``, tests) or inside the engine-core process of the server.
+It deals only in token ids; tokenising, detokenising and stop strings live in the front end.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+
+from strataserve.config import EngineConfig
+from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from strataserve.engine.request import Request
+from strataserve.engine.scheduler import Scheduler
+from strataserve.runner.base import ModelRunnerBase
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, runner: ModelRunnerBase | None = None) -> None:
+        if runner is None:
+            from strataserve.runner.model_runner import ModelRunner
+
+            runner = ModelRunner(config)  # type: ignore[assignment]
+        self.config = config
+        self.runner: ModelRunnerBase = runner  # type: ignore[assignment]
+        self.block_size = runner.block_size  # type: ignore[union-attr]
+        self.num_blocks = runner.num_blocks  # type: ignore[union-attr]
+        self.max_model_len = runner.max_model_len  # type: ignore[union-attr]
+        self.scheduler = Scheduler(config.scheduler, num_blocks=self.num_blocks, block_size=self.block_size,
+                                   max_model_len=self.max_model_len,
+                                   enable_prefix_caching=config.cache.enable_prefix_caching)
+        self._seq = itertools.count()
+        self._prefill_time = 0.0
+        self._decode_time = 0.0
+        self._closed = False
+
+    # ------------------------------------------------------------------ requests
+    def check_request(self, request: EngineCoreRequest) -> None:
+        """Raise ValueError if the request can never be served (pure; callable from any thread)."""
+        self.scheduler.check_prompt(len(request.prompt_token_ids))
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        req = Request.from_core_request(request, max_model_len=self.max_model_len,
+                                        max_pool_tokens=self.scheduler.max_pool_tokens, seq=next(self._seq))
+        self.scheduler.add_request(req)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(list(request_ids))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> EngineCoreOutputs:
+        """Schedule, execute and account one step. With nothing schedulable it only reports stats."""
+        sched = self.scheduler.schedule()
+        if not sched.chunks:
+            return EngineCoreOutputs(outputs=[], stats=self.stats())
+        t0 = time.perf_counter()
+        result = self.runner.execute(sched)
+        dt = time.perf_counter() - t0
+        if sched.total_num_scheduled_tokens > len(sched.chunks):
+            self._prefill_time += dt
+        else:
+            self._decode_time += dt
+        outputs = self.scheduler.update_from_output(sched, result)
+        return EngineCoreOutputs(outputs=outputs, stats=self.stats())
+
+    def stats(self) -> SchedulerStats:
+        s = self.scheduler.stats()
+        s.step_prefill_time = self._prefill_time
+        s.step_decode_time = self._decode_time
+        return s
+
+    def reset_prefix_cache(self) -> None:
+        self.scheduler.kv.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.runner.shutdown()

@@ -1,0 +1,130 @@
+"""One request's state inside the engine core (scheduler + KV cache manager view)."""
+from __future__ import annotations
+
+import enum
+import time
+
+from strataserve.engine.protocol import EngineCoreRequest
+from strataserve.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASON.get(self)
+
+
+_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """Token ids, progress and limits of one sequence.
+
+    ``all_token_ids`` = prompt + output, kept as one list so chunk slicing and block hashing never concatenate.
+    ``num_computed_tokens`` counts tokens whose KV is in the cache (or scheduled to be written this step).
+    ``max_len`` is where generation stops with "length": min(max_model_len, prompt + max_tokens, pool capacity + 1).
+    ``block_hashes`` holds the chained hash of every full block of ``all_token_ids`` computed so far (lazily).
+    """
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "sampling_params", "eos_token_id",
+        "arrival_time", "priority", "status", "num_computed_tokens", "num_cached_tokens", "stop_reason",
+        "block_hashes", "num_preemptions", "max_len", "min_len", "stop_token_ids", "seq", "first_scheduled_time",
+        "queued_time", "_sent_first",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        *,
+        eos_token_id: int | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        max_model_len: int,
+        max_pool_tokens: int,
+        seq: int = 0,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = None if sampling_params.ignore_eos else eos_token_id
+        self.arrival_time = time.time() if not arrival_time else arrival_time
+        self.priority = priority
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prefix-cache hit of the first admission; -1 until then
+        self.stop_reason: int | str | None = None
+        self.block_hashes: list[bytes] = []
+        self.num_preemptions = 0
+        n = len(prompt_token_ids)
+        limit = min(max_model_len, max_pool_tokens + 1)
+        if sampling_params.max_tokens is not None:
+            limit = min(limit, n + sampling_params.max_tokens)
+        self.max_len = limit
+        self.min_len = n + sampling_params.min_tokens
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
+        self.seq = seq  # admission tie-breaker: arrival order inside the core
+        self.first_scheduled_time: float | None = None
+        self.queued_time = time.time()
+        self._sent_first = False
+
+    @classmethod
+    def from_core_request(cls, req: EngineCoreRequest, *, max_model_len: int, max_pool_tokens: int,
+                          seq: int) -> "Request":
+        return cls(req.request_id, list(req.prompt_token_ids), req.sampling_params, eos_token_id=req.eos_token_id,
+                   arrival_time=req.arrival_time, priority=req.priority, max_model_len=max_model_len,
+                   max_pool_tokens=max_pool_tokens, seq=seq)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status >= RequestStatus.FINISHED_STOPPED
+
+    def append_token(self, token_id: int) -> bool:
+        """Add one sampled token; return True (and set status/stop_reason) if the request is now finished."""
+        self.output_token_ids.append(token_id)
+        all_ids = self.all_token_ids
+        all_ids.append(token_id)
+        n = len(all_ids)
+        if n >= self.min_len:  # min_tokens: the sampler masks stops; never stop early here either
+            if token_id == self.eos_token_id:
+                self.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if token_id in self.stop_token_ids:
+                self.status = RequestStatus.FINISHED_STOPPED
+                self.stop_reason = token_id
+                return True
+        if n >= self.max_len:
+            self.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, prio={self.priority})")

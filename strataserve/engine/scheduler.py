@@ -1,0 +1,262 @@
+"""Continuous-batching scheduler: decides, every step, which tokens of which requests the runner computes.
+
+One step = one ``SchedulerOutput``. Order of business in ``schedule``:
+1. Running requests in admission order (decodes, unfinished chunked prefills, resumed recomputes), each taking
+   ``min(tokens left, budget)`` tokens. When the KV pool is out of blocks, the scheduler preempts by recompute:
+   the victim is the running request with the lowest priority (largest value), newest first; it frees its blocks
+   (full computed blocks stay in the prefix cache) and returns to the waiting queue ahead of its priority peers.
+2. Waiting requests by (priority, preempted-first, arrival), skipped entirely in a step that preempted. Each takes
+   its prefix-cache hit, then as much of the rest as the token budget allows (chunked prefill), subject to
+   ``max_num_seqs`` and a small free-block reserve that keeps decodes from thrashing.
+
+``update_from_output`` appends the sampled tokens, applies the stop rules (eos, stop token ids, max_tokens,
+max_model_len; never before min_tokens), frees finished requests and returns one ``EngineCoreOutput`` per sampled
+token. Cost per step is O(scheduled requests); nothing scans whole prompts after admission.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+
+from strataserve.config import SchedulerConfig
+from strataserve.engine.kv_cache_manager import KVCacheManager
+from strataserve.engine.outputs import ModelRunnerOutput, NewRequestData, ScheduledChunk, SchedulerOutput
+from strataserve.engine.protocol import EngineCoreOutput, SchedulerStats
+from strataserve.engine.request import Request, RequestStatus
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, *, num_blocks: int, block_size: int, max_model_len: int,
+                 enable_prefix_caching: bool = True) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
+        self._waiting: list[tuple[int, int, int, Request]] = []  # heap; aborted entries are skipped lazily
+        self.num_waiting = 0
+        self._forget: list[str] = []  # ids the runner must drop before the next step
+        # Keep ~1% of blocks free when admitting, unless nothing runs (then a lone request may use them all).
+        self._reserve = max(1, num_blocks // 100)
+        self.num_preemptions = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+
+    @property
+    def max_pool_tokens(self) -> int:
+        return self.kv.num_blocks * self.block_size
+
+    # ------------------------------------------------------------------ requests in / out
+    def check_prompt(self, num_prompt_tokens: int) -> None:
+        """Raise ValueError for a prompt this engine can never serve (pure; safe from any thread)."""
+        if num_prompt_tokens == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if num_prompt_tokens >= self.max_model_len:
+            raise ValueError(f"the prompt has {num_prompt_tokens} tokens but max_model_len is {self.max_model_len}"
+                             f": shorten the prompt below {self.max_model_len} tokens (or raise max_model_len)")
+        if num_prompt_tokens > self.max_pool_tokens:
+            raise ValueError(f"the prompt has {num_prompt_tokens} tokens but the whole KV cache holds "
+                             f"{self.max_pool_tokens}: shorten the prompt or give the KV cache more memory")
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use: use a unique id")
+        self.check_prompt(request.num_prompt_tokens)
+        self.requests[request.request_id] = request
+        self._push_waiting(request)
+
+    def _push_waiting(self, req: Request) -> None:
+        preempted_first = 0 if req.status == RequestStatus.PREEMPTED else 1
+        heapq.heappush(self._waiting, (req.priority, preempted_first, req.seq, req))
+        self.num_waiting += 1
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        """Abort (or otherwise finish) requests now and free their blocks. Unknown ids are ignored."""
+        drop_running = False
+        for rid in request_ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue
+            if req.status == _RUNNING:
+                drop_running = True
+                self._forget.append(rid)
+            else:  # still in the waiting heap: skipped lazily when it reaches the top
+                self.num_waiting -= 1
+            req.status = status
+            self.kv.free(req)
+        if drop_running:
+            self.running = [r for r in self.running if r.status == _RUNNING]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> SchedulerOutput:
+        kv = self.kv
+        kv.begin_step()
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk | None] = []
+        where: dict[str, int] = {}  # request id -> index in chunks (to undo if it becomes a victim)
+        running = self.running
+        preempted = False
+
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.num_tokens - req.num_computed_tokens
+            if n > budget:
+                n = budget
+            blocks = kv.allocate_slots(req, n)
+            while blocks is None:
+                victim = max(running, key=_victim_key)
+                vi = running.index(victim)
+                del running[vi]
+                budget += self._preempt(victim, chunks, where)
+                preempted = True
+                if victim is req:
+                    break
+                if vi < i:
+                    i -= 1
+                blocks = kv.allocate_slots(req, n)
+            if blocks is None:
+                continue  # req itself was preempted; running[i] is now the next request
+            start = req.num_computed_tokens
+            end = start + n
+            where[req.request_id] = len(chunks)
+            chunks.append(ScheduledChunk(req.request_id, req.all_token_ids[start:end], start, blocks[:],
+                                         end == req.num_tokens))
+            req.num_computed_tokens = end
+            budget -= n
+            i += 1
+
+        new_reqs: list[NewRequestData] = []
+        if not preempted:
+            budget = self._admit(budget, chunks, new_reqs)
+
+        out_chunks = [c for c in chunks if c is not None] if preempted else chunks
+        forget: list[str] = []
+        if out_chunks:  # with nothing to run, keep them for the next real step so the runner still drops them
+            forget, self._forget = self._forget, []
+        return SchedulerOutput(new_requests=new_reqs, chunks=out_chunks, finished_req_ids=forget,  # type: ignore
+                               total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget)
+
+    def _admit(self, budget: int, chunks: list, new_reqs: list[NewRequestData]) -> int:
+        kv, waiting, running = self.kv, self._waiting, self.running
+        max_seqs = self.config.max_num_seqs
+        chunked = self.config.enable_chunked_prefill
+        full_budget = self.config.max_num_batched_tokens
+        deferred = []
+        now = 0.0
+        while waiting and budget > 0 and len(running) < max_seqs:
+            req = waiting[0][3]
+            if req.status.is_finished:  # aborted while waiting
+                heapq.heappop(waiting)
+                continue
+            hit_blocks, hit_tokens = kv.get_computed_blocks(req)
+            if kv.prefix_in_flight(req, len(hit_blocks)):
+                deferred.append(heapq.heappop(waiting))  # its next block is being computed right now
+                continue
+            n = req.num_tokens - hit_tokens
+            if n > budget:
+                if chunked:
+                    n = budget
+                elif budget < full_budget:
+                    break  # no chunking: wait for a step with room for the whole prompt
+            reserve = self._reserve if running else 0
+            blocks = kv.allocate_slots(req, n, hit_blocks, reserve)
+            if blocks is None:
+                break
+            heapq.heappop(waiting)
+            self.num_waiting -= 1
+            kv.record_lookup(req.num_tokens, hit_tokens)
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = hit_tokens
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now = now or time.time()
+            req.status = _RUNNING
+            running.append(req)
+            new_reqs.append(NewRequestData(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
+                                           req.sampling_params))
+            end = hit_tokens + n
+            chunks.append(ScheduledChunk(req.request_id, req.all_token_ids[hit_tokens:end], hit_tokens, blocks[:],
+                                         end == req.num_tokens))
+            req.num_computed_tokens = end
+            budget -= n
+        for entry in deferred:
+            heapq.heappush(waiting, entry)
+        return budget
+
+    def _preempt(self, victim: Request, chunks: list, where: dict[str, int]) -> int:
+        """Preempt ``victim`` (already removed from running) by recompute; return the budget it gave back."""
+        returned = 0
+        idx = where.pop(victim.request_id, None)
+        if idx is not None:  # scheduled earlier in this step: undo that first
+            chunk = chunks[idx]
+            chunks[idx] = None
+            returned = len(chunk.token_ids)
+            victim.num_computed_tokens -= returned
+        self.kv.free(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self._forget.append(victim.request_id)
+        self._push_waiting(victim)
+        return returned
+
+    # ------------------------------------------------------------------ results of one step
+    def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        requests = self.requests
+        cache_computed = self.kv.cache_computed
+        n_sampled_chunks = 0
+        for c in sched.chunks:
+            req = requests.get(c.req_id)
+            if req is not None and req.status == _RUNNING:
+                cache_computed(req)
+            n_sampled_chunks += c.sample
+        self.prompt_tokens += sched.total_num_scheduled_tokens - n_sampled_chunks
+
+        outputs: list[EngineCoreOutput] = []
+        logprobs = result.logprobs
+        any_finished = False
+        for j, (rid, tok) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
+            req = requests.get(rid)
+            if req is None or req.status != _RUNNING:
+                continue  # aborted or preempted after it was scheduled
+            finished = req.append_token(tok)
+            lp = logprobs[j] if logprobs else None
+            out = EngineCoreOutput(request_id=rid, new_token_ids=[tok], new_logprobs=None if lp is None else [lp])
+            if not req._sent_first:
+                req._sent_first = True
+                out.num_cached_tokens = req.num_cached_tokens
+                out.queued_time = req.queued_time
+                out.scheduled_time = req.first_scheduled_time
+            if finished:
+                any_finished = True
+                out.finish_reason = req.status.finish_reason
+                out.stop_reason = req.stop_reason
+                out.num_preemptions = req.num_preemptions
+                del requests[rid]
+                self.kv.free(req)
+                self._forget.append(rid)
+            outputs.append(out)
+        self.generation_tokens += len(result.sampled_token_ids)
+        if any_finished:
+            self.running = [r for r in self.running if r.status == _RUNNING]
+        return outputs
+
+    def stats(self) -> SchedulerStats:
+        kv = self.kv
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=self.num_waiting, kv_cache_usage=kv.usage,
+            num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions, prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens)
+
+
+def _victim_key(r: Request) -> tuple[int, float, int]:
+    return (r.priority, r.arrival_time, r.seq)

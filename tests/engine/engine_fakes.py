@@ -1,0 +1,91 @@
+"""A deterministic fake model runner that checks the scheduler -> runner contract while it runs.
+
+The "model" picks the next token as a pure function of the context (``next_token``), so a request's output is
+independent of batching, chunking, preemption and prefix caching; ``reference_output`` computes it directly.
+The fake KV cache stores the token id written at each slot; before every chunk the runner checks that every
+earlier position in the chunk's block table holds that request's token, which catches a wrong prefix-cache hit,
+a block shared while being written, or a block table that lost a block.
+"""
+from __future__ import annotations
+
+from strataserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from strataserve.runner.base import ModelRunnerBase
+
+VOCAB = 500
+EOS = 2
+
+
+def next_token(tokens: list[int]) -> int:
+    # Depends on the last two tokens and the length; avoids EOS unless a test scripts it.
+    t = (tokens[-1] * 1103515245 + (tokens[-2] if len(tokens) > 1 else 7) * 69069 + len(tokens) * 12345) % VOCAB
+    return t if t != EOS else EOS + 1
+
+
+def reference_output(prompt: list[int], max_tokens: int, stop_ids: tuple[int, ...] = (), min_tokens: int = 0,
+                     eos: int | None = None, max_len: int | None = None) -> list[int]:
+    toks, out = list(prompt), []
+    while True:
+        t = next_token(toks)
+        toks.append(t)
+        out.append(t)
+        if len(out) >= min_tokens and (t == eos or t in stop_ids):
+            return out
+        if len(out) >= max_tokens or (max_len is not None and len(toks) >= max_len):
+            return out
+
+
+class FakeRunner(ModelRunnerBase):
+    def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, verify: bool = True,
+                 logprobs: bool = False) -> None:
+        self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
+        self.verify = verify
+        self.want_logprobs = logprobs
+        self.kv = [[-1] * block_size for _ in range(num_blocks)]
+        self.state: dict[str, list[int]] = {}
+        self.steps: list[SchedulerOutput] = []
+        self.record = verify
+        self.shut = False
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        if self.record:
+            self.steps.append(so)
+        state, bs, kv = self.state, self.block_size, self.kv
+        for rid in so.finished_req_ids:
+            assert rid in state, f"runner told to forget unknown request {rid}"
+            del state[rid]
+        for nr in so.new_requests:
+            assert nr.req_id not in state, f"request {nr.req_id} sent twice without being forgotten"
+            state[nr.req_id] = list(nr.prompt_token_ids) + list(nr.output_token_ids)
+        ids, toks_out, lps = [], [], []
+        for c in so.chunks:
+            toks = state[c.req_id]
+            n, start, bt = len(c.token_ids), c.start_pos, c.block_table
+            if self.verify:
+                assert toks[start:start + n] == c.token_ids, f"{c.req_id}: chunk tokens disagree with the request"
+                assert len(bt) * bs >= start + n, f"{c.req_id}: block table too short"
+                assert c.sample == (start + n == len(toks)), f"{c.req_id}: wrong sample flag"
+                for p in range(start):
+                    assert kv[bt[p // bs]][p % bs] == toks[p], f"{c.req_id}: KV at position {p} is not its token"
+            for p in range(start, start + n):
+                kv[bt[p // bs]][p % bs] = toks[p]
+            if c.sample:
+                t = next_token(toks)
+                toks.append(t)
+                ids.append(c.req_id)
+                toks_out.append(t)
+                lps.append(TokenLogprobs(t, -0.5, 1, [t, t + 1], [-0.5, -1.5]) if self.want_logprobs else None)
+        return ModelRunnerOutput(ids, toks_out, lps)
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def engine_config(*, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, prefix: bool = True,
+                  chunked: bool = True) -> EngineConfig:
+    return EngineConfig(
+        model=ModelConfig(model="fake"),
+        cache=CacheConfig(enable_prefix_caching=prefix),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                  enable_chunked_prefill=chunked),
+    )
