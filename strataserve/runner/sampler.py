@@ -1,4 +1,22 @@
-"""Token sampling over a batch of logits (interface; implementation to follow)."""
+"""Token sampling over a batch of logits.
+
+Per step, for the rows of one batch (each row = one request's last position):
+
+1. ``min_tokens``: while a request has fewer outputs than ``min_tokens``, its eos (unless ``ignore_eos``) and
+   ``stop_token_ids`` are banned.
+2. Penalties (``runner/penalties.py``): repetition, then frequency/presence - only for rows that use them.
+3. Greedy rows (temperature < 1e-5) take the argmax of the penalised logits.
+4. Other rows: divide by temperature, then min-p (drop tokens whose probability is below ``min_p`` times the
+   most likely token's), then top-k (ties with the k-th logit are kept), then top-p over the renormalised
+   remainder (keep the smallest prefix of the sorted distribution whose mass reaches ``top_p``) - vLLM's order.
+5. Draw by an exponential race: ``argmax(p / E)`` with ``E ~ Exp(1)`` per token picks token t with probability
+   p[t]. Seeded rows take E from a generator seeded by (seed, number of outputs so far), so a seeded request's
+   tokens depend on nothing else in the batch and repeat after preemption + recompute. Unseeded rows share one
+   batched draw.
+
+Logprobs describe the RAW model distribution (log_softmax of the logits as given, as vLLM v1 returns by default):
+the chosen token's logprob, its rank (1 + number of strictly more likely tokens) and the top N.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,6 +26,9 @@ import torch
 
 from strataserve.engine.outputs import TokenLogprobs
 from strataserve.engine.sampling_params import SamplingParams
+from strataserve.runner.penalties import apply_penalties, ban_tokens
+
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass(slots=True)
@@ -20,7 +41,174 @@ class SamplingRequest:
     eos_token_id: int | None = None
 
 
+def row_seed(seed: int, step: int) -> int:
+    """A 63-bit generator seed mixed from (request seed, output position) with splitmix64's finaliser."""
+    z = (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + 0x632BE59BD9B4E019) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def uniform(seed: int, step: int) -> float:
+    """The seeded draw in [0, 1) for output position ``step``: 24 random bits, so float32 represents it exactly."""
+    return (row_seed(seed, step) >> 39) / float(1 << 24)
+
+
+def _min_p(x: torch.Tensor, min_p: torch.Tensor) -> None:
+    """p[t] < min_p * p_max  <=>  x[t] < x_max + log(min_p); done in logit space, no softmax needed."""
+    thresh = x.amax(dim=-1, keepdim=True) + torch.log(min_p).unsqueeze(1)
+    x.masked_fill_(x < thresh, float("-inf"))
+
+
+def _top_k(x: torch.Tensor, k: torch.Tensor, k_max: int) -> None:
+    """Keep logits >= the row's k-th largest; ``k`` holds vocab_size for rows without top-k."""
+    kth = x.topk(k_max, dim=-1).values.gather(1, (k.clamp(max=k_max) - 1).unsqueeze(1))
+    kth.masked_fill_((k > k_max).unsqueeze(1), float("-inf"))
+    x.masked_fill_(x < kth, float("-inf"))
+
+
+def _top_k_top_p(x: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor) -> torch.Tensor:
+    """Top-k then top-p over one full descending sort; returns the filtered logits in vocabulary order."""
+    xs, idx = x.sort(dim=-1, descending=True)
+    if k is not None:
+        kth = xs.gather(1, (k - 1).unsqueeze(1))
+        xs.masked_fill_(xs < kth, float("-inf"))
+    probs = xs.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly more likely tokens
+    xs.masked_fill_(mass_before >= p.unsqueeze(1), float("-inf"))  # the first token always survives (p > 0)
+    return torch.empty_like(x).scatter_(1, idx, xs)
+
+
 class Sampler:
+    """Stateless: every call depends only on its arguments (and the global torch RNG for unseeded rows)."""
+
     def __call__(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: [len(reqs), vocab] float. Returns one token id per row and its logprobs (None if not asked)."""
-        raise NotImplementedError
+        if logits.dim() != 2 or logits.shape[0] != len(reqs):
+            raise ValueError(f"logits must be [len(reqs)={len(reqs)}, vocab], got {tuple(logits.shape)}")
+        raw = logits.float()
+        params = [r.params for r in reqs]
+        x = self._processed(raw, reqs)
+
+        greedy_rows = [i for i, p in enumerate(params) if p.greedy]
+        if len(greedy_rows) == len(reqs):
+            tokens = x.argmax(dim=-1)
+        else:
+            sample_rows = [i for i, p in enumerate(params) if not p.greedy]
+            if greedy_rows:
+                tokens = x.argmax(dim=-1)
+                rows_t = torch.tensor(sample_rows, device=x.device)
+                tokens[rows_t] = self._sample(x[rows_t], [reqs[i] for i in sample_rows])
+            else:
+                tokens = self._sample(x, reqs)
+        token_ids: list[int] = tokens.tolist()
+        return token_ids, self._logprobs(raw, tokens, params)
+
+    # ------------------------------------------------------------------ logits processing
+    @staticmethod
+    def _processed(raw: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
+        """Bans + penalties; returns ``raw`` itself when nothing applies (the caller never writes to it)."""
+        ban_rows: list[int] = []
+        ban_ids: list[list[int]] = []
+        pen_rows: list[int] = []
+        for i, r in enumerate(reqs):
+            p = r.params
+            if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
+                ids = list(p.stop_token_ids)
+                if r.eos_token_id is not None and not p.ignore_eos:
+                    ids.append(r.eos_token_id)
+                if ids:
+                    ban_rows.append(i)
+                    ban_ids.append(ids)
+            if p.uses_penalties:
+                pen_rows.append(i)
+        if not ban_rows and not pen_rows:
+            return raw
+        x = raw.clone()
+        ban_tokens(x, ban_rows, ban_ids)
+        if pen_rows:
+            whole = len(pen_rows) == len(reqs)
+            rows_t = None if whole else torch.tensor(pen_rows, device=x.device)
+            sub = x if whole else x[rows_t]
+            sel = [reqs[i] for i in pen_rows]
+            apply_penalties(
+                sub,
+                [r.prompt_token_ids for r in sel],
+                [r.output_token_ids for r in sel],
+                [r.params.repetition_penalty for r in sel],
+                [r.params.frequency_penalty for r in sel],
+                [r.params.presence_penalty for r in sel],
+            )
+            if not whole:
+                x[rows_t] = sub
+        return x
+
+    @staticmethod
+    def filtered_logits(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Temperature, min-p, top-k, top-p applied to (penalised) logits [R, V] of non-greedy rows; -inf = dropped.
+
+        Returns a new tensor; ``softmax`` of it is the distribution the row samples from.
+        """
+        vocab = x.shape[1]
+        dev = x.device
+        temps = [p.temperature for p in params]
+        x = x / torch.tensor(temps, dtype=torch.float32, device=dev).unsqueeze(1) if any(t != 1.0 for t in temps) else x.clone()
+        if any(p.min_p > 0.0 for p in params):
+            _min_p(x, torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev))
+        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        use_k = any(k < vocab for k in ks)
+        k_t = torch.tensor(ks, dtype=torch.int64, device=dev) if use_k else None
+        if any(p.top_p < 1.0 for p in params):
+            x = _top_k_top_p(x, k_t, torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev))
+        elif k_t is not None:
+            _top_k(x, k_t, max(k for k in ks if k < vocab))
+        return x
+
+    # ------------------------------------------------------------------ drawing
+    @classmethod
+    def _sample(cls, x: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
+        """Inverse-CDF draw: token i is picked when cdf[i-1] <= u * cdf[-1] < cdf[i], so P(i) = p[i]."""
+        probs = cls.filtered_logits(x, [r.params for r in reqs]).softmax(dim=-1)
+        cdf = probs.cumsum_(dim=-1)
+        total = cdf[:, -1:]
+        u = torch.rand(len(reqs), 1, dtype=torch.float32, device=x.device)
+        seeded = [(i, uniform(r.params.seed, len(r.output_token_ids))) for i, r in enumerate(reqs) if r.params.seed is not None]
+        if seeded:
+            rows, vals = zip(*seeded)
+            u[list(rows), 0] = torch.tensor(vals, dtype=torch.float32).to(x.device)
+        # Keep the target strictly below the total so it never lands on trailing zero-probability tokens; a
+        # dropped token (p = 0) repeats its predecessor's cdf, so the strict search can never stop on it.
+        target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, target, right=True).squeeze(1)
+
+    # ------------------------------------------------------------------ logprobs
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, params: Sequence[SamplingParams]) -> list[TokenLogprobs | None]:
+        out: list[TokenLogprobs | None] = [None] * len(params)
+        rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if not rows:
+            return out
+        whole = len(rows) == len(params)
+        rows_t = None if whole else torch.tensor(rows, device=raw.device)
+        lps = torch.log_softmax(raw if whole else raw[rows_t], dim=-1)
+        chosen = (tokens if whole else tokens[rows_t]).unsqueeze(1)
+        chosen_lp = lps.gather(1, chosen)
+        ranks = ((lps > chosen_lp).sum(dim=-1) + 1).tolist()
+        n_max = max(params[i].logprobs or 0 for i in rows)
+        top_ids: list[list[int]] = [[] for _ in rows]
+        top_lps: list[list[float]] = [[] for _ in rows]
+        if n_max > 0:
+            top = lps.topk(min(n_max, lps.shape[1]), dim=-1)
+            top_ids, top_lps = top.indices.tolist(), top.values.tolist()
+        chosen_l = chosen.squeeze(1).tolist()
+        chosen_lp_l = chosen_lp.squeeze(1).tolist()
+        for j, i in enumerate(rows):
+            n = params[i].logprobs or 0
+            out[i] = TokenLogprobs(
+                token_id=chosen_l[j],
+                logprob=chosen_lp_l[j],
+                rank=ranks[j],
+                top_token_ids=top_ids[j][:n],
+                top_logprobs=top_lps[j][:n],
+            )
+        return out

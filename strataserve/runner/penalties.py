@@ -1,0 +1,68 @@
+"""Logit penalties and token bans applied before sampling, vectorised over the rows that use them.
+
+Formulas (logits ``x`` of one row, vocabulary id ``t``):
+
+- repetition (HF ``RepetitionPenaltyLogitsProcessor``): for every ``t`` present in prompt + generated tokens,
+  ``x[t] = x[t] / r`` if ``x[t] > 0`` else ``x[t] * r``;
+- frequency / presence (OpenAI): ``x[t] -= f * count_gen(t) + p * (count_gen(t) > 0)`` over generated tokens only.
+
+Repetition is applied first, then frequency/presence, as vLLM does.
+"""
+from __future__ import annotations
+
+from itertools import chain
+from typing import Sequence
+
+import torch
+
+
+def _flat_keys(rows: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """Flat indices ``row * vocab + token`` of every (row, token) occurrence; ids outside the vocabulary dropped."""
+    ids = torch.tensor(list(chain.from_iterable(rows)), dtype=torch.int64)
+    row = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor([len(r) for r in rows], dtype=torch.int64))
+    keep = (ids >= 0) & (ids < vocab)
+    return (row[keep] * vocab + ids[keep]).to(device, non_blocking=True)
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_ids: Sequence[Sequence[int]],
+    output_ids: Sequence[Sequence[int]],
+    repetition: Sequence[float],
+    frequency: Sequence[float],
+    presence: Sequence[float],
+) -> None:
+    """Penalise contiguous ``logits`` [R, V] in place; row i uses prompt_ids[i], output_ids[i], the i-th penalties.
+
+    Works on the (row, token) pairs that occur - O(tokens), not O(R * V) - which matters for 150k vocabularies.
+    """
+    vocab = logits.shape[1]
+    dev = logits.device
+    flat = logits.view(-1)
+    out_keys = _flat_keys(output_ids, vocab, dev)
+    if any(r != 1.0 for r in repetition):
+        rep = torch.tensor(repetition, dtype=torch.float32, device=dev)
+        seen = torch.unique(torch.cat([_flat_keys(prompt_ids, vocab, dev), out_keys]))
+        vals = flat[seen]
+        r = rep[seen // vocab]
+        flat[seen] = torch.where(vals > 0, vals / r, vals * r)
+    if any(f != 0.0 for f in frequency) or any(p != 0.0 for p in presence):
+        keys, counts = torch.unique(out_keys, return_counts=True)
+        row = keys // vocab
+        freq = torch.tensor(frequency, dtype=torch.float32, device=dev)[row]
+        pres = torch.tensor(presence, dtype=torch.float32, device=dev)[row]
+        flat[keys] -= counts.to(torch.float32) * freq + pres
+
+
+def ban_tokens(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[Sequence[int]]) -> None:
+    """Set ``logits[rows[i], t] = -inf`` for every t in token_ids[i] (ids outside the vocabulary are skipped)."""
+    vocab = logits.shape[1]
+    r_idx: list[int] = []
+    t_idx: list[int] = []
+    for r, ids in zip(rows, token_ids):
+        for t in ids:
+            if 0 <= t < vocab:
+                r_idx.append(r)
+                t_idx.append(t)
+    if r_idx:
+        logits[torch.tensor(r_idx, device=logits.device), torch.tensor(t_idx, device=logits.device)] = float("-inf")
