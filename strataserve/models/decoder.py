@@ -1,0 +1,137 @@
+"""One decoder for Llama 2/3/3.1, Mistral, Qwen2/2.5 and Qwen3 (pre-norm, RMSNorm, GQA/MHA, SwiGLU).
+
+Per-family differences are ``DecoderConfig`` data: q/k/v bias (Qwen2), per-head q/k RMSNorm before rotary
+(Qwen3), rope scaling (Llama 3.1), tied embeddings, any head_dim. q/k/v and gate/up projections are fused into
+single matmuls (the loader concatenates the checkpoint's weights). Elementwise ops and attention come from the
+``OpSet`` given at construction, so the runner mode decides which kernels run, not this file.
+
+Tokens are flattened: ``forward(input_ids [T], positions [T], attn_meta)`` -> hidden ``[T, H]``, where T mixes the
+decode tokens and prefill chunks of one step and ``attn_meta`` says which token belongs where in the KV cache.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from strataserve.models.hf_config import DecoderConfig
+from strataserve.models.rope import build_cos_sin_cache
+from strataserve.runner.attention import AttentionMetadata
+from strataserve.runner.ops import OpSet
+
+
+class _Factory:
+    """Creates uninitialised parameters (the loader or ``init_random_weights`` fills them)."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.dtype, self.device = dtype, device
+
+    def __call__(self, *shape: int) -> nn.Parameter:
+        return nn.Parameter(torch.empty(*shape, dtype=self.dtype, device=self.device), requires_grad=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig, layer_idx: int, ops: OpSet, new: _Factory) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.ops = ops
+        self.head_dim = cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.qkv_weight = new(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
+        self.qkv_bias = new(cfg.q_size + 2 * cfg.kv_size) if cfg.qkv_bias else None
+        self.o_weight = new(cfg.hidden_size, cfg.q_size)
+        self.q_norm = new(cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = new(cfg.head_dim) if cfg.qk_norm else None
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor,
+                meta: AttentionMetadata | None) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            q = self.ops.rms_norm(q.reshape(t * self.num_heads, self.head_dim), self.q_norm, self.eps).view(t, -1)
+            k = self.ops.rms_norm(k.reshape(t * self.num_kv_heads, self.head_dim), self.k_norm, self.eps).view(t, -1)
+        self.ops.apply_rotary(positions, q, k, self.head_dim, cos_sin)
+        o = self.ops.attention.forward(self.layer_idx, q, k, v, meta)
+        return F.linear(o, self.o_weight)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig, ops: OpSet, new: _Factory) -> None:
+        super().__init__()
+        self.ops = ops
+        self.gate_up_weight = new(2 * cfg.intermediate_size, cfg.hidden_size)  # [gate; up]
+        self.down_weight = new(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.ops.silu_and_mul(F.linear(x, self.gate_up_weight)), self.down_weight)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, layer_idx: int, ops: OpSet, new: _Factory) -> None:
+        super().__init__()
+        self.ops = ops
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = new(cfg.hidden_size)
+        self.self_attn = Attention(cfg, layer_idx, ops, new)
+        self.post_attn_norm = new(cfg.hidden_size)
+        self.mlp = MLP(cfg, ops, new)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                cos_sin: torch.Tensor, meta: AttentionMetadata | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            x = self.ops.rms_norm(hidden, self.input_norm, self.eps)
+        else:
+            x, residual = self.ops.fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
+        x = self.self_attn(positions, x, cos_sin, meta)
+        x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_attn_norm, self.eps)
+        return self.mlp(x), residual
+
+
+class DecoderModel(nn.Module):
+    """The decoder. Parameters are created uninitialised; fill them with ``models.loader``.
+
+    ``max_positions`` bounds the rotary table (defaults to the config's ``max_model_len``).
+    """
+
+    def __init__(self, cfg: DecoderConfig, ops: OpSet, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", max_positions: int | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.ops = ops
+        new = _Factory(dtype, device)
+        self.embed_tokens = new(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, new) for i in range(cfg.num_layers))
+        self.norm = new(cfg.hidden_size)
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else new(cfg.vocab_size, cfg.hidden_size)
+        cos_sin = build_cos_sin_cache(cfg.head_dim, max_positions or cfg.max_model_len, cfg.rope_theta,
+                                      cfg.rope_scaling, device)
+        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attn_meta: AttentionMetadata | None = None) -> torch.Tensor:
+        """input_ids, positions: long ``[T]`` -> final-normed hidden ``[T, H]``.
+
+        ``attn_meta=None``: the T tokens are one causal sequence and the KV cache is not touched.
+        """
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, self.cos_sin_cache, attn_meta)
+        hidden, _ = self.ops.fused_add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden ``[S, H]`` -> float32 logits ``[S, V]``."""
+        return F.linear(hidden, self.lm_head).float()

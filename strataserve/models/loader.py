@@ -1,0 +1,174 @@
+"""Load an HF checkpoint folder (config.json + safetensors, single or sharded) straight into ``DecoderModel``.
+
+Also builds random-weight models from a ``DecoderConfig`` for benchmarks (real shapes, no checkpoint).
+
+dtype "auto" means the checkpoint's ``torch_dtype``, except on CPU where half types become float32: CPU matmuls in
+bf16/fp16 are slower and less accurate than float32 on the machines we target. Device "auto" is cuda when
+available, else cpu.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from strataserve.models.decoder import DecoderModel
+from strataserve.models.hf_config import DecoderConfig, load_decoder_config
+from strataserve.runner.attention import TorchAttention
+from strataserve.runner.ops import OpSet, TorchOps
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# Checkpoint tensors that carry nothing we need (rotary tables are recomputed).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: CUDA is not available here; use device='cpu' or 'auto'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: use cpu, cuda, cuda:N or auto")
+    return dev
+
+
+def resolve_dtype(dtype: str, cfg: DecoderConfig, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        name = cfg.torch_dtype if device.type == "cuda" else "float32"
+        return _DTYPES.get(name, torch.float32)
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r}: use one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def default_ops(cfg: DecoderConfig) -> OpSet:
+    return TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's weight files, or a ValueError saying what is missing."""
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (model_dir / n).is_file()]
+        if missing or not names:
+            raise ValueError(f"{model_dir}: model.safetensors.index.json names shard files that are missing: "
+                             f"{', '.join(missing) or '(index lists no files)'}")
+        return [model_dir / n for n in names]
+    raise ValueError(f"{model_dir}: no weights found; need model.safetensors or model.safetensors.index.json "
+                     "with its shards (only safetensors checkpoints are supported)")
+
+
+class _Targets:
+    """Maps HF tensor names to (our parameter, row offset); tracks which names were filled."""
+
+    def __init__(self, model: DecoderModel) -> None:
+        cfg = model.config
+        self.map: dict[str, tuple[torch.Tensor, int]] = {
+            "model.embed_tokens.weight": (model.embed_tokens, 0),
+            "model.norm.weight": (model.norm, 0),
+        }
+        if not cfg.tie_word_embeddings:
+            self.map["lm_head.weight"] = (model.lm_head, 0)
+        q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        for i, layer in enumerate(model.layers):
+            p = f"model.layers.{i}."
+            attn = layer.self_attn
+            self.map.update({
+                p + "input_layernorm.weight": (layer.input_norm, 0),
+                p + "post_attention_layernorm.weight": (layer.post_attn_norm, 0),
+                p + "self_attn.q_proj.weight": (attn.qkv_weight, 0),
+                p + "self_attn.k_proj.weight": (attn.qkv_weight, q),
+                p + "self_attn.v_proj.weight": (attn.qkv_weight, q + kv),
+                p + "self_attn.o_proj.weight": (attn.o_weight, 0),
+                p + "mlp.gate_proj.weight": (layer.mlp.gate_up_weight, 0),
+                p + "mlp.up_proj.weight": (layer.mlp.gate_up_weight, inter),
+                p + "mlp.down_proj.weight": (layer.mlp.down_weight, 0),
+            })
+            if attn.qkv_bias is not None:
+                self.map.update({p + "self_attn.q_proj.bias": (attn.qkv_bias, 0),
+                                 p + "self_attn.k_proj.bias": (attn.qkv_bias, q),
+                                 p + "self_attn.v_proj.bias": (attn.qkv_bias, q + kv)})
+            if attn.q_norm is not None:
+                self.map.update({p + "self_attn.q_norm.weight": (attn.q_norm, 0),
+                                 p + "self_attn.k_norm.weight": (attn.k_norm, 0)})
+        self.filled: set[str] = set()
+
+    def fill(self, name: str, tensor: torch.Tensor) -> None:
+        if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and name not in self.map):
+            return  # some tied checkpoints still store lm_head; the embedding is used
+        if name not in self.map:
+            raise ValueError(f"checkpoint tensor {name!r} is not part of the supported decoder; "
+                             "is config.json consistent with the weights?")
+        param, row = self.map[name]
+        dst = param.data[row:row + tensor.shape[0]]
+        if dst.shape != tensor.shape:
+            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                             f"config.json implies {tuple(dst.shape)}")
+        dst.copy_(tensor)
+        self.filled.add(name)
+
+    def check_complete(self, model_dir: Path) -> None:
+        missing = sorted(set(self.map) - self.filled)
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+            raise ValueError(f"{model_dir}: checkpoint lacks tensors the config requires: {shown}")
+
+
+def _load_files(files: list[Path], targets: _Targets) -> None:
+    def load_one(path: Path) -> None:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                targets.fill(name, f.get_tensor(name))
+
+    if len(files) == 1:
+        load_one(files[0])
+        return
+    from rich.progress import Progress  # only multi-shard loads show progress
+
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"loading {len(files)} shards", total=len(files))
+        for path in files:
+            load_one(path)
+            progress.advance(task)
+
+
+def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
+               ops: OpSet | None = None, max_positions: int | None = None) -> DecoderModel:
+    """Load an HF checkpoint folder into a ``DecoderModel`` (eval, no grad). Errors are ValueErrors naming what
+    is missing or unsupported."""
+    folder = Path(model_dir)
+    cfg = load_decoder_config(folder)
+    files = safetensors_files(folder)
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, cfg, dev)
+    model = DecoderModel(cfg, ops or default_ops(cfg), dt, dev, max_positions)
+    targets = _Targets(model)
+    with torch.no_grad():
+        _load_files(files, targets)
+    targets.check_complete(folder)
+    return model.eval()
+
+
+def build_random_model(cfg: DecoderConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                       ops: OpSet | None = None, seed: int = 0, max_positions: int | None = None,
+                       std: float = 0.02) -> DecoderModel:
+    """A model with random weights in ``cfg``'s shapes (benchmarks; e.g. Llama-3.1-8B shape on a GPU)."""
+    model = DecoderModel(cfg, ops or default_ops(cfg), dtype, device, max_positions)
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm"):
+                param.normal_(1.0, 0.1, generator=gen)  # norm weights near 1, not exactly, to exercise them
+            else:
+                param.normal_(0.0, std, generator=gen)
+    return model.eval()

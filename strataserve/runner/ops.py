@@ -1,0 +1,112 @@
+"""The swappable compute ops the decoder calls, so the runner mode (eager / triton / graph / hybrid) is chosen in
+one place and the model code never knows which implementation runs.
+
+``OpSet`` is the protocol; ``TorchOps`` is plain PyTorch (CPU, and the GPU fallback). The kernels helper adds
+``TritonOps`` in ``runner/triton_ops.py`` implementing the same protocol. The model receives its ``OpSet`` at
+construction; nothing is patched later.
+
+Shapes: activations are 2-D ``[T, features]`` over the flattened tokens of a mixed batch.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from strataserve.runner.attention import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    """Paged attention over the KV pool (layout in ``runner/attention.py``).
+
+    ``bind_kv_cache`` is called once at start-up with one ``(k_cache, v_cache)`` pair per layer. ``forward`` first
+    writes this step's k/v into ``meta.slot_mapping`` slots of layer ``layer_idx``, then attends.
+    ``meta=None`` means "no KV cache: the T tokens are one causal sequence" (tests, memory profiling).
+    """
+
+    def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None: ...
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata | None) -> torch.Tensor:
+        """q ``[T, Hq*D]``, k and v ``[T, Hkv*D]`` (may be strided views) -> ``[T, Hq*D]`` contiguous."""
+        ...
+
+
+class OpSet(Protocol):
+    name: str
+    attention: AttentionBackend
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim, statistics in float32."""
+        ...
+
+    def fused_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``r = x + residual``; returns ``(rms_norm(r), r)``. Implementations may reuse x/residual storage."""
+        ...
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[T, 2I]`` = [gate | up] -> ``silu(gate) * up`` ``[T, I]``."""
+        ...
+
+    def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
+                     cos_sin_cache: torch.Tensor) -> None:
+        """Neox-style rotary, in place on q ``[T, Hq*D]`` and k ``[T, Hkv*D]`` (strided views of the qkv output).
+
+        ``cos_sin_cache`` is float32 ``[max_pos, D]`` (cos half, sin half; see ``models/rope.py``).
+        """
+        ...
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same order of operations as transformers' RMSNorm: statistics in float32, cast back, then scale.
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> None:
+    t = x.shape[0]
+    xv = x.view(t, -1, head_dim)
+    half = head_dim // 2
+    x1 = xv[..., :half].float()
+    x2 = xv[..., half:].float()
+    # Compute both halves before writing either: the update is in place.
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    xv[..., :half] = o1
+    xv[..., half:] = o2
+
+
+class TorchOps:
+    """Plain PyTorch ops (eager mode)."""
+
+    name = "eager"
+
+    def __init__(self, attention: AttentionBackend) -> None:
+        self.attention = attention
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return _rms_norm(x, weight, eps)
+
+    def fused_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        r = x.add_(residual)
+        return _rms_norm(r, weight, eps), r
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return F.silu(x[:, :half]).mul_(x[:, half:])
+
+    def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
+                     cos_sin_cache: torch.Tensor) -> None:
+        cs = cos_sin_cache.index_select(0, positions)
+        half = head_dim // 2
+        cos = cs[:, None, :half]
+        sin = cs[:, None, half:]
+        _rotate(q, cos, sin, head_dim)
+        _rotate(k, cos, sin, head_dim)
