@@ -1,7 +1,9 @@
 """Per model-version statistics (Triton's statistics extension) and their Prometheus view.
 
 `ModelStats` is the single source: `/stats` reads `as_dict()`, and `StatsCollector` turns the same numbers
-into Prometheus metrics with Triton's names under `strata:` (counters without a `_total` suffix, as Triton).
+into Prometheus metrics with Triton's names under `strata:`. Triton exposes its counters without a `_total`
+suffix; prometheus_client would append one to a "counter" family, so the cumulative ones are exposed untyped
+(Prometheus treats them like counters for rate()) under exactly Triton's names.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import Metric
 
+_CUMULATIVE = "unknown"  # exposed as "untyped", see the module docstring
 _PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
@@ -87,19 +90,19 @@ class ModelStats:
 
 _METRICS = (
     # name, help, type, value(stats)
-    ("strata:inference_request_success", "Number of successful inference requests", "counter",
+    ("strata:inference_request_success", "Number of successful inference requests", _CUMULATIVE,
      lambda s: s.success.count),
-    ("strata:inference_request_failure", "Number of failed inference requests", "counter", lambda s: s.fail.count),
-    ("strata:inference_count", "Number of inferences performed (batch rows)", "counter", lambda s: s.inference_count),
-    ("strata:inference_exec_count", "Number of model executions (batches)", "counter", lambda s: s.execution_count),
+    ("strata:inference_request_failure", "Number of failed inference requests", _CUMULATIVE, lambda s: s.fail.count),
+    ("strata:inference_count", "Number of inferences performed (batch rows)", _CUMULATIVE, lambda s: s.inference_count),
+    ("strata:inference_exec_count", "Number of model executions (batches)", _CUMULATIVE, lambda s: s.execution_count),
     ("strata:inference_pending_request_count", "Requests queued or executing", "gauge", lambda s: s.pending),
-    ("strata:inference_queue_duration_us", "Cumulative queue time of requests", "counter",
+    ("strata:inference_queue_duration_us", "Cumulative queue time of requests", _CUMULATIVE,
      lambda s: s.phases["queue"].ns // 1000),
-    ("strata:inference_compute_input_duration_us", "Cumulative compute-input time", "counter",
+    ("strata:inference_compute_input_duration_us", "Cumulative compute-input time", _CUMULATIVE,
      lambda s: s.phases["compute_input"].ns // 1000),
-    ("strata:inference_compute_infer_duration_us", "Cumulative compute-infer time", "counter",
+    ("strata:inference_compute_infer_duration_us", "Cumulative compute-infer time", _CUMULATIVE,
      lambda s: s.phases["compute_infer"].ns // 1000),
-    ("strata:inference_compute_output_duration_us", "Cumulative compute-output time", "counter",
+    ("strata:inference_compute_output_duration_us", "Cumulative compute-output time", _CUMULATIVE,
      lambda s: s.phases["compute_output"].ns // 1000),
 )
 

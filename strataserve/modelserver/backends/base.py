@@ -1,0 +1,89 @@
+"""Backend interface: one object per model instance, driven by the scheduler from a worker thread.
+
+An execution is three timed phases (Triton's compute_input / compute_infer / compute_output):
+`prepare(requests)` → `infer(prepared)` → `finish(result, requests)`. The scheduler never calls one instance
+from two threads at once, so a backend need not lock. Decoupled backends answer through `BackendRequest.send`
+(thread-safe) and return None per request from `finish`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from strataserve.modelserver.config import ModelSpec
+from strataserve.modelserver.types import ModelServerError
+
+# send(outputs or None, error or None, final) — may be called from any thread.
+SendFn = Callable[[dict[str, np.ndarray] | None, BaseException | None, bool], None]
+
+
+@dataclass
+class BackendRequest:
+    inputs: dict[str, np.ndarray]  # already validated and reshaped to what the model sees
+    rows: int  # batch rows (1 for a model without batching)
+    send: SendFn
+    request_id: str | None = None
+    requested_outputs: list[str] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InstanceContext:
+    spec: ModelSpec
+    version: int
+    model_dir: Path
+    version_dir: Path
+    instance_index: int
+    device: str  # "cpu" or "cuda:N"
+    server: Any = None  # the ModelServer (Python models call other models through it)
+
+
+class Backend(ABC):
+    def __init__(self, ctx: InstanceContext):
+        self.ctx = ctx
+        self.spec = ctx.spec
+
+    @abstractmethod
+    def prepare(self, requests: list[BackendRequest]) -> Any: ...
+
+    @abstractmethod
+    def infer(self, prepared: Any) -> Any: ...
+
+    @abstractmethod
+    def finish(self, result: Any, requests: list[BackendRequest]) -> list[dict[str, np.ndarray] | BaseException | None]:
+        """One entry per request: its outputs, its own error, or None (decoupled: answered through send)."""
+
+    def close(self) -> None:
+        """Release the instance's resources; called once, after its last execution."""
+
+
+class ArrayBackend(Backend):
+    """A backend that runs one function over named arrays: batches are concatenated along dim 0 and split back."""
+
+    @abstractmethod
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def prepare(self, requests: list[BackendRequest]) -> dict[str, np.ndarray]:
+        if len(requests) == 1:
+            return requests[0].inputs
+        return {name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in requests[0].inputs}
+
+    def infer(self, prepared: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run(prepared)
+
+    def finish(self, result: dict[str, np.ndarray], requests: list[BackendRequest]) -> list[dict[str, np.ndarray]]:
+        if len(requests) == 1:
+            return [result]
+        total = sum(r.rows for r in requests)
+        offsets = np.cumsum([r.rows for r in requests])[:-1]
+        for name, arr in result.items():
+            if arr.ndim == 0 or arr.shape[0] != total:
+                raise ModelServerError("internal", f"model '{self.spec.name}': output '{name}' has shape "
+                                       f"{list(arr.shape)}, whose first dim is not the batch size {total}")
+        split = {name: np.split(arr, offsets, axis=0) for name, arr in result.items()}
+        return [{name: parts[i] for name, parts in split.items()} for i in range(len(requests))]

@@ -1,0 +1,40 @@
+"""onnxruntime backend: one InferenceSession per instance (CUDA provider for KIND_GPU when available)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnxruntime as ort
+
+from strataserve.modelserver.backends.base import ArrayBackend, InstanceContext
+from strataserve.modelserver.repository import model_file
+from strataserve.modelserver.types import ModelServerError
+
+
+class OnnxBackend(ArrayBackend):
+    def __init__(self, ctx: InstanceContext):
+        super().__init__(ctx)
+        path = model_file(ctx.spec, ctx.version_dir)
+        opts = ort.SessionOptions()
+        # Instances run in parallel threads; splitting the cores between them avoids oversubscription.
+        threads = ctx.spec.parameters.get("intra_op_thread_count")
+        opts.intra_op_num_threads = int(threads) if threads else max(1, (os.cpu_count() or 1) // ctx.spec.instance_count)
+        opts.inter_op_num_threads = 1
+        providers = ["CPUExecutionProvider"]
+        if ctx.device.startswith("cuda"):
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise ModelServerError("unavailable", f"model '{ctx.spec.name}': instance kind GPU but onnxruntime "
+                                       "has no CUDAExecutionProvider")
+            providers = [("CUDAExecutionProvider", {"device_id": int(ctx.device.split(":")[1])}), "CPUExecutionProvider"]
+        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self._strings = {i.name for i in self.session.get_inputs() if i.type == "tensor(string)"}
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {k: (v.astype(str) if k in self._strings else v) for k, v in inputs.items()}
+        outs = self.session.run(self.output_names, feed)
+        return dict(zip(self.output_names, outs))
+
+    def close(self) -> None:
+        self.session = None

@@ -1,0 +1,124 @@
+"""Python backend: a Triton-style `model.py` (class TritonPythonModel) run in-process.
+
+In-process means tensors reach `execute()` as the very numpy arrays the server decoded (no shared-memory
+copies, unlike Triton's stub process). `execute(requests)` gets every request of a dynamic batch and returns
+one response per request; a decoupled model answers through `request.get_response_sender()` instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import sys
+from types import ModuleType
+
+import numpy as np
+
+from strataserve.modelserver import pb_utils
+from strataserve.modelserver.backends.base import Backend, BackendRequest, InstanceContext
+from strataserve.modelserver.config import ConfigError, config_to_json
+from strataserve.modelserver.repository import model_file
+from strataserve.modelserver.types import ModelServerError
+
+ISOLATION_KEY = "EXECUTION_ISOLATION"
+_module_ids = itertools.count()
+
+
+def _load_module(path, model_name: str) -> ModuleType:
+    # Triton models import the helper module by this name; ours is the in-process implementation.
+    sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+    name = f"_strata_pymodel_{model_name}_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class PythonBackend(Backend):
+    def __init__(self, ctx: InstanceContext):
+        super().__init__(ctx)
+        spec = ctx.spec
+        isolation = spec.parameters.get(ISOLATION_KEY, "none")
+        if isolation not in ("none", "in_process"):
+            raise ConfigError(spec.source, f"parameters.{ISOLATION_KEY}",
+                              f"'{isolation}' is not supported; python models run in-process ('none')")
+        path = model_file(spec, ctx.version_dir)
+        try:
+            module = _load_module(path, spec.name)
+        except Exception as e:  # noqa: BLE001 - any error in user code is a load failure of this model
+            raise ModelServerError("invalid_argument", f"{path}: import failed: {type(e).__name__}: {e}") from e
+        cls = getattr(module, "TritonPythonModel", None)
+        if cls is None:
+            raise ModelServerError("invalid_argument", f"{path} defines no class TritonPythonModel")
+        self.model = cls()
+        self.config_json = config_to_json(spec.proto)
+        if hasattr(self.model, "initialize"):
+            self.model.initialize({
+                "model_config": json.dumps(self.config_json),
+                "model_instance_kind": "GPU" if ctx.device.startswith("cuda") else "CPU",
+                "model_instance_name": f"{spec.name}_{ctx.instance_index}",
+                "model_instance_device_id": ctx.device.split(":")[1] if ":" in ctx.device else "0",
+                "model_repository": str(ctx.model_dir),
+                "model_version": str(ctx.version),
+                "model_name": spec.name,
+            })
+
+    def prepare(self, requests: list[BackendRequest]) -> list[pb_utils.InferenceRequest]:
+        out = []
+        for r in requests:
+            req = pb_utils.InferenceRequest(
+                self.spec.name, [pb_utils.Tensor(k, v) for k, v in r.inputs.items()],
+                r.requested_outputs or [t.name for t in self.spec.outputs], self.ctx.version,
+                request_id=r.request_id or "", parameters=r.parameters,
+            )
+            if self.spec.decoupled:
+                req._sender = pb_utils.InferenceResponseSender(self._sender_fn(r))
+            out.append(req)
+        return out
+
+    def _sender_fn(self, r: BackendRequest):
+        def send(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+            if response is None:
+                r.send(None, None, final)
+                return
+            result = self._convert(response)
+            if isinstance(result, BaseException):
+                r.send(None, result, final)
+            else:
+                r.send(result, None, final)
+        return send
+
+    def infer(self, prepared: list[pb_utils.InferenceRequest]):
+        pb_utils._bls.server = self.ctx.server
+        pb_utils._bls.loop = getattr(self.ctx.server, "loop", None)
+        try:
+            return self.model.execute(prepared)
+        finally:
+            pb_utils._bls.server = pb_utils._bls.loop = None
+
+    def finish(self, result, requests: list[BackendRequest]):
+        if self.spec.decoupled:
+            return [None] * len(requests)
+        if not isinstance(result, (list, tuple)) or len(result) != len(requests):
+            got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
+            raise ModelServerError("internal", f"model '{self.spec.name}': execute() must return one response per "
+                                   f"request ({len(requests)}), got {got}")
+        return [self._convert(resp) for resp in result]
+
+    def _convert(self, resp) -> dict[str, np.ndarray] | BaseException:
+        if not isinstance(resp, pb_utils.InferenceResponse):
+            return ModelServerError("internal", f"model '{self.spec.name}': execute() returned a "
+                                    f"{type(resp).__name__}, not an InferenceResponse")
+        if resp.has_error():
+            err = resp.error()
+            code = pb_utils.ERROR_CODE_NAMES.get(err.code(), "internal") if isinstance(err, pb_utils.TritonError) \
+                else "internal"
+            msg = err.message() if isinstance(err, pb_utils.TritonError) else str(err)
+            return ModelServerError(code, f"model '{self.spec.name}': {msg}")
+        return {t.name(): t.as_numpy() for t in resp.output_tensors()}
+
+    def close(self) -> None:
+        if hasattr(self.model, "finalize"):
+            self.model.finalize()
+        self.model = None

@@ -1,0 +1,213 @@
+"""Scheduler of one model version: priority queues, the dynamic batcher, and one worker per instance.
+
+Invariants: a queued request is in exactly one deque (its priority level's, or `delayed` once its timeout hit
+with action DELAY); only the event-loop thread touches the queues; an instance runs one execution at a time
+(its worker awaits the executor thread). Without `dynamic_batching` each request executes alone (FIFO).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from strataserve.modelserver.backends.base import Backend, BackendRequest
+from strataserve.modelserver.config import ModelSpec
+from strataserve.modelserver.stats import ModelStats
+from strataserve.modelserver.types import ModelServerError
+
+
+class Pending:
+    """One queued request; results flow to `events` as (outputs, error, final) tuples."""
+
+    __slots__ = ("request", "level", "enqueued_ns", "timer", "events", "cancelled", "shape_key", "queue_ns", "loop")
+
+    def __init__(self, request: BackendRequest, level: int, loop: asyncio.AbstractEventLoop):
+        self.request, self.level, self.loop = request, level, loop
+        self.enqueued_ns = time.monotonic_ns()
+        self.timer: asyncio.TimerHandle | None = None
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = False
+        self.queue_ns = 0
+        # Requests batch together only when every non-batch dim and dtype agree.
+        self.shape_key = tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(request.inputs.items()))
+
+    def push(self, outputs: Any, error: BaseException | None, final: bool) -> None:
+        """Thread-safe."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (outputs, error, final))
+
+
+class Scheduler:
+    def __init__(self, spec: ModelSpec, version: int, instances: list[Backend], stats: ModelStats):
+        self.spec, self.version, self.instances, self.stats = spec, version, instances, stats
+        db = spec.dynamic_batching
+        self.batching = db is not None and spec.max_batch_size > 0
+        self.max_rows = spec.max_batch_size if self.batching else 0
+        self.preferred = db.preferred_batch_sizes if db else ()
+        self.delay_s = (db.max_queue_delay_us / 1e6) if db else 0.0
+        self.levels = max(db.priority_levels, 1) if db else 1
+        self.default_level = (db.default_priority_level or 1) if db else 1
+        self.queues: list[deque[Pending]] = [deque() for _ in range(self.levels)]
+        self.delayed: deque[Pending] = deque()
+        self.changed = asyncio.Event()
+        self.executor = ThreadPoolExecutor(len(instances), thread_name_prefix=f"model-{spec.name}")
+        self.workers = [asyncio.create_task(self._worker(i)) for i in instances]
+        self.running = 0
+
+    # -- admission ---------------------------------------------------------------------------------------------
+    def submit(self, request: BackendRequest, priority: int, timeout_us: int | None) -> Pending:
+        loop = asyncio.get_running_loop()
+        db = self.spec.dynamic_batching
+        level = priority or self.default_level
+        if db and db.priority_levels and not 1 <= level <= db.priority_levels:
+            raise ModelServerError("invalid_argument", f"model '{self.spec.name}': priority {priority} is outside "
+                                   f"1..{db.priority_levels}")
+        if not db or not db.priority_levels:
+            level = 1
+        policy = db.policy(level) if db else None
+        if policy and policy.max_queue_size and len(self.queues[level - 1]) >= policy.max_queue_size:
+            raise ModelServerError("unavailable", f"model '{self.spec.name}' version {self.version}: queue full "
+                                   f"(max_queue_size {policy.max_queue_size} at priority level {level})")
+        p = Pending(request, level, loop)
+        timeout = policy.default_timeout_us if policy else 0
+        if timeout_us and (policy is None or policy.allow_timeout_override or not policy.configured):
+            timeout = timeout_us
+        if timeout:
+            p.timer = loop.call_later(timeout / 1e6, self._expire, p, policy.timeout_action if policy else "REJECT",
+                                      timeout)
+        self.queues[level - 1].append(p)
+        self.changed.set()
+        return p
+
+    def _expire(self, p: Pending, action: str, timeout_us: int) -> None:
+        p.timer = None
+        q = self.queues[p.level - 1]
+        if p not in q:
+            return  # already executing
+        q.remove(p)
+        if action == "DELAY":  # keep it, but behind every request that has not timed out
+            self.delayed.append(p)
+            return
+        p.push(None, ModelServerError("deadline_exceeded", f"model '{self.spec.name}' version {self.version}: "
+                                      f"request timed out after {timeout_us} us in the queue"), True)
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues) + len(self.delayed)
+
+    # -- batch formation ---------------------------------------------------------------------------------------
+    def _ordered(self):
+        for q in self.queues:
+            yield from q
+        yield from self.delayed
+
+    def _take(self, batch: list[Pending]) -> list[Pending]:
+        for p in batch:
+            (self.delayed if p in self.delayed else self.queues[p.level - 1]).remove(p)
+            if p.timer:
+                p.timer.cancel()
+                p.timer = None
+        return batch
+
+    def _drop_cancelled(self) -> None:
+        for q in (*self.queues, self.delayed):
+            for p in [p for p in q if p.cancelled]:
+                q.remove(p)
+                if p.timer:
+                    p.timer.cancel()
+
+    async def _next_batch(self) -> list[Pending]:
+        while True:
+            self.changed.clear()
+            self._drop_cancelled()
+            first = next(self._ordered(), None)
+            if first is None:
+                await self.changed.wait()
+                continue
+            if not self.batching:
+                return self._take([first])
+            cands, rows = [], 0
+            for p in self._ordered():
+                if p.shape_key == first.shape_key and rows + p.request.rows <= self.max_rows:
+                    cands.append(p)
+                    rows += p.request.rows
+            target = self.preferred[-1] if self.preferred else self.max_rows
+            waited = (time.monotonic_ns() - first.enqueued_ns) / 1e9
+            if rows >= target or waited >= self.delay_s:
+                return self._take(self._preferred_prefix(cands))
+            try:
+                await asyncio.wait_for(self.changed.wait(), self.delay_s - waited)
+            except asyncio.TimeoutError:
+                pass
+
+    def _preferred_prefix(self, cands: list[Pending]) -> list[Pending]:
+        """The longest prefix whose rows are a preferred batch size, else every candidate."""
+        if not self.preferred:
+            return cands
+        best, rows = None, 0
+        for i, p in enumerate(cands):
+            rows += p.request.rows
+            if rows in self.preferred:
+                best = i + 1
+        return cands[:best] if best else cands
+
+    # -- execution ---------------------------------------------------------------------------------------------
+    async def _worker(self, instance: Backend) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            start = time.monotonic_ns()
+            for p in batch:
+                p.queue_ns = start - p.enqueued_ns
+            self.running += 1
+            try:
+                results, times = await loop.run_in_executor(self.executor, self._run, instance,
+                                                            [p.request for p in batch])
+            except BaseException as e:  # noqa: BLE001 - one bad execution fails its requests, not the worker
+                if isinstance(e, asyncio.CancelledError):
+                    for p in batch:
+                        p.push(None, self._unloaded(), True)
+                    raise
+                err = e if isinstance(e, ModelServerError) else ModelServerError(
+                    "internal", f"model '{self.spec.name}' version {self.version}: {type(e).__name__}: {e}")
+                for p in batch:
+                    p.push(None, err, True)
+                continue
+            finally:
+                self.running -= 1
+            self.stats.execution_done(len(batch), sum(p.request.rows for p in batch), *times)
+            for p, r in zip(batch, results):
+                if isinstance(r, BaseException):
+                    p.push(None, r, True)
+                elif r is not None:
+                    p.push(r, None, True)
+
+    @staticmethod
+    def _run(instance: Backend, requests: list[BackendRequest]):
+        t0 = time.perf_counter_ns()
+        prepared = instance.prepare(requests)
+        t1 = time.perf_counter_ns()
+        result = instance.infer(prepared)
+        t2 = time.perf_counter_ns()
+        results = instance.finish(result, requests)
+        t3 = time.perf_counter_ns()
+        return results, (t1 - t0, t2 - t1, t3 - t2)
+
+    def _unloaded(self) -> ModelServerError:
+        return ModelServerError("unavailable", f"model '{self.spec.name}' version {self.version} was unloaded")
+
+    async def close(self) -> None:
+        """Stop accepting work: fail queued requests, let running executions finish, release the instances."""
+        for p in list(self._ordered()):
+            p.push(None, self._unloaded(), True)
+        for q in (*self.queues, self.delayed):
+            q.clear()
+        while self.running:
+            await asyncio.sleep(0.01)
+        for w in self.workers:
+            w.cancel()
+        await asyncio.gather(*self.workers, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.executor, lambda: [i.close() for i in self.instances])
+        self.executor.shutdown(wait=False)

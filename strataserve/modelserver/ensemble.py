@@ -1,0 +1,160 @@
+"""Ensembles: a DAG of model steps wired by tensor names, each step started as soon as its inputs exist.
+
+`validate_ensemble` checks the graph at load (unknown models or tensors, a tensor produced twice, a consumed
+tensor nobody produces, cycles); errors name the config file and the step. At run time a failing step's
+error names the ensemble, the step index and the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Awaitable, Callable
+
+from strataserve.modelserver.config import ConfigError, ModelSpec, config_to_json
+from strataserve.modelserver.model import ModelVersion, tensor_metadata
+from strataserve.modelserver.stats import ModelStats
+from strataserve.modelserver.types import InferRequest, InferResponse, InferTensor, ModelServerError
+
+InferFn = Callable[[InferRequest], Awaitable[InferResponse]]
+
+
+def validate_ensemble(spec: ModelSpec, lookup: Callable[[str, int], ModelSpec | None]) -> None:
+    """`lookup(name, version)` gives the spec of a ready step model (version -1: latest) or None."""
+    src = spec.source
+    producer: dict[str, str] = {t.name: "the ensemble input" for t in spec.inputs}
+    for i, step in enumerate(spec.ensemble_steps):
+        where = f"ensemble_scheduling.step[{i}]"
+        ms = lookup(step.model_name, step.model_version)
+        if ms is None:
+            version = "" if step.model_version < 0 else f" version {step.model_version}"
+            raise ConfigError(src, f"{where}.model_name", f"model '{step.model_name}'{version} is not loaded or not in "
+                              "the repository")
+        if ms.decoupled:
+            raise ConfigError(src, f"{where}.model_name", f"model '{step.model_name}' is decoupled; ensembles take "
+                              "one response per step")
+        for key in step.input_map:
+            if ms.input(key) is None:
+                raise ConfigError(src, f"{where}.input_map", f"'{key}' is not an input of model '{step.model_name}' "
+                                  f"(inputs: {[t.name for t in ms.inputs]})")
+        unmapped = [t.name for t in ms.inputs if not t.optional and t.name not in step.input_map]
+        if unmapped:
+            raise ConfigError(src, f"{where}.input_map", f"inputs {unmapped} of model '{step.model_name}' are not mapped")
+        for key, tensor in step.output_map.items():
+            if ms.output(key) is None:
+                raise ConfigError(src, f"{where}.output_map", f"'{key}' is not an output of model "
+                                  f"'{step.model_name}' (outputs: {[t.name for t in ms.outputs]})")
+            if tensor in producer:
+                raise ConfigError(src, f"{where}.output_map", f"tensor '{tensor}' is already produced by "
+                                  f"{producer[tensor]}")
+            producer[tensor] = f"step {i} (model '{step.model_name}')"
+    for i, step in enumerate(spec.ensemble_steps):
+        for tensor in step.input_map.values():
+            if tensor not in producer:
+                raise ConfigError(src, f"ensemble_scheduling.step[{i}].input_map", f"tensor '{tensor}' is produced "
+                                  "by no step and is not an ensemble input")
+    for t in spec.outputs:
+        if t.name not in producer:
+            raise ConfigError(src, "output", f"ensemble output '{t.name}' is produced by no step")
+    order = _topological(spec)
+    if len(order) != len(spec.ensemble_steps):
+        stuck = sorted(set(range(len(spec.ensemble_steps))) - set(order))
+        raise ConfigError(src, "ensemble_scheduling.step", f"steps {stuck} form a cycle")
+
+
+def _topological(spec: ModelSpec) -> list[int]:
+    available = {t.name for t in spec.inputs}
+    order, left = [], list(range(len(spec.ensemble_steps)))
+    progress = True
+    while left and progress:
+        progress = False
+        for i in list(left):
+            if set(spec.ensemble_steps[i].input_map.values()) <= available:
+                order.append(i)
+                left.remove(i)
+                available |= set(spec.ensemble_steps[i].output_map.values())
+                progress = True
+    return order
+
+
+class EnsembleVersion:
+    def __init__(self, spec: ModelSpec, version: int, stats: ModelStats, infer_fn: InferFn):
+        self.spec, self.version, self.stats = spec, version, stats
+        self._infer = infer_fn
+        self._io = ModelVersion(spec, version, stats)  # reuses its request validation and response shaping
+
+    @property
+    def dependencies(self) -> set[str]:
+        return {s.model_name for s in self.spec.ensemble_steps}
+
+    async def stream(self, req: InferRequest) -> AsyncIterator[InferResponse]:
+        yield await self.infer(req)
+
+    async def infer(self, req: InferRequest) -> InferResponse:
+        start = time.monotonic_ns()
+        ok = False
+        self.stats.add_pending(1)
+        try:
+            breq = self._io._validate(req)
+            dtypes = {t.name: t.datatype for t in req.inputs}
+            tensors = {name: (dtypes[name], arr) for name, arr in breq.inputs.items()}
+            t0 = time.perf_counter_ns()
+            await self._run(tensors, req)
+            infer_ns = time.perf_counter_ns() - t0
+            resp = self._io._response(req, {k: v[1] for k, v in tensors.items()}, partial=False)
+            self.stats.execution_done(1, breq.rows, 0, infer_ns, 0)
+            ok = True
+            return resp
+        finally:
+            self.stats.add_pending(-1)
+            self.stats.request_done(ok, time.monotonic_ns() - start)
+
+    async def _run(self, tensors: dict, req: InferRequest) -> None:
+        steps = self.spec.ensemble_steps
+        todo = set(range(len(steps)))
+        running: dict[asyncio.Task, int] = {}
+        try:
+            while todo or running:
+                for i in sorted(todo):
+                    if all(t in tensors for t in steps[i].input_map.values()):
+                        todo.discard(i)
+                        running[asyncio.create_task(self._step(i, tensors, req))] = i
+                if not running:
+                    raise ModelServerError("internal", f"ensemble '{self.spec.name}': steps {sorted(todo)} can "
+                                           "never run (their inputs are never produced)")
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    i = running.pop(task)
+                    resp = task.result()  # raises the step's (already wrapped) error
+                    by_name = {o.name: o for o in resp.outputs}
+                    for key, tensor in steps[i].output_map.items():
+                        tensors[tensor] = (by_name[key].datatype, by_name[key].data)
+        finally:
+            for task in running:
+                task.cancel()
+
+    async def _step(self, i: int, tensors: dict, req: InferRequest) -> InferResponse:
+        step = self.spec.ensemble_steps[i]
+        inputs = [InferTensor(key, tensors[name][0], list(tensors[name][1].shape), tensors[name][1])
+                  for key, name in step.input_map.items()]
+        sub = InferRequest(step.model_name, "" if step.model_version < 0 else str(step.model_version),
+                           id=req.id, inputs=inputs, requested_outputs=list(step.output_map),
+                           parameters=dict(req.parameters), priority=req.priority, timeout_us=req.timeout_us)
+        try:
+            return await self._infer(sub)
+        except ModelServerError as e:
+            raise ModelServerError(e.code, f"ensemble '{self.spec.name}' step {i} (model '{step.model_name}'): "
+                                   f"{e.message}") from e
+        except Exception as e:  # noqa: BLE001
+            raise ModelServerError("internal", f"ensemble '{self.spec.name}' step {i} (model '{step.model_name}'): "
+                                   f"{type(e).__name__}: {e}") from e
+
+    def metadata(self) -> dict:
+        return {"inputs": tensor_metadata(self.spec, self.spec.inputs),
+                "outputs": tensor_metadata(self.spec, self.spec.outputs)}
+
+    def config_json(self) -> dict:
+        return config_to_json(self.spec.proto)
+
+    async def close(self) -> None:
+        pass

@@ -1,0 +1,187 @@
+"""One loaded model version: request validation, its scheduler and instances, response shaping, metadata."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+import numpy as np
+
+from strataserve.modelserver.backends import create_backend
+from strataserve.modelserver.backends.base import BackendRequest, InstanceContext
+from strataserve.modelserver.batcher import Scheduler
+from strataserve.modelserver.config import ModelSpec, config_to_json
+from strataserve.modelserver.repository import ModelSource
+from strataserve.modelserver.stats import ModelStats
+from strataserve.modelserver.types import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
+
+
+def _device(spec: ModelSpec, index: int) -> str:
+    if spec.instance_kind != "KIND_GPU":
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ModelServerError("unavailable", f"{spec.source}: instance_group kind KIND_GPU but no GPU is available")
+    return f"cuda:{index % torch.cuda.device_count()}"
+
+
+def tensor_metadata(spec: ModelSpec, tensors) -> list[dict]:
+    prefix = [-1] if spec.max_batch_size > 0 else []
+    return [{"name": t.name, "datatype": t.datatype, "shape": prefix + list(t.dims)} for t in tensors]
+
+
+class ModelVersion:
+    """A ready version of a non-ensemble model."""
+
+    def __init__(self, spec: ModelSpec, version: int, stats: ModelStats):
+        self.spec, self.version, self.stats = spec, version, stats
+        self.scheduler: Scheduler | None = None
+
+    @classmethod
+    async def load(cls, source: ModelSource, version: int, stats: ModelStats, server) -> "ModelVersion":
+        self = cls(source.spec, version, stats)
+        spec = source.spec
+        loop = asyncio.get_running_loop()
+        instances = []
+        try:
+            for i in range(spec.instance_count):
+                ctx = InstanceContext(spec, version, source.model_dir, source.versions[version], i, _device(spec, i),
+                                      server)
+                instances.append(await loop.run_in_executor(None, create_backend, ctx))
+        except BaseException:
+            for inst in instances:
+                inst.close()
+            raise
+        self.scheduler = Scheduler(spec, version, instances, stats)
+        return self
+
+    async def close(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.close()
+
+    # -- requests ----------------------------------------------------------------------------------------------
+    def _validate(self, req: InferRequest) -> BackendRequest:
+        spec, where = self.spec, f"model '{self.spec.name}' version {self.version}"
+        inputs: dict[str, np.ndarray] = {}
+        rows = None
+        for t in req.inputs:
+            ts = spec.input(t.name)
+            if ts is None:
+                raise ModelServerError("invalid_argument", f"{where} has no input '{t.name}'; its inputs are "
+                                       f"{[i.name for i in spec.inputs]}")
+            if t.name in inputs:
+                raise ModelServerError("invalid_argument", f"{where}: input '{t.name}' is given twice")
+            if t.datatype != ts.datatype:
+                raise ModelServerError("invalid_argument", f"{where}: input '{t.name}' has datatype {t.datatype} "
+                                       f"but the model expects {ts.datatype}")
+            shape = [int(d) for d in t.shape]
+            expect = ([-1] if spec.max_batch_size > 0 else []) + list(ts.dims)
+            if len(shape) != len(expect) or any(d < 0 for d in shape) or \
+                    any(e != -1 and e != d for e, d in zip(expect, shape)):
+                raise ModelServerError("invalid_argument", f"{where}: input '{t.name}' has shape {shape} but the "
+                                       f"model expects {expect} (-1: any size)")
+            if spec.max_batch_size > 0:
+                if not 1 <= shape[0] <= spec.max_batch_size:
+                    raise ModelServerError("invalid_argument", f"{where}: input '{t.name}' has batch size "
+                                           f"{shape[0]}, outside 1..max_batch_size ({spec.max_batch_size})")
+                if rows is not None and rows != shape[0]:
+                    raise ModelServerError("invalid_argument", f"{where}: inputs disagree on the batch size "
+                                           f"({rows} vs {shape[0]} for '{t.name}')")
+                rows = shape[0]
+            inputs[t.name] = self._array(t, shape, where)
+            if ts.reshape is not None:
+                inputs[t.name] = inputs[t.name].reshape(shape[:1] + list(ts.reshape) if spec.max_batch_size > 0
+                                                        else list(ts.reshape))
+        missing = [t.name for t in spec.inputs if t.name not in inputs and not t.optional]
+        if missing:
+            raise ModelServerError("invalid_argument", f"{where}: missing inputs {missing}")
+        if req.requested_outputs is not None:
+            unknown = [n for n in req.requested_outputs if spec.output(n) is None]
+            if unknown:
+                raise ModelServerError("invalid_argument", f"{where} has no outputs {unknown}; its outputs are "
+                                       f"{[o.name for o in spec.outputs]}")
+        return BackendRequest(inputs, rows or 1, send=None, request_id=req.id,  # type: ignore[arg-type]
+                              requested_outputs=req.requested_outputs, parameters=dict(req.parameters))
+
+    @staticmethod
+    def _array(t: InferTensor, shape: list[int], where: str) -> np.ndarray:
+        data = t.data if isinstance(t.data, np.ndarray) else np.asarray(t.data)
+        expect = KSERVE_DTYPES[t.datatype]
+        if t.datatype == "BYTES":
+            if data.dtype != object:
+                data = np.array([x if isinstance(x, bytes) else str(x).encode() for x in data.reshape(-1)],
+                                dtype=object)
+        elif data.dtype != expect:
+            raise ModelServerError("invalid_argument", f"{where}: input '{t.name}' holds {data.dtype} values, not "
+                                   f"{t.datatype}")
+        if data.size != int(np.prod(shape)):
+            raise ModelServerError("invalid_argument", f"{where}: input '{t.name}' has {data.size} elements but "
+                                   f"shape {shape} needs {int(np.prod(shape))}")
+        return data.reshape(shape)
+
+    def _response(self, req: InferRequest, outputs: dict[str, np.ndarray], partial: bool) -> InferResponse:
+        spec = self.spec
+        names = req.requested_outputs if req.requested_outputs is not None else [o.name for o in spec.outputs]
+        tensors = []
+        for name in names:
+            if name not in outputs:
+                if partial:
+                    continue
+                raise ModelServerError("internal", f"model '{spec.name}' produced no output '{name}'")
+            ts = spec.output(name)
+            arr = np.asarray(outputs[name])
+            if ts.datatype == "BYTES":
+                if arr.dtype != object:
+                    arr = np.array([x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1)],
+                                   dtype=object).reshape(arr.shape)
+            elif arr.dtype != KSERVE_DTYPES[ts.datatype]:
+                arr = arr.astype(KSERVE_DTYPES[ts.datatype])
+            if ts.reshape is not None:
+                lead = arr.shape[:1] if spec.max_batch_size > 0 else ()
+                arr = arr.reshape(tuple(lead) + tuple(ts.dims))
+            tensors.append(InferTensor(name, ts.datatype, list(arr.shape), arr))
+        return InferResponse(spec.name, str(self.version), req.id, tensors)
+
+    async def stream(self, req: InferRequest) -> AsyncIterator[InferResponse]:
+        """Every response of the request (one, unless the model is decoupled)."""
+        start = time.monotonic_ns()
+        try:
+            breq = self._validate(req)
+            pending = self.scheduler.submit(breq, req.priority, req.timeout_us)
+        except ModelServerError:
+            self.stats.request_done(False, time.monotonic_ns() - start)
+            raise
+        breq.send = pending.push
+        self.stats.add_pending(1)
+        ok, done = False, False
+        try:
+            while not done:
+                outputs, error, done = await pending.events.get()
+                if error is not None:
+                    raise error if isinstance(error, ModelServerError) else ModelServerError(
+                        "internal", f"model '{self.spec.name}': {error}")
+                if outputs is not None:
+                    yield self._response(req, outputs, partial=self.spec.decoupled)
+            ok = True
+        finally:
+            pending.cancelled = not done
+            self.stats.add_pending(-1)
+            self.stats.request_done(ok, time.monotonic_ns() - start, pending.queue_ns)
+
+    async def infer(self, req: InferRequest) -> InferResponse:
+        responses = [r async for r in self.stream(req)]
+        if len(responses) == 1:
+            return responses[0]
+        if not responses:
+            return InferResponse(self.spec.name, str(self.version), req.id, [])
+        raise ModelServerError("failed_precondition", f"model '{self.spec.name}' is decoupled and sent "
+                               f"{len(responses)} responses; use the streaming API to receive them")
+
+    def metadata(self) -> dict:
+        return {"inputs": tensor_metadata(self.spec, self.spec.inputs),
+                "outputs": tensor_metadata(self.spec, self.spec.outputs)}
+
+    def config_json(self) -> dict:
+        return config_to_json(self.spec.proto)
