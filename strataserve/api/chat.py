@@ -1,0 +1,137 @@
+"""``POST /v1/chat/completions``: the model's chat template renders the messages; n, stop, logprobs +
+top_logprobs, streaming with a role chunk first and ``stream_options.include_usage``."""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from strataserve.api.errors import APIError, bad_request
+from strataserve.api.formatting import DONE, TokenNamer, chat_logprobs, json_bytes, sse, usage
+from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
+from strataserve.api.serving import (ServerState, engine_abort_error, engine_stream, make_params, new_id,
+                                     resolve_max_tokens, until_disconnect)
+from strataserve.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+
+router = APIRouter()
+
+
+def render_chat(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    """Token ids of the conversation through the model's chat template."""
+    plain = [{"role": m.role, "content": m.text()} for m in messages]
+    try:
+        ids = state.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
+    except ValueError as exc:
+        raise bad_request(f"cannot render the chat: {exc}", param="messages") from None
+    if isinstance(ids, str):
+        ids = state.tokenizer.encode(ids, add_special_tokens=False)
+    return list(ids)
+
+
+def _top_n(body: ChatCompletionRequest) -> int | None:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
+    if not body.logprobs:
+        return None
+    top = body.top_logprobs or 0
+    if not 0 <= top <= MAX_LOGPROBS:
+        raise bad_request(f"top_logprobs={top} is out of range: must be in [0, {MAX_LOGPROBS}]",
+                          param="top_logprobs")
+    return top
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    state: ServerState = request.app.state.strata
+    state.check_alive()
+    state.check_model(body.model)
+    if body.logit_bias:
+        raise bad_request("logit_bias is not supported", param="logit_bias")
+    if body.tools:
+        raise bad_request("tools are not supported by this server", param="tools")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise bad_request("only response_format type 'text' is supported", param="response_format")
+    top_n = _top_n(body)
+    prompt_ids = render_chat(state, body.messages, body.add_generation_prompt)
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_tokens = resolve_max_tokens(state, len(prompt_ids), requested, param)
+    params = make_params(n=body.n, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+                         top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,
+                         frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
+                         seed=body.seed, stop=body.stop or None, stop_token_ids=body.stop_token_ids,
+                         ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=top_n,
+                         skip_special_tokens=body.skip_special_tokens,
+                         include_stop_str_in_output=body.include_stop_str_in_output)
+    rid = new_id("chatcmpl")
+    if body.stream:
+        state.check_capacity(body.n)
+        return StreamingResponse(_stream(state, body, rid, prompt_ids, params, top_n),
+                                 media_type="text/event-stream")
+    with state.admit(body.n):
+        result = await until_disconnect(request, _collect(state, body, rid, prompt_ids, params, top_n))
+    return Response(json_bytes(result), media_type="application/json")
+
+
+async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_ids: list[int],
+                   params: SamplingParams, top_n: int | None) -> dict[str, Any]:
+    n = body.n
+    namer = TokenNamer(state.tokenizer)
+    parts: list[list[str]] = [[] for _ in range(n)]
+    lps: list[list[dict]] = [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    stop_reason: list[Any] = [None] * n
+    completion_tokens = 0
+    async for out in engine_stream(state, rid, prompt_ids, params, body.priority):
+        for c in out.outputs:
+            parts[c.index].append(c.text)
+            completion_tokens += len(c.token_ids)
+            if top_n is not None:
+                lps[c.index].extend(chat_logprobs(namer, c.token_ids, c.logprobs, top_n))
+            if c.finish_reason is not None:
+                finish[c.index], stop_reason[c.index] = c.finish_reason, c.stop_reason
+    for i in range(n):
+        if finish[i] == "abort":
+            raise engine_abort_error(stop_reason[i])
+    return {
+        "id": rid, "object": "chat.completion", "created": state.created, "model": state.model_name,
+        "choices": [{"index": i, "message": {"role": "assistant", "content": "".join(parts[i])},
+                     "logprobs": {"content": lps[i]} if top_n is not None else None,
+                     "finish_reason": finish[i], "stop_reason": stop_reason[i]} for i in range(n)],
+        "usage": usage(len(prompt_ids), completion_tokens),
+    }
+
+
+async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_ids: list[int],
+                  params: SamplingParams, top_n: int | None) -> AsyncIterator[bytes]:
+    with_usage = body.stream_options is not None and body.stream_options.include_usage
+    head: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": state.created,
+                            "model": state.model_name}
+    if with_usage:
+        head["usage"] = None
+    namer = TokenNamer(state.tokenizer)
+    completion_tokens = 0
+    with state.hold(body.n):
+        try:
+            for i in range(body.n):
+                yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                "logprobs": None, "finish_reason": None}]})
+            async for out in engine_stream(state, rid, prompt_ids, params, body.priority):
+                for c in out.outputs:
+                    completion_tokens += len(c.token_ids)
+                    if c.finish_reason == "abort":
+                        raise engine_abort_error(c.stop_reason)
+                    if not c.text and c.finish_reason is None and top_n is None:
+                        continue  # an incomplete multi-byte character: nothing to show yet
+                    lp = ({"content": chat_logprobs(namer, c.token_ids, c.logprobs, top_n)}
+                          if top_n is not None else None)
+                    delta = {"content": c.text} if c.text or c.finish_reason is None else {}
+                    yield sse({**head, "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
+                                                    "finish_reason": c.finish_reason}]})
+            if with_usage:
+                yield sse({**head, "choices": [], "usage": usage(len(prompt_ids), completion_tokens)})
+        except APIError as exc:
+            yield sse(exc.body())
+        yield DONE

@@ -1,0 +1,163 @@
+"""``POST /v1/completions``: prompts as text, text list, token ids or token-id lists (vLLM style), n, echo,
+logprobs, streaming with ``stream_options.include_usage``."""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from strataserve.api.errors import APIError, bad_request
+from strataserve.api.formatting import DONE, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
+from strataserve.api.protocol import CompletionRequest
+from strataserve.api.serving import (ServerState, check_token_ids, engine_abort_error, engine_stream, make_params,
+                                     merge_streams, new_id, resolve_max_tokens, until_disconnect)
+from strataserve.engine.sampling_params import SamplingParams
+
+router = APIRouter()
+
+
+def _prompts(state: ServerState, prompt: Any) -> list[tuple[str | None, list[int]]]:
+    """(text or None, token ids) per prompt."""
+    if isinstance(prompt, str):
+        return [(prompt, state.tokenizer.encode(prompt))]
+    if not prompt:
+        raise bad_request("prompt is empty: give a string, a list of strings or token ids", param="prompt")
+    if isinstance(prompt[0], str):
+        return [(p, state.tokenizer.encode(p)) for p in prompt]
+    if isinstance(prompt[0], int):
+        check_token_ids(state, prompt)
+        return [(None, list(prompt))]
+    for ids in prompt:
+        check_token_ids(state, ids)
+    return [(None, list(ids)) for ids in prompt]
+
+
+class _Choice:
+    __slots__ = ("parts", "num_tokens", "finish_reason", "stop_reason", "logprobs")
+
+    def __init__(self, logprobs: CompletionLogprobs | None) -> None:
+        self.parts: list[str] = []
+        self.num_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: Any = None
+        self.logprobs = logprobs
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    state: ServerState = request.app.state.strata
+    state.check_alive()
+    state.check_model(body.model)
+    if body.suffix:
+        raise bad_request("suffix is not supported", param="suffix")
+    if body.logit_bias:
+        raise bad_request("logit_bias is not supported", param="logit_bias")
+    if body.best_of is not None and body.best_of != body.n:
+        raise bad_request("best_of different from n is not supported", param="best_of")
+    prompts = _prompts(state, body.prompt)
+    common = dict(n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                  repetition_penalty=body.repetition_penalty, seed=body.seed, stop=body.stop or None,
+                  stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
+                  logprobs=body.logprobs, skip_special_tokens=body.skip_special_tokens,
+                  include_stop_str_in_output=body.include_stop_str_in_output)
+    params: list[SamplingParams] = []
+    for _, ids in prompts:
+        max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens")
+        params.append(make_params(max_tokens=max_tokens, **common))
+    num_seqs = body.n * len(prompts)
+    rid = new_id("cmpl")
+    if body.stream:
+        state.check_capacity(num_seqs)  # refuse now (503) rather than after the 200 has gone out
+        return StreamingResponse(_stream(state, body, rid, prompts, params, num_seqs),
+                                 media_type="text/event-stream")
+    with state.admit(num_seqs):
+        result = await until_disconnect(request, _collect(state, body, rid, prompts, params))
+    return Response(json_bytes(result), media_type="application/json")
+
+
+def _streams(state: ServerState, body: CompletionRequest, rid: str, prompts: list, params: list) -> list:
+    return [engine_stream(state, f"{rid}-{i}", ids, p, body.priority)
+            for i, ((_, ids), p) in enumerate(zip(prompts, params))]
+
+
+def _echo_text(state: ServerState, text: str | None, ids: list[int]) -> str:
+    return text if text is not None else state.tokenizer.decode(ids)
+
+
+async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompts: list,
+                   params: list) -> dict[str, Any]:
+    n = body.n
+    namer = TokenNamer(state.tokenizer)
+    choices: list[_Choice] = []
+    for text, ids in prompts:
+        prefix = _echo_text(state, text, ids) if body.echo else ""
+        for _ in range(n):
+            lp = CompletionLogprobs(namer, body.logprobs, len(prefix)) if body.logprobs is not None else None
+            choice = _Choice(lp)
+            if prefix:
+                choice.parts.append(prefix)
+            choices.append(choice)
+    async for pi, out in merge_streams(_streams(state, body, rid, prompts, params)):
+        for c in out.outputs:
+            ch = choices[pi * n + c.index]
+            ch.parts.append(c.text)
+            ch.num_tokens += len(c.token_ids)
+            if ch.logprobs is not None:
+                ch.logprobs.add(c.token_ids, c.logprobs)
+            if c.finish_reason is not None:
+                ch.finish_reason, ch.stop_reason = c.finish_reason, c.stop_reason
+    for ch in choices:
+        if ch.finish_reason == "abort":
+            raise engine_abort_error(ch.stop_reason)
+    return {
+        "id": rid, "object": "text_completion", "created": state.created, "model": state.model_name,
+        "choices": [{"index": k, "text": "".join(ch.parts), "finish_reason": ch.finish_reason,
+                     "stop_reason": ch.stop_reason,
+                     "logprobs": ch.logprobs.result() if ch.logprobs is not None else None}
+                    for k, ch in enumerate(choices)],
+        "usage": usage(sum(len(ids) for _, ids in prompts), sum(ch.num_tokens for ch in choices)),
+    }
+
+
+async def _stream(state: ServerState, body: CompletionRequest, rid: str, prompts: list, params: list,
+                  num_seqs: int) -> AsyncIterator[bytes]:
+    n = body.n
+    with_usage = body.stream_options is not None and body.stream_options.include_usage
+    head: dict[str, Any] = {"id": rid, "object": "text_completion", "created": state.created,
+                            "model": state.model_name}
+    if with_usage:
+        head["usage"] = None
+    namer = TokenNamer(state.tokenizer)
+    logprobs: list[CompletionLogprobs | None] = []
+    completion_tokens = 0
+    with state.hold(num_seqs):
+        try:
+            for pi, (text, ids) in enumerate(prompts):
+                prefix = _echo_text(state, text, ids) if body.echo else ""
+                for i in range(n):
+                    logprobs.append(CompletionLogprobs(namer, body.logprobs, len(prefix))
+                                    if body.logprobs is not None else None)
+                    if prefix:
+                        yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
+                                                        "finish_reason": None}]})
+            async for pi, out in merge_streams(_streams(state, body, rid, prompts, params)):
+                for c in out.outputs:
+                    k = pi * n + c.index
+                    completion_tokens += len(c.token_ids)
+                    if c.finish_reason == "abort":
+                        raise engine_abort_error(c.stop_reason)
+                    lp = logprobs[k]
+                    lp_part = lp.add(c.token_ids, c.logprobs) if lp is not None else None
+                    if not c.text and c.finish_reason is None and lp_part is None:
+                        continue  # an incomplete multi-byte character: nothing to show yet
+                    yield sse({**head, "choices": [{"index": k, "text": c.text, "logprobs": lp_part,
+                                                    "finish_reason": c.finish_reason}]})
+            if with_usage:
+                total_prompt = sum(len(ids) for _, ids in prompts)
+                yield sse({**head, "choices": [], "usage": usage(total_prompt, completion_tokens)})
+        except APIError as exc:
+            yield sse(exc.body())
+        yield DONE

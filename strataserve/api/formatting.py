@@ -1,0 +1,105 @@
+"""OpenAI response pieces built from engine outputs: logprobs in the completions and chat shapes, usage, SSE."""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from strataserve.engine.outputs import Logprob
+
+_json = msgspec.json.Encoder()
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: Any) -> bytes:
+    """One server-sent event carrying ``obj`` as JSON."""
+    return b"data: " + _json.encode(obj) + b"\n\n"
+
+
+def json_bytes(obj: Any) -> bytes:
+    return _json.encode(obj)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class TokenNamer:
+    """Text of single tokens for logprobs; uses the engine's decoded text when it sent one."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int, lp: Logprob | None = None) -> str:
+        if lp is not None and lp.decoded_token is not None:
+            return lp.decoded_token
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            if len(self._cache) < 65536:
+                self._cache[token_id] = text
+        return text
+
+
+def _ranked(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
+    items = sorted(entries.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30,
+                                                    -kv[1].logprob))
+    return [(t, lp) for t, lp in items if lp.rank is None or lp.rank <= top_n][:top_n]
+
+
+class CompletionLogprobs:
+    """Accumulates the completions-API ``logprobs`` object: tokens, token_logprobs, top_logprobs, text_offset."""
+
+    __slots__ = ("namer", "top_n", "offset", "tokens", "token_logprobs", "top_logprobs", "text_offset")
+
+    def __init__(self, namer: TokenNamer, top_n: int, start_offset: int = 0) -> None:
+        self.namer = namer
+        self.top_n = top_n
+        self.offset = start_offset
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
+        self.text_offset: list[int] = []
+
+    def add(self, token_ids: list[int], entries: list[dict[int, Logprob]] | None) -> dict[str, Any]:
+        """Append these tokens; return just their part (for a stream chunk)."""
+        start = len(self.tokens)
+        for i, tid in enumerate(token_ids):
+            step = entries[i] if entries is not None and i < len(entries) else {}
+            chosen = step.get(tid)
+            text = self.namer(tid, chosen)
+            self.tokens.append(text)
+            self.token_logprobs.append(chosen.logprob if chosen is not None else None)
+            top = {self.namer(t, lp): lp.logprob for t, lp in _ranked(step, self.top_n)}
+            if chosen is not None:
+                top.setdefault(text, chosen.logprob)
+            self.top_logprobs.append(top)
+            self.text_offset.append(self.offset)
+            self.offset += len(text)
+        return self._slice(start)
+
+    def _slice(self, start: int) -> dict[str, Any]:
+        return {"tokens": self.tokens[start:], "token_logprobs": self.token_logprobs[start:],
+                "top_logprobs": self.top_logprobs[start:], "text_offset": self.text_offset[start:]}
+
+    def result(self) -> dict[str, Any]:
+        return self._slice(0)
+
+
+def chat_logprobs(namer: TokenNamer, token_ids: list[int], entries: list[dict[int, Logprob]] | None,
+                  top_n: int) -> list[dict[str, Any]]:
+    """The chat API's ``logprobs.content`` items for these tokens."""
+    items = []
+    for i, tid in enumerate(token_ids):
+        step = entries[i] if entries is not None and i < len(entries) else {}
+        chosen = step.get(tid)
+        text = namer(tid, chosen)
+        top = []
+        for t, lp in _ranked(step, top_n):
+            name = namer(t, lp)
+            top.append({"token": name, "logprob": lp.logprob, "bytes": list(name.encode())})
+        items.append({"token": text, "logprob": chosen.logprob if chosen is not None else -9999.0,
+                      "bytes": list(text.encode()), "top_logprobs": top})
+    return items

@@ -1,0 +1,165 @@
+"""Prometheus metrics of the LLM server, vLLM's names under ``strata:`` so dashboards port by a prefix swap.
+
+Two sources: the engine's latest ``SchedulerStats`` (gauges and cumulative counters, read at scrape time by a
+collector, so nothing runs per step) and per-request timings taken in the API process (histograms, token
+counters). Everything lives in the server's own registry, labelled by ``model_name``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from strataserve.engine.outputs import RequestMetrics
+from strataserve.engine.protocol import SchedulerStats
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0)
+_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+                20.0, 80.0)
+_LATENCY_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+                    240.0, 480.0, 960.0, 1920.0)
+
+
+def _token_buckets(max_len: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to the context length."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_len:
+                return tuple(out)
+            out.append(float(m * scale))
+        scale *= 10
+
+
+class _StatsCollector(Collector):
+    def __init__(self, model_name: str, source: Callable[[], SchedulerStats | None]) -> None:
+        self.model_name = model_name
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self.source() or SchedulerStats()
+        label = [self.model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(label, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(label, value)
+            return c
+
+        yield gauge("strata:num_requests_running", "Requests in the engine's running batch.", stats.num_running)
+        yield gauge("strata:num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting)
+        yield gauge("strata:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+                    stats.kv_cache_usage)
+        yield gauge("strata:kv_cache_used_blocks", "KV-cache blocks held by requests.",
+                    stats.num_total_blocks - stats.num_free_blocks)
+        yield gauge("strata:kv_cache_total_blocks", "KV-cache blocks in the pool.", stats.num_total_blocks)
+        yield counter("strata:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      stats.prefix_cache_queries)
+        yield counter("strata:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      stats.prefix_cache_hits)
+        yield counter("strata:num_preemptions", "Requests preempted (recomputed later) by the scheduler.",
+                      stats.num_preemptions)
+
+
+class ServerMetrics:
+    """All metrics of one served LLM. ``registry`` is what ``/metrics`` exposes."""
+
+    def __init__(self, model_name: str, max_model_len: int, stats_source: Callable[[], SchedulerStats | None],
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg, lbl, name = self.registry, ["model_name"], model_name
+
+        def hist(metric: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(metric, doc, lbl, buckets=buckets, registry=reg).labels(name)
+
+        def count(metric: str, doc: str) -> Counter:
+            return Counter(metric, doc, lbl, registry=reg).labels(name)
+
+        self.prompt_tokens = count("strata:prompt_tokens", "Prompt tokens of requests that started generating.")
+        self.generation_tokens = count("strata:generation_tokens", "Tokens generated.")
+        self._success = Counter("strata:request_success", "Finished requests, by finish reason.",
+                                ["model_name", "finished_reason"], registry=reg)
+        self._success_by_reason = {r: self._success.labels(name, r) for r in ("stop", "length", "abort")}
+        self._model_name = name
+        self.ttft = hist("strata:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
+        self.itl = hist("strata:inter_token_latency_seconds", "Time between streamed tokens.", _ITL_BUCKETS)
+        self.tpot = hist("strata:time_per_output_token_seconds", "Mean time per output token after the first.",
+                         _ITL_BUCKETS)
+        self.e2e = hist("strata:e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
+        self.queue = hist("strata:request_queue_time_seconds", "Time waiting before first scheduled.",
+                          _LATENCY_BUCKETS)
+        self.prefill = hist("strata:request_prefill_time_seconds", "First scheduled to first token.",
+                            _LATENCY_BUCKETS)
+        self.decode = hist("strata:request_decode_time_seconds", "First token to finish.", _LATENCY_BUCKETS)
+        tokens = _token_buckets(max(max_model_len, 1))
+        self.req_prompt_tokens = hist("strata:request_prompt_tokens", "Prompt length per request.", tokens)
+        self.req_generation_tokens = hist("strata:request_generation_tokens", "Generated tokens per request.",
+                                          tokens)
+        reg.register(_StatsCollector(name, stats_source))
+
+    def success(self, reason: str) -> None:
+        child = self._success_by_reason.get(reason)
+        if child is None:
+            child = self._success_by_reason[reason] = self._success.labels(self._model_name, reason)
+        child.inc()
+
+    def track(self, num_prompt_tokens: int) -> "RequestTimer":
+        return RequestTimer(self, num_prompt_tokens)
+
+
+class RequestTimer:
+    """Timestamps of one engine request, seen from the API process (monotonic clock)."""
+
+    __slots__ = ("m", "num_prompt", "num_generated", "arrival", "first", "last")
+
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int) -> None:
+        self.m = metrics
+        self.num_prompt = num_prompt_tokens
+        self.num_generated = 0
+        self.arrival = time.perf_counter()
+        self.first: float | None = None
+        self.last = 0.0
+
+    def on_tokens(self, n: int) -> None:
+        if n <= 0:
+            return
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+            self.m.ttft.observe(now - self.arrival)
+            self.m.prompt_tokens.inc(self.num_prompt)
+        else:
+            self.m.itl.observe(now - self.last)
+        self.last = now
+        self.num_generated += n
+        self.m.generation_tokens.inc(n)
+
+    def finish(self, engine_metrics: RequestMetrics | None = None) -> None:
+        """Record the request-level histograms (finish reasons are counted per completion by the caller)."""
+        m = self.m
+        now = time.perf_counter()
+        m.e2e.observe(now - self.arrival)
+        m.req_prompt_tokens.observe(self.num_prompt)
+        m.req_generation_tokens.observe(self.num_generated)
+        if self.first is not None and self.num_generated > 1:
+            m.tpot.observe((self.last - self.first) / (self.num_generated - 1))
+        em = engine_metrics
+        if em is not None and em.first_scheduled_time is not None:
+            m.queue.observe(max(0.0, em.first_scheduled_time - em.arrival_time))
+            if em.first_token_time is not None:
+                m.prefill.observe(max(0.0, em.first_token_time - em.first_scheduled_time))
+                end = em.finished_time if em.finished_time is not None else time.time()
+                m.decode.observe(max(0.0, end - em.first_token_time))
+        elif self.first is not None:
+            # The engine did not report its timestamps: the API-side view is the best we have.
+            m.prefill.observe(self.first - self.arrival)
+            m.decode.observe(now - self.first)

@@ -1,0 +1,88 @@
+"""Pure-ASGI guards in front of every route (no BaseHTTPMiddleware: it would buffer SSE streams).
+
+- Body limit: a declared Content-Length over the limit is refused before reading; otherwise the body is read
+  (counting the actual bytes, so a lying or chunked upload is caught too) and replayed to the app.
+- API key: with ``api_key`` set, every route except the open ones needs ``Authorization: Bearer <key>``.
+  Open: health and metrics probes (``/health``, ``/metrics``, ``/v2/health/*``), ``/openapi.json`` and the docs,
+  because orchestrators and scrapers probe them without credentials.
+"""
+from __future__ import annotations
+
+import hmac
+from typing import Any, Callable
+
+from strataserve.api.errors import APIError
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
+                        "/v2/health/live", "/v2/health/ready"})
+
+
+async def _send_error(send: Callable, err: APIError) -> None:
+    body = err.response().body
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    for k, v in (err.headers or {}).items():
+        headers.append((k.lower().encode(), v.encode()))
+    if err.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class GuardMiddleware:
+    def __init__(self, app: Callable, *, api_key: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+            got = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(got, self.expected):
+                await _send_error(send, APIError(401, "missing or invalid API key: send 'Authorization: Bearer "
+                                                 "<key>'", code="invalid_api_key"))
+                return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_body_bytes
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _send_error(send, _too_large(limit))
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _send_error(send, _too_large(limit))
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as the server would
+
+        await self.app(scope, replay, send)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"request body is larger than the server's limit of {limit} bytes",
+                    code="request_too_large")

@@ -1,0 +1,205 @@
+"""What the OpenAI routes share: server state, admission control, prompt checks, and the engine stream wrapper
+that keeps metrics and aborts a request whose consumer went away (client disconnect, error, cancellation)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, TypeVar
+
+from starlette.requests import Request
+
+from strataserve.api.errors import APIError, bad_request, engine_dead, from_value_error
+from strataserve.api.metrics import ServerMetrics
+from strataserve.engine.core_client import EngineDeadError
+from strataserve.engine.outputs import RequestOutput
+from strataserve.engine.sampling_params import SamplingParams
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServerState:
+    """Everything a route needs, built once at start-up (``app.state.strata``)."""
+
+    engine: Any  # strataserve.engine.async_llm.AsyncLLM
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    metrics: ServerMetrics
+    max_inflight_seqs: int  # running + waiting sequences beyond which we answer 503
+    vocab_size: int | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    inflight_seqs: int = 0
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
+                           param="model", code="model_not_found")
+
+    def check_alive(self) -> None:
+        if getattr(self.engine, "errored", False):
+            raise engine_dead(getattr(self.engine, "dead_error", None))
+
+    def check_capacity(self, num_seqs: int) -> None:
+        """Refuse (503) when the engine's waiting queue would pass its limit; an idle server takes anything."""
+        if self.inflight_seqs and self.inflight_seqs + num_seqs > self.max_inflight_seqs:
+            raise APIError(503, "the server is overloaded (waiting queue full); retry shortly",
+                           code="overloaded", type="service_unavailable", headers={"Retry-After": "1"})
+
+    @contextlib.contextmanager
+    def hold(self, num_seqs: int):
+        """Count these sequences as in flight for the duration of the block."""
+        self.inflight_seqs += num_seqs
+        try:
+            yield
+        finally:
+            self.inflight_seqs -= num_seqs
+
+    @contextlib.contextmanager
+    def admit(self, num_seqs: int):
+        self.check_capacity(num_seqs)
+        with self.hold(num_seqs):
+            yield
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_token_ids(state: ServerState, ids: list[int], param: str = "prompt") -> None:
+    vocab = state.vocab_size
+    for t in ids:
+        if t < 0 or (vocab is not None and t >= vocab):
+            raise bad_request(f"token id {t} is outside the vocabulary [0, {vocab})", param=param)
+
+
+def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | None, param: str) -> int:
+    """Check the prompt fits the context and return the output budget (the rest of the context by default)."""
+    if num_prompt == 0:
+        raise bad_request("the prompt is empty: give at least one token", param="prompt")
+    limit = state.max_model_len
+    if num_prompt >= limit:
+        raise bad_request(f"This model's maximum context length is {limit} tokens, but the prompt has {num_prompt} "
+                          "tokens; shorten the prompt.", param="prompt", code="context_length_exceeded")
+    if max_tokens is None:
+        return limit - num_prompt
+    if max_tokens < 1:
+        raise bad_request(f"{param}={max_tokens} is out of range: must be >= 1", param=param)
+    if num_prompt + max_tokens > limit:
+        raise bad_request(f"This model's maximum context length is {limit} tokens; the prompt has {num_prompt} and "
+                          f"{param} asks for {max_tokens} more. Set {param} to at most {limit - num_prompt}.",
+                          param=param, code="context_length_exceeded")
+    return max_tokens
+
+
+def make_params(**kwargs: Any) -> SamplingParams:
+    """SamplingParams from request fields (``None`` = SamplingParams' default); range errors become 400s."""
+    try:
+        return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+    except ValueError as exc:
+        raise from_value_error(exc) from None
+
+
+def engine_abort_error(stop_reason: Any) -> APIError:
+    """The error for a completion the engine itself aborted (it rejected the request, or is shutting down)."""
+    if isinstance(stop_reason, str) and stop_reason:
+        return bad_request(stop_reason)
+    return APIError(503, "the engine aborted the request", type="service_unavailable")
+
+
+def _abort(engine: Any, request_id: str) -> None:
+    result = engine.abort(request_id)
+    if inspect.isawaitable(result):
+        # Scheduled outside the (possibly cancelled) caller so the abort itself cannot be cancelled.
+        asyncio.ensure_future(result)
+
+
+async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                        priority: int = 0) -> AsyncIterator[RequestOutput]:
+    """Delta outputs of one engine request. Records metrics; aborts the request if not iterated to the end."""
+    timer = state.metrics.track(len(prompt_ids))
+    metrics = state.metrics
+    finished = False
+    last: RequestOutput | None = None
+    try:
+        async for out in state.engine.generate(prompt_ids, params, request_id, priority=priority):
+            n = 0
+            for c in out.outputs:
+                n += len(c.token_ids)
+                if c.finish_reason is not None:
+                    metrics.success(c.finish_reason)
+            timer.on_tokens(n)
+            last = out
+            if out.finished:
+                finished = True
+            yield out
+    except EngineDeadError as exc:
+        raise engine_dead(exc) from None
+    finally:
+        if not finished:
+            _abort(state.engine, request_id)
+            metrics.success("abort")
+        timer.finish(last.metrics if last is not None else None)
+
+
+async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Interleave several async iterators as (index, item); closing the merge closes (aborts) all of them."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, it: AsyncIterator[T]) -> None:
+        try:
+            async for item in it:
+                queue.put_nowait((i, item, None))
+        except Exception as exc:  # noqa: BLE001 — handed to the consumer
+            queue.put_nowait((i, None, exc))
+        finally:
+            queue.put_nowait((i, done, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item, err = await queue.get()
+            if err is not None:
+                raise err
+            if item is done:
+                remaining -= 1
+                continue
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run ``work`` but cancel it (which aborts its engine requests) as soon as the client hangs up."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # let its finally blocks abort the engine work
+    if task.cancelled():
+        # Client is gone: nobody reads this answer; 499 is nginx's "client closed request".
+        raise APIError(499, "client disconnected", code="client_disconnected")
+    return task.result()

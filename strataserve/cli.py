@@ -1,0 +1,218 @@
+"""The ``strata`` command: ``serve`` (OpenAI + KServe server), ``bench serve`` (load generator), ``generate``.
+
+Flags are named like vLLM's where they mean the same thing, so existing launch scripts port by a rename.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Sequence
+
+from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text}: a port is in 0..65535")
+    return value
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    g.add_argument("--max-model-len", type=_positive_int, default=None,
+                   help="context length (default: the model's max_position_embeddings)")
+    g.add_argument("--max-num-seqs", type=_positive_int, default=SchedulerConfig.max_num_seqs)
+    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=SchedulerConfig.max_num_batched_tokens)
+    g.add_argument("--max-waiting-requests", type=_positive_int, default=SchedulerConfig.max_waiting_requests,
+                   help="waiting-queue limit; beyond it requests get 503 + Retry-After")
+    g.add_argument("--block-size", type=_positive_int, default=CacheConfig.block_size)
+    g.add_argument("--kv-cache-memory-gib", type=float, default=CacheConfig.kv_cache_memory_gib,
+                   help="KV-cache budget on CPU, in GiB")
+    g.add_argument("--gpu-memory-utilization", type=float, default=CacheConfig.gpu_memory_utilization,
+                   help="fraction of GPU memory the engine may use (weights + KV cache)")
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="fix the KV pool size in blocks")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--runner-mode", default="auto", choices=["auto", "eager", "triton", "graph", "hybrid"])
+    g.add_argument("--seed", type=int, default=0)
+
+
+def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
+    """Build (and so validate) the engine config; a bad value raises ValueError naming the flag's field."""
+    return EngineConfig(
+        model=ModelConfig(model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                          seed=args.seed, served_model_name=getattr(args, "served_model_name", None)),
+        cache=CacheConfig(block_size=args.block_size, kv_cache_memory_gib=args.kv_cache_memory_gib,
+                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          num_blocks=args.num_gpu_blocks_override, enable_prefix_caching=args.enable_prefix_caching),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                  max_waiting_requests=args.max_waiting_requests),
+        runner=RunnerConfig(mode=args.runner_mode),
+    )
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve an LLM over the OpenAI API (and a model repository over KServe v2)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("model", nargs="?", default=None,
+                   help="HF checkpoint folder (default: the embedded demo model, unless --model-repository)")
+    p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=_port, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (health, metrics and docs stay open)")
+    p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder path)")
+    p.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+    p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    p.add_argument("--max-request-body-mib", type=float, default=16.0, help="larger bodies get 413")
+    p.add_argument("--model-repository", default=None, help="serve this Triton-style model repository (KServe v2)")
+    p.add_argument("--model-control-mode", default="none", choices=["none", "explicit", "poll"])
+    p.add_argument("--grpc-port", type=_port, default=8001, help="KServe v2 gRPC port (0 = no gRPC)")
+    add_engine_args(p)
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from strataserve.api.server import ServeOptions, serve
+
+    console = Console(stderr=True)
+    model = args.model or args.model_flag
+    if model is None and args.model_repository is None:
+        from strataserve.assets import DEMO_MODEL_DIR
+
+        model = str(DEMO_MODEL_DIR)
+        console.print(f"No model given: serving the embedded demo model ({model})")
+    try:
+        config = engine_config(args, model) if model is not None else None
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    if model is not None and not os.path.isdir(model):
+        console.print(f"[red]error:[/] model folder {model!r} does not exist (give an HF checkpoint folder)")
+        return 2
+    options = ServeOptions(engine=config, host=args.host, port=args.port, api_key=args.api_key,
+                           served_model_name=args.served_model_name,
+                           max_body_bytes=int(args.max_request_body_mib * 2**20),
+                           uvicorn_log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
+                           model_repository=args.model_repository, model_control_mode=args.model_control_mode,
+                           grpc_port=args.grpc_port or None)
+    from strataserve.engine.mp_client import EngineStartupError
+
+    try:
+        serve(options, console)
+    except EngineStartupError as exc:
+        console.print(f"[red]error:[/] the engine failed to start: {exc}")
+        return 1
+    except OSError as exc:  # e.g. the port is taken
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    return 0
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks")
+    bench_sub = p.add_subparsers(dest="bench_cmd", required=True)
+    serve_p = bench_sub.add_parser("serve", help="load-test an OpenAI-compatible server (ours, vLLM, ...)",
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    try:
+        from strataserve.bench.serve import add_cli_args
+    except ImportError:
+        serve_p.set_defaults(func=lambda _: _missing("strataserve.bench.serve"))
+        return
+    add_cli_args(serve_p)
+    serve_p.set_defaults(func=_cmd_bench_serve)
+
+
+def _cmd_bench_serve(args: argparse.Namespace) -> int:
+    from strataserve.bench.serve import run
+
+    run(args)
+    return 0
+
+
+def _missing(module: str) -> int:
+    print(f"error: {module} is not available in this installation", file=sys.stderr)
+    return 1
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="offline generation with the LLM class (no server)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("model", nargs="?", default=None, help="HF checkpoint folder (default: the demo model)")
+    p.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
+    p.add_argument("--max-tokens", type=_positive_int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--chat", action="store_true", help="treat each prompt as a user chat message")
+    add_engine_args(p)
+    p.set_defaults(func=_cmd_generate)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from strataserve import LLM, SamplingParams
+
+    model = args.model
+    if model is None:
+        from strataserve.assets import DEMO_MODEL_DIR
+
+        model = str(DEMO_MODEL_DIR)
+    try:
+        config = engine_config(args, model)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                seed=args.seed)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    c = config
+    llm = LLM(model=model, dtype=c.model.dtype, device=c.model.device, max_model_len=c.model.max_model_len,
+              seed=c.model.seed, block_size=c.cache.block_size, kv_cache_memory_gib=c.cache.kv_cache_memory_gib,
+              max_num_seqs=c.scheduler.max_num_seqs, max_num_batched_tokens=c.scheduler.max_num_batched_tokens)
+    if args.chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
+    else:
+        outs = llm.generate(args.prompt, params)
+    for prompt, out in zip(args.prompt, outs):
+        print(f"### {prompt}\n{out.outputs[0].text}\n")
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="strata", description="strataserve: LLM + multi-model inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_bench(sub)
+    _add_generate(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # SIGTERM while loading: unwind like Ctrl-C so the engine child and its socket files are cleaned up.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The engine-core process: an ``EngineCore`` step loop behind two zmq sockets.
+
+The API process binds a PUSH socket (requests, aborts, shutdown) and a PULL socket (one ``EngineCoreOutputs``
+message per step) and spawns this process, which connects to both. Why a separate process: tokenising, JSON and
+SSE work in the HTTP front must never stall the model loop, and the model loop must never wait on the front.
+
+Loop invariants:
+- idle (no unfinished requests): block on the input socket (with a timeout only to notice a dead parent);
+- busy: drain every queued message without blocking, then step, then send that step's outputs in one message;
+- after any message the core steps once even if idle, so the stats (KV usage after an abort) reach the front.
+
+The start-up handshake goes over a ``multiprocessing`` pipe: ``ReadyInfo`` on success, ``StartupError`` with the
+message of whatever failed (bad model path, out of memory) otherwise, so a bad start never hangs the front.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+import msgspec
+import zmq
+
+from strataserve.config import EngineConfig
+from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+
+# Input message kinds: the first frame of a multipart message.
+ADD = b"A"
+ABORT = b"X"
+SHUTDOWN = b"Q"
+
+# How often an idle core checks that its parent still lives (ms).
+_IDLE_POLL_MS = 1000
+
+
+class ReadyInfo(msgspec.Struct, kw_only=True, tag=True):
+    """What the front needs to know once the model is loaded (start-up banner, length checks)."""
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    kv_cache_bytes: int  # bytes of the whole KV pool (0 when unknown)
+    device: str
+    dtype: str
+
+
+class StartupError(msgspec.Struct, kw_only=True, tag=True):
+    error_type: str
+    message: str
+
+
+def _kv_bytes_per_block(core: Any, block_size: int) -> int:
+    """Best-effort size of one KV block, from the runner's cache tensors or the model's config."""
+    runner = getattr(core, "runner", None) or getattr(core, "model_runner", None)
+    per_block = getattr(runner, "kv_bytes_per_block", None)
+    if isinstance(per_block, int):
+        return per_block
+    caches = getattr(runner, "kv_caches", None)
+    num_blocks = getattr(runner, "num_blocks", 0)
+    if caches and num_blocks:
+        try:
+            total = sum(t.numel() * t.element_size() for t in caches)
+            return total // num_blocks
+        except (AttributeError, TypeError):
+            pass
+    return 0
+
+
+def _ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
+    runner = getattr(core, "runner", None) or getattr(core, "model_runner", None)
+    block_size = int(getattr(runner, "block_size", config.cache.block_size))
+    num_blocks = int(getattr(core, "num_blocks", getattr(runner, "num_blocks", 0)))
+    max_model_len = int(getattr(core, "max_model_len", getattr(runner, "max_model_len", 0)))
+    device = str(getattr(runner, "device", config.model.device))
+    dtype = str(getattr(runner, "dtype", config.model.dtype)).replace("torch.", "")
+    return ReadyInfo(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
+                     kv_cache_bytes=_kv_bytes_per_block(core, block_size) * num_blocks, device=device, dtype=dtype)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM us when the parent dies, so a SIGKILLed front leaves no orphan engine."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, handshake: Any) -> None:
+    """Process entry point (spawn target). Returns when told to shut down or when the parent goes away."""
+    # Ctrl-C goes to the whole process group; the front decides how to stop us (it sends SHUTDOWN / SIGTERM).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _die_with_parent()
+    parent = os.getppid()
+    try:
+        from strataserve.engine.engine_core import EngineCore
+
+        core = EngineCore(config)
+        info = _ready_info(core, config)
+    except BaseException as exc:  # noqa: BLE001 — every start-up failure must reach the front as a message
+        tb = traceback.format_exc(limit=4)
+        message = str(exc) or exc.__class__.__name__
+        handshake.send_bytes(msgspec.msgpack.encode(StartupError(error_type=type(exc).__name__, message=message)))
+        handshake.close()
+        print(tb, file=sys.stderr)
+        return
+
+    ctx = zmq.Context(io_threads=1)
+    inp = ctx.socket(zmq.PULL)
+    out = ctx.socket(zmq.PUSH)
+    inp.setsockopt(zmq.LINGER, 0)
+    inp.setsockopt(zmq.RCVHWM, 0)
+    out.setsockopt(zmq.LINGER, 1000)
+    out.setsockopt(zmq.SNDHWM, 0)  # unbounded: the core never waits on the front
+    inp.connect(input_addr)
+    out.connect(output_addr)
+    handshake.send_bytes(msgspec.msgpack.encode(info))
+    handshake.close()
+    try:
+        _loop(core, inp, out, parent)
+    finally:
+        try:
+            core.shutdown()
+        finally:
+            inp.close()
+            out.close()
+            ctx.term()
+
+
+def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, parent: int) -> None:
+    req_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+    ids_decoder = msgspec.msgpack.Decoder(list[str])
+    encoder = msgspec.msgpack.Encoder()
+    poller = zmq.Poller()
+    poller.register(inp, zmq.POLLIN)
+    while True:
+        busy = core.has_unfinished_requests()
+        got_message = False
+        if not busy:
+            # Idle: sleep in the kernel until a message arrives.
+            if not poller.poll(_IDLE_POLL_MS):
+                if os.getppid() != parent:
+                    return
+                continue
+        # Drain everything queued so this step sees every new request and abort.
+        while True:
+            try:
+                frames = inp.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            got_message = True
+            kind = frames[0]
+            if kind == ADD:
+                for payload in frames[1:]:
+                    _add(core, req_decoder.decode(payload), out, encoder)
+            elif kind == ABORT:
+                core.abort_requests(ids_decoder.decode(frames[1]))
+            elif kind == SHUTDOWN:
+                return
+        if busy or got_message:
+            outputs: EngineCoreOutputs = core.step()
+            if outputs.outputs or outputs.stats is not None:
+                out.send(encoder.encode(outputs), copy=False)
+        if busy and os.getppid() != parent:
+            return
+
+
+def _add(core: Any, request: EngineCoreRequest, out: zmq.Socket, encoder: msgspec.msgpack.Encoder) -> None:
+    """Admit one request; a request the core refuses finishes at once with an abort carrying the reason."""
+    try:
+        core.add_request(request)
+    except ValueError as exc:
+        from strataserve.engine.protocol import EngineCoreOutput
+
+        err = EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason="abort",
+                               stop_reason=str(exc))
+        out.send(encoder.encode(EngineCoreOutputs(outputs=[err])))
