@@ -12,7 +12,7 @@ from strataserve.config import CacheConfig, EngineConfig, ModelConfig, Scheduler
 from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from strataserve.runner.base import ModelRunnerBase
 
-VOCAB = 500
+VOCAB = 400  # = the test tokenizer's vocabulary, so fake outputs always decode
 EOS = 2
 
 
