@@ -1,0 +1,143 @@
+"""CUDA-graph capture of decode steps, one graph per batch-size bucket.
+
+A decode step is the same short chain of kernels every time; launching them one by one costs ~10 µs each on the
+host, which at batch 1 is as long as the GPU work itself. We capture the step once per bucket size
+(1, 2, 4, 8, 16, 24, 32, ... up to ``max_bs``) over static input buffers and replay it: the host then only copies
+the step's inputs into the buffers. A batch of n sequences runs in the smallest bucket >= n; the padding rows get
+slot ``pad_slot`` and context length 0 (they attend to nothing), so they never touch real state. ``pad_slot`` -1
+means "store nothing" (Triton backend); the torch backend's ``index_copy_`` needs a real slot, so a runner using
+it passes a slot of a spare block that no request owns.
+Prefill and mixed steps run eagerly.
+
+The step function is given by the model runner; it must be capturable: no host synchronisation, no allocation
+whose size depends on tensor values, and the same kernel launches whatever the values in the buffers.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from strataserve.runner.attention import AttentionMetadata, DecodeGroup
+
+#: ``step(input_ids[B], positions[B], slot_mapping[B], block_tables[B, W], context_lens[B]) -> Tensor[B, ...]``
+DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def graph_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8 up to ``max_bs`` (and ``max_bs`` itself)."""
+    if max_bs < 1:
+        raise ValueError(f"max_bs={max_bs}: must be >= 1")
+    sizes = [b for b in (1, 2, 4) if b < max_bs] + list(range(8, max_bs, 8))
+    return sorted(set(sizes + [max_bs]))
+
+
+def decode_metadata(slot_mapping: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                    block_size: int) -> AttentionMetadata:
+    """Decode-only ``AttentionMetadata`` built with tensor ops alone (no host sync), so it can be captured.
+
+    Carries both the generic fields (Triton backend) and one ``DecodeGroup`` spanning the batch (torch backend).
+    """
+    n, nb = block_tables.shape
+    cols = torch.arange(nb * block_size, device=block_tables.device)
+    mask = (cols[None, :] < context_lens[:, None]).view(n, 1, 1, nb * block_size)
+    empty = torch.zeros(0, dtype=torch.int32, device=block_tables.device)
+    return AttentionMetadata(
+        slot_mapping=slot_mapping, num_decode_tokens=n, decode_block_tables=block_tables,
+        decode_context_lens=context_lens,
+        prefill_query_start_loc=torch.full((1,), n, dtype=torch.int32, device=block_tables.device),
+        prefill_context_lens=empty, prefill_block_tables=empty.view(0, 1),
+        decode_groups=[DecodeGroup(0, n, block_tables.long(), mask)], prefills=[])
+
+
+@dataclass
+class _Buffers:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+
+
+class CudaGraphDecoder:
+    """Captures ``step`` for every bucket size and replays the right graph for a decode batch."""
+
+    def __init__(self, step: DecodeStep, max_bs: int, max_blocks_per_seq: int, device: torch.device,
+                 pad_slot: int = -1) -> None:
+        self.step = step
+        self.pad_slot = pad_slot
+        self.sizes = graph_batch_sizes(max_bs)
+        self.max_bs = self.sizes[-1]
+        self.device = torch.device(device)
+        z = dict(device=self.device)
+        self.buf = _Buffers(
+            input_ids=torch.zeros(self.max_bs, dtype=torch.long, **z),
+            positions=torch.zeros(self.max_bs, dtype=torch.long, **z),
+            slot_mapping=torch.full((self.max_bs,), pad_slot, dtype=torch.long, **z),
+            block_tables=torch.zeros(self.max_bs, max_blocks_per_seq, dtype=torch.int32, **z),
+            context_lens=torch.zeros(self.max_bs, dtype=torch.int32, **z))
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.capture_seconds = 0.0
+
+    def _views(self, bs: int) -> tuple[torch.Tensor, ...]:
+        b = self.buf
+        return b.input_ids[:bs], b.positions[:bs], b.slot_mapping[:bs], b.block_tables[:bs], b.context_lens[:bs]
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        """Capture every bucket, largest first (so smaller ones reuse its memory pool); returns seconds taken."""
+        t0 = time.perf_counter()
+        pool = None
+        for bs in reversed(self.sizes):
+            args = self._views(bs)
+            # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
+            s = torch.cuda.Stream(self.device)
+            s.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(s):
+                self.step(*args)
+            torch.cuda.current_stream(self.device).wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.outputs[bs] = self.step(*args)
+            pool = g.pool()
+            self.graphs[bs] = g
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - t0
+        return self.capture_seconds
+
+    def can_run(self, batch: int, num_block_cols: int) -> bool:
+        return 0 < batch <= self.max_bs and num_block_cols <= self.buf.block_tables.shape[1]
+
+    def bucket(self, batch: int) -> int:
+        return next(s for s in self.sizes if s >= batch)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+            block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+        """Copy a decode batch of n rows into the buffers, replay its bucket's graph, return the first n rows.
+
+        The returned tensor is the graph's static output: read it before the next ``run``.
+        """
+        n = input_ids.shape[0]
+        if not self.can_run(n, block_tables.shape[1]):
+            raise ValueError(f"decode batch {n} x {block_tables.shape[1]} blocks does not fit the captured graphs "
+                             f"(max batch {self.max_bs}, {self.buf.block_tables.shape[1]} blocks)")
+        bs = self.bucket(n)
+        b = self.buf
+        b.input_ids[:n].copy_(input_ids, non_blocking=True)
+        b.positions[:n].copy_(positions, non_blocking=True)
+        b.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
+        b.context_lens[:n].copy_(context_lens, non_blocking=True)
+        w = block_tables.shape[1]
+        b.block_tables[:n, :w].copy_(block_tables, non_blocking=True)
+        if bs > n:  # padding rows: store nothing, attend to nothing
+            b.slot_mapping[n:bs].fill_(self.pad_slot)
+            b.context_lens[n:bs].zero_()
+        self.graphs[bs].replay()
+        return self.outputs[bs][:n]
+
+    def close(self) -> None:
+        self.graphs.clear()
+        self.outputs.clear()

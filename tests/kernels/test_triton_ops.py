@@ -1,0 +1,100 @@
+"""TritonOps (kernels) against TorchOps (PyTorch) inside the real decoder: prefill, then a mixed step of a decode
+and a prefill chunk over a cached prefix; hidden states and the KV caches must agree. Also the decode-graph
+metadata and the bucket sizes of runner/cuda_graph.py."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from strataserve.models.hf_config import DecoderConfig, RopeScaling
+from strataserve.models.loader import build_random_model
+from strataserve.runner.attention import AttentionMetadata, PrefillSegment, TorchAttention, allocate_kv_cache
+from strataserve.runner.cuda_graph import decode_metadata, graph_batch_sizes
+from strataserve.runner.ops import TorchOps
+from strataserve.runner.triton_ops import TritonAttention, TritonOps
+
+from ._helpers import assert_close
+
+BS = 8  # block size
+
+
+def _cfg(**kw) -> DecoderConfig:
+    base = DecoderConfig(architecture="LlamaForCausalLM", vocab_size=96, hidden_size=64, intermediate_size=96,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
+                         rope_theta=10000.0, rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 32),
+                         max_position_embeddings=256, tie_word_embeddings=False, qkv_bias=False, qk_norm=False,
+                         bos_token_id=1, eos_token_ids=(2,), torch_dtype="float32")
+    return dataclasses.replace(base, **kw)
+
+
+def _meta(decodes, prefills, tables, device):
+    """decodes: [(seq, ctx_len)], prefills: [(seq, context_len, query_len)]; decode tokens first."""
+    slots, pos = [], []
+    for s, ctx in decodes:
+        p = ctx - 1
+        slots.append(tables[s][p // BS] * BS + p % BS)
+        pos.append(p)
+    segs, start = [], len(decodes)
+    for s, ctx, q in prefills:
+        total = ctx + q
+        nblk = (total + BS - 1) // BS
+        ids = torch.tensor(tables[s][:nblk], device=device)
+        mask = torch.arange(total, device=device)[None, :] <= torch.arange(ctx, total, device=device)[:, None]
+        segs.append(PrefillSegment(start, q, ctx, ids if ctx else None, mask if ctx else None))
+        for p in range(ctx, total):
+            slots.append(tables[s][p // BS] * BS + p % BS)
+            pos.append(p)
+        start += q
+    i32 = dict(dtype=torch.int32, device=device)
+    if decodes:
+        d = decode_metadata(torch.tensor(slots[: len(decodes)], device=device),
+                            torch.tensor([tables[s] for s, _ in decodes], **i32),
+                            torch.tensor([c for _, c in decodes], **i32), BS)
+        groups, dbt, dcl = d.decode_groups, d.decode_block_tables, d.decode_context_lens
+    else:
+        groups, dbt, dcl = [], torch.zeros(0, 1, **i32), torch.zeros(0, **i32)
+    qsl = [len(decodes)]
+    for _, _, q in prefills:
+        qsl.append(qsl[-1] + q)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, device=device), num_decode_tokens=len(decodes),
+        decode_block_tables=dbt, decode_context_lens=dcl, prefill_query_start_loc=torch.tensor(qsl, **i32),
+        prefill_context_lens=torch.tensor([c for _, c, _ in prefills], **i32),
+        prefill_block_tables=torch.tensor([tables[s] for s, _, _ in prefills], **i32).view(len(prefills), 4),
+        decode_groups=groups, prefills=segs)
+    return meta, torch.tensor(pos, device=device)
+
+
+@pytest.mark.parametrize("cfg", [_cfg(), _cfg(num_kv_heads=1, qk_norm=True, head_dim=32)], ids=["llama3", "qwen3"])
+def test_triton_ops_match_torch_ops_in_decoder(device, cfg):
+    dt = torch.float32
+    models, caches = {}, {}
+    for name, ops in (("torch", TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))),
+                      ("triton", TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)))):
+        models[name] = build_random_model(cfg, dt, device, ops=ops, seed=3)
+        caches[name] = allocate_kv_cache(cfg.num_layers, 12, BS, cfg.num_kv_heads, cfg.head_dim, dt, device)
+        ops.attention.bind_kv_cache(caches[name])
+    tables = [[7, 2, 9, 4], [0, 11, 5, 3]]  # shuffled blocks
+    steps = [([], [(0, 0, 13), (1, 0, 6)]),        # two prompts
+             ([(1, 7)], [(0, 13, 9)]),             # decode seq 1 + a chunk of seq 0 over its cached prefix
+             ([(0, 23), (1, 8)], [])]              # pure decode
+    for decodes, prefills in steps:
+        meta, pos = _meta(decodes, prefills, tables, device)
+        ids = torch.randint(0, cfg.vocab_size, pos.shape, device=device)
+        with torch.inference_mode():
+            h = {n: m(ids, pos, meta) for n, m in models.items()}
+        assert_close(h["triton"], h["torch"], 1e-4, f"hidden after {decodes} {prefills}")
+    for (kt, vt), (kr, vr) in zip(caches["triton"], caches["torch"]):
+        assert_close(kt, kr, 1e-5, "k cache")
+        assert_close(vt, vr, 1e-5, "v cache")
+
+
+def test_graph_batch_sizes():
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(6) == [1, 2, 4, 6]
+    assert graph_batch_sizes(40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert graph_batch_sizes(36)[-2:] == [32, 36]
+    with pytest.raises(ValueError):
+        graph_batch_sizes(0)
