@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import zmq
@@ -92,17 +92,23 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, handshake: Any) -> None:
-    """Process entry point (spawn target). Returns when told to shut down or when the parent goes away."""
+def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, handshake: Any,
+                    core_factory: Callable[[EngineConfig], Any] | None = None) -> None:
+    """Process entry point (spawn target). Returns when told to shut down or when the parent goes away.
+
+    ``core_factory`` (a picklable, importable callable) replaces ``EngineCore(config)``; tests pass one that
+    builds the core over a fake runner."""
     # Ctrl-C goes to the whole process group; the front decides how to stop us (it sends SHUTDOWN / SIGTERM).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _die_with_parent()
     parent = os.getppid()
     try:
-        from strataserve.engine.engine_core import EngineCore
+        if core_factory is None:
+            from strataserve.engine.engine_core import EngineCore
 
-        core = EngineCore(config)
+            core_factory = EngineCore
+        core = core_factory(config)
         info = _ready_info(core, config)
     except BaseException as exc:  # noqa: BLE001 — every start-up failure must reach the front as a message
         tb = traceback.format_exc(limit=4)

@@ -15,7 +15,7 @@ import multiprocessing
 import shutil
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import zmq
@@ -35,7 +35,8 @@ class MPCoreClient(CoreClient):
     """Spawns ``run_engine_core`` and talks to it over zmq. Construct from synchronous code (it blocks until the
     model is loaded); use ``get_outputs`` from one event loop afterwards."""
 
-    def __init__(self, config: EngineConfig, startup_timeout_s: float | None = None) -> None:
+    def __init__(self, config: EngineConfig, startup_timeout_s: float | None = None,
+                 core_factory: Callable[[EngineConfig], Any] | None = None) -> None:
         super().__init__()
         self._closed = False
         self._tmpdir = tempfile.mkdtemp(prefix="strata-core-")
@@ -59,11 +60,12 @@ class MPCoreClient(CoreClient):
         mp = multiprocessing.get_context("spawn")
         parent_conn, child_conn = mp.Pipe(duplex=False)
         self._proc = mp.Process(target=run_engine_core, name="strata-engine-core", daemon=True,
-                                args=(config, in_addr, out_addr, child_conn))
+                                args=(config, in_addr, out_addr, child_conn, core_factory))
         try:
             self._proc.start()
             child_conn.close()
             self.ready_info = self._handshake(parent_conn, startup_timeout_s)
+            self._in.poll(5000, zmq.POLLOUT)  # the core has connected; wait for the pipe so sends never block
         except BaseException:
             self.shutdown()
             raise
@@ -100,10 +102,17 @@ class MPCoreClient(CoreClient):
         self.check_health()
         try:
             self._in.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            return
         except zmq.Again:
-            # With an unbounded queue this only happens when the peer is gone.
-            self._mark_dead(f"engine process is not accepting work (exit code {self._proc.exitcode})")
-            self.check_health()
+            pass
+        # The queue is unbounded, so this only happens while the core's connection is not up yet (right after
+        # start-up) or after it died: wait for the pipe while the process lives.
+        while self._proc.is_alive():
+            if self._in.poll(100, zmq.POLLOUT):
+                self._in.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+        self._mark_dead(f"engine process exited unexpectedly (exit code {self._proc.exitcode})")
+        self.check_health()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send([ADD, self._encoder.encode(request)])

@@ -1,0 +1,93 @@
+"""MPCoreClient against a real engine-core process (EngineCore over a fake runner): round trip, aborts that
+free blocks, start-up errors, death detection and clean shutdown."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+from api_fakes import failing_core, fake_core
+from engine.engine_fakes import engine_config, reference_output
+
+from strataserve.engine.core_client import EngineDeadError
+from strataserve.engine.mp_client import EngineStartupError, MPCoreClient
+from strataserve.engine.protocol import EngineCoreRequest
+from strataserve.engine.sampling_params import SamplingParams
+
+
+def _req(rid: str, prompt: list[int], max_tokens: int) -> EngineCoreRequest:
+    return EngineCoreRequest(request_id=rid, prompt_token_ids=prompt,
+                             sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+
+
+async def _drain(client: MPCoreClient, want: set[str]) -> tuple[dict[str, list[int]], dict[str, str], object]:
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    stats = None
+    while not want <= set(reasons):
+        batch = await asyncio.wait_for(client.get_outputs(), 10)
+        stats = batch.stats or stats
+        for o in batch.outputs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finish_reason:
+                reasons[o.request_id] = o.finish_reason
+    return tokens, reasons, stats
+
+
+def test_round_trip_abort_and_shutdown():
+    client = MPCoreClient(engine_config(), core_factory=fake_core)
+    pid, tmpdir = client.pid, client._tmpdir
+    try:
+        assert client.info.num_blocks == 64 and client.info.max_model_len == 256
+
+        async def run():
+            prompts = {f"r{i}": list(range(10 + i, 30 + 2 * i)) for i in range(4)}
+            for rid, p in prompts.items():
+                client.add_request(_req(rid, p, 8))
+            tokens, reasons, _ = await _drain(client, set(prompts))
+            for rid, p in prompts.items():
+                assert tokens[rid] == reference_output(p, 8), rid
+                assert reasons[rid] == "length"
+            # A long request aborted mid-way: the core reports its blocks freed.
+            client.add_request(_req("long", list(range(5, 40)), 200))
+            first = await asyncio.wait_for(client.get_outputs(), 10)
+            assert first.stats.num_free_blocks < first.stats.num_total_blocks
+            client.abort_requests(["long", "never-existed"])
+            for _ in range(50):
+                batch = await asyncio.wait_for(client.get_outputs(), 10)
+                if batch.stats.num_running == 0 and batch.stats.num_free_blocks == batch.stats.num_total_blocks:
+                    return
+            pytest.fail("blocks were not freed after the abort")
+
+        asyncio.run(run())
+    finally:
+        client.shutdown()
+    assert not os.path.exists(tmpdir)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_startup_error_is_reported_not_hung():
+    with pytest.raises(EngineStartupError, match="has no config.json"):
+        MPCoreClient(engine_config(), core_factory=failing_core, startup_timeout_s=60)
+
+
+def test_engine_death_fails_waiters_and_commands():
+    client = MPCoreClient(engine_config(), core_factory=fake_core)
+    try:
+        async def run():
+            client.add_request(_req("a", list(range(5, 20)), 10_000 // 100))
+            waiter = asyncio.ensure_future(_drain(client, {"never"}))
+            await asyncio.sleep(0.2)
+            os.kill(client.pid, signal.SIGKILL)
+            with pytest.raises(EngineDeadError):
+                await asyncio.wait_for(waiter, 10)
+            assert client.errored
+            with pytest.raises(EngineDeadError):
+                client.add_request(_req("b", [5, 6, 7], 4))
+            client.abort_requests(["a"])  # harmless on a dead core
+
+        asyncio.run(run())
+    finally:
+        client.shutdown()
