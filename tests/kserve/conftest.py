@@ -1,0 +1,83 @@
+"""One strataserve KServe server subprocess (HTTP + gRPC) shared by every test in tests/kserve."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _model_repos import add_onnx_mlp, build_standard_repo
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+
+
+@dataclass
+class KServeServer:
+    http: str  # "127.0.0.1:PORT", the form tritonclient wants
+    grpc: str
+    repo: Path
+    refs: dict
+    proc: subprocess.Popen
+    log: Path
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.http}"
+
+    def log_tail(self) -> str:
+        return self.log.read_text()[-4000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def kserve(tmp_path_factory) -> KServeServer:
+    tmp = tmp_path_factory.mktemp("kserve")
+    repo = tmp / "repo"
+    refs = build_standard_repo(repo)
+    refs["spare_weights"] = add_onnx_mlp(repo, name="onnx_spare", seed=10)  # for load/unload tests
+    # a generous batching window so the batching test sees merged batches on a busy 2-core machine
+    refs["batch_weights"] = add_onnx_mlp(repo, name="onnx_batch", max_batch_size=32, max_queue_delay_us=50_000, seed=20)
+    http_port, grpc_port = _free_port(), _free_port()
+    cmd = [
+        sys.executable, str(HERE / "_serve.py"), "--repo", str(repo), "--http-port", str(http_port),
+        "--grpc-port", str(grpc_port), "--control-mode", "explicit", "--load", "*",
+    ]
+    log = tmp / "server.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    server = KServeServer(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", repo, refs, proc, log)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"KServe server exited with {proc.returncode}:\n{server.log_tail()}")
+            try:
+                if httpx.get(f"{server.base}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"KServe server not ready after 90 s:\n{server.log_tail()}")
+            time.sleep(0.3)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

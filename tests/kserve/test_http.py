@@ -1,0 +1,221 @@
+"""KServe v2 over HTTP, driven by NVIDIA's tritonclient.http (plus raw httpx where the client has no call)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from _model_repos import mlp_reference
+
+
+@pytest.fixture(scope="module")
+def client(kserve):
+    c = httpclient.InferenceServerClient(kserve.http)
+    yield c
+    c.close()
+
+
+def _infer(client, model, name, x, datatype="FP32", binary=True, outputs=None, **kw):
+    inp = httpclient.InferInput(name, list(x.shape), datatype)
+    inp.set_data_from_numpy(x, binary_data=binary)
+    outs = [httpclient.InferRequestedOutput(o, binary_data=binary) for o in outputs] if outputs else None
+    return client.infer(model, [inp], outputs=outs, **kw)
+
+
+def _rows(n: int, d: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------ health + metadata
+def test_health_and_server_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "strataserve"
+    assert {"binary_tensor_data", "statistics", "model_repository"} <= set(meta["extensions"])
+
+
+def test_model_metadata_and_config(client):
+    assert client.is_model_ready("onnx_mlp") and client.is_model_ready("onnx_mlp", "1")
+    assert not client.is_model_ready("no_such_model")
+    meta = client.get_model_metadata("onnx_mlp")
+    assert meta["name"] == "onnx_mlp" and meta["versions"] == ["1"]
+    assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}]
+    assert meta["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 3]}]
+    assert client.get_model_metadata("onnx_mlp", "1")["versions"] == ["1"]
+    cfg = client.get_model_config("py_scale")
+    assert cfg["name"] == "py_scale" and cfg["max_batch_size"] == 16
+    assert [o["name"] for o in cfg["output"]] == ["OUT", "BATCH"]
+    assert client.get_model_config("py_decoupled")["model_transaction_policy"]["decoupled"] is True
+
+
+# ------------------------------------------------------------------------------------------ inference
+@pytest.mark.parametrize("binary", [True, False])
+def test_onnx_matches_numpy(client, kserve, binary):
+    x = _rows(3, 4, 1)
+    res = _infer(client, "onnx_mlp", "INPUT0", x, binary=binary, outputs=["OUTPUT0"], request_id="abc")
+    np.testing.assert_allclose(res.as_numpy("OUTPUT0"), mlp_reference(x, kserve.refs["onnx_weights"][1]), rtol=1e-5, atol=1e-5)
+    assert res.get_response()["id"] == "abc"
+    assert res.get_response()["model_version"] == "1"
+    out = res.get_output("OUTPUT0")
+    assert ("binary_data_size" in out.get("parameters", {})) == binary
+
+
+def test_torchscript_matches_module(client, kserve):
+    x = _rows(2, 3, 2)
+    res = _infer(client, "torch_affine", "INPUT__0", x, model_version="1")
+    expected = kserve.refs["torch_module"](torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(res.as_numpy("OUTPUT__0"), expected, rtol=1e-6)
+
+
+def test_python_model_and_gzip_request(client):
+    x = _rows(4, 3, 3)
+    inp = httpclient.InferInput("IN", [4, 3], "FP32")
+    inp.set_data_from_numpy(x)
+    res = client.infer("py_scale", [inp], request_compression_algorithm="gzip")
+    np.testing.assert_allclose(res.as_numpy("OUT"), x * 3 - 1, rtol=1e-6)
+    assert res.as_numpy("BATCH").shape == (4, 1)
+
+
+def test_ensemble_matches_its_steps(client, kserve):
+    x = _rows(2, 4, 4)
+    res = _infer(client, "pipeline", "X", x, binary=False)
+    h = mlp_reference(x, kserve.refs["onnx_weights"][1])
+    np.testing.assert_allclose(res.as_numpy("A"), np.maximum(h, 0) * 2 + 1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(res.as_numpy("S"), h * 3 - 1, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_bytes_tensors(client, binary):
+    inp = httpclient.InferInput("text_input", [1], "BYTES")
+    inp.set_data_from_numpy(np.array(["héllo"], dtype=object), binary_data=binary)
+    res = client.infer("py_text", [inp], outputs=[httpclient.InferRequestedOutput("text_output", binary_data=binary)])
+    # tritonclient hands JSON BYTES back as str and binary BYTES as bytes, as it does with Triton
+    assert res.as_numpy("text_output").tolist() == ["HÉLLO".encode() if binary else "HÉLLO"]
+
+
+def test_generate_and_generate_stream(kserve):
+    r = httpx.post(f"{kserve.base}/v2/models/py_text/generate", json={"text_input": "abc"})
+    assert r.status_code == 200, r.text
+    assert r.json()["text_output"] == "ABC"
+    with httpx.stream("POST", f"{kserve.base}/v2/models/py_text/generate_stream", json={"text_input": "xy"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[0])["text_output"] == "XY" and events[-1] == "[DONE]"
+
+
+def test_decoupled_streams_over_http(kserve):
+    body = {"inputs": [{"name": "COUNT", "datatype": "INT32", "shape": [1], "data": [4]}], "id": "d1"}
+    url = f"{kserve.base}/v2/models/py_decoupled/infer"
+    with httpx.stream("POST", url, json=body, headers={"Accept": "text/event-stream"}) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    outs = [json.loads(e)["outputs"][0]["data"] for e in events[:-1]]
+    assert outs == [[0], [1], [2], [3]]
+    # without SSE: every response in one JSON body
+    r = httpx.post(url, json=body)
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["id"] == "d1" and [x["outputs"][0]["data"] for x in doc["responses"]] == [[0], [1], [2], [3]]
+    r = httpx.post(url, json={**body, "inputs": [{**body["inputs"][0], "data": [0]}]})
+    assert r.status_code == 200 and r.json()["responses"] == []
+
+
+# ------------------------------------------------------------------------------------------ stats + repository
+def test_statistics_shape(client):
+    _infer(client, "onnx_mlp", "INPUT0", _rows(2, 4, 5))
+    stats = client.get_inference_statistics("onnx_mlp")["model_stats"]
+    assert len(stats) == 1 and stats[0]["name"] == "onnx_mlp" and stats[0]["version"] == "1"
+    s = stats[0]
+    assert s["inference_count"] >= 2 and 1 <= s["execution_count"] <= s["inference_count"]
+    for key in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+        assert set(s["inference_stats"][key]) == {"count", "ns"}
+    assert s["inference_stats"]["success"]["count"] >= 1
+    assert all({"batch_size", "compute_infer"} <= set(b) for b in s["batch_stats"])
+    every = client.get_inference_statistics()["model_stats"]
+    assert {"onnx_mlp", "torch_affine", "py_scale", "pipeline"} <= {m["name"] for m in every}
+    assert client.get_inference_statistics("onnx_mlp", "1")["model_stats"][0]["version"] == "1"
+
+
+def test_repository_index_load_unload(client, kserve):
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["onnx_mlp"]["state"] == "READY" and index["onnx_spare"]["state"] == "READY"
+    x = _rows(1, 4, 6)
+    client.unload_model("onnx_spare")
+    assert not client.is_model_ready("onnx_spare")
+    ready = {m["name"] for m in httpx.post(f"{kserve.base}/v2/repository/index", json={"ready": True}).json()}
+    assert "onnx_spare" not in ready and "onnx_mlp" in ready
+    with pytest.raises(InferenceServerException) as err:
+        _infer(client, "onnx_spare", "INPUT0", x)
+    assert err.value.status() in ("503", "404")
+    client.load_model("onnx_spare")
+    res = _infer(client, "onnx_spare", "INPUT0", x)
+    np.testing.assert_allclose(res.as_numpy("OUTPUT0"), mlp_reference(x, kserve.refs["spare_weights"][1]), rtol=1e-5, atol=1e-5)
+    r = httpx.post(f"{kserve.base}/v2/repository/models/../etc/load")
+    assert r.status_code in (400, 404)
+    r = httpx.post(f"{kserve.base}/v2/repository/models/no_such_model/load")
+    assert r.status_code in (400, 404) and "no_such_model" in r.json()["error"]
+
+
+# ------------------------------------------------------------------------------------------ bad inputs
+def _v2(name, datatype, shape, data):
+    return {"name": name, "datatype": datatype, "shape": shape, "data": data}
+
+
+BAD_JSON = [
+    ("no_such_model", "", {"inputs": [_v2("INPUT0", "FP32", [1, 4], [0.0] * 4)]}, 404, "no_such_model"),
+    ("onnx_mlp", "7", {"inputs": [_v2("INPUT0", "FP32", [1, 4], [0.0] * 4)]}, 404, "7"),
+    ("onnx_mlp", "", {"inputs": []}, 400, "INPUT0"),
+    ("onnx_mlp", "", {"inputs": [_v2("WRONG", "FP32", [1, 4], [0.0] * 4)]}, 400, "WRONG"),
+    ("onnx_mlp", "", {"inputs": [_v2("INPUT0", "INT32", [1, 4], [0] * 4)]}, 400, "INT32"),
+    ("onnx_mlp", "", {"inputs": [_v2("INPUT0", "FP32", [1, 5], [0.0] * 5)]}, 400, "INPUT0"),
+    ("onnx_mlp", "", {"inputs": [_v2("INPUT0", "FP32", [1, 4], [0.0] * 3)]}, 400, "holds 3 elements"),
+    ("onnx_mlp", "", {"inputs": [_v2("INPUT0", "FP32", [1, 4], ["a"] * 4)]}, 400, "numbers"),
+    ("onnx_mlp", "", {"inputs": [_v2("INPUT0", "FP32", [9, 4], [0.0] * 36)]}, 400, "INPUT0"),  # > max_batch_size
+]
+
+
+@pytest.mark.parametrize("model,version,body,status,needle", BAD_JSON)
+def test_bad_json_requests(kserve, model, version, body, status, needle):
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    r = httpx.post(kserve.base + path, json=body)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["error"]
+
+
+def test_bad_binary_and_malformed_bodies(kserve):
+    url = f"{kserve.base}/v2/models/onnx_mlp/infer"
+    header = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                     "parameters": {"binary_data_size": 12}}]}).encode()
+    r = httpx.post(url, content=header + b"\0" * 12, headers={"Inference-Header-Content-Length": str(len(header))})
+    assert r.status_code == 400 and "needs 16 bytes" in r.json()["error"]
+    r = httpx.post(url, content=header + b"\0" * 8, headers={"Inference-Header-Content-Length": str(len(header))})
+    assert r.status_code == 400 and "runs past" in r.json()["error"]
+    r = httpx.post(url, content=b"{not json")
+    assert r.status_code == 400 and "JSON" in r.json()["error"]
+    r = httpx.post(url, content=b"{}", headers={"Inference-Header-Content-Length": "100"})
+    assert r.status_code == 400
+    r = httpx.post(f"{kserve.base}/v2/models/py_text/generate", json={"nope": "x"})
+    assert r.status_code == 400 and "nope" in r.json()["error"]
+    r = httpx.get(f"{kserve.base}/v2/models/no_such_model")
+    assert r.status_code == 404 and "no_such_model" in r.json()["error"]
+    r = httpx.get(f"{kserve.base}/v2/models/no_such_model/config")
+    assert r.status_code == 404
+
+
+def test_tritonclient_sees_errors_and_server_keeps_serving(client, kserve):
+    with pytest.raises(InferenceServerException) as err:
+        _infer(client, "onnx_mlp", "INPUT0", np.zeros((1, 4), np.float64), datatype="FP64")
+    assert err.value.status() == "400" and "FP64" in err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        _infer(client, "onnx_mlp", "INPUT0", _rows(1, 4, 0), model_version="3")
+    assert err.value.status() == "404"
+    x = _rows(2, 4, 9)
+    res = _infer(client, "onnx_mlp", "INPUT0", x)
+    np.testing.assert_allclose(res.as_numpy("OUTPUT0"), mlp_reference(x, kserve.refs["onnx_weights"][1]), rtol=1e-5, atol=1e-5)
