@@ -74,6 +74,31 @@ def test_filtered_distribution_matches_reference_in_one_mixed_batch() -> None:
         assert ((want > 0).sum() < V) == (p.top_k not in (0, -1) or p.top_p < 1 or p.min_p > 0)
 
 
+def test_top_p_cutoff_search_over_large_vocab_matches_reference() -> None:
+    """Peaky, medium and flat rows: the cut-off is found among 64 candidates, among 1024, or by a full sort."""
+    vocab = 20_000
+    cases = [
+        (8.0, SP(top_p=0.9)),
+        (4.0, SP(top_p=0.95)),
+        (0.3, SP(top_p=0.5)),
+        (3.0, SP(top_k=100)),
+        (3.0, SP(top_k=100, top_p=0.8)),
+        (0.5, SP(top_k=2000, top_p=0.7)),
+        (8.0, SP(top_k=3000)),
+        (8.0, SP(min_p=0.01, top_p=0.99)),
+        (1.0, SP()),
+    ]
+    x = torch.cat([_logits(1, vocab=vocab, seed=20 + i, scale=sc) for i, (sc, _) in enumerate(cases)])
+    params = [p for _, p in cases]
+    got = Sampler.filtered_logits(x, params).softmax(-1).double().numpy()
+    sizes = []
+    for i, p in enumerate(params):
+        want = ref_filtered_probs(x[i].numpy(), p)
+        np.testing.assert_allclose(got[i], want, atol=1e-6, err_msg=str(p))
+        sizes.append(int((want > 0).sum()))
+    assert sizes[0] < 64 < sizes[1] < 1024 < sizes[2], sizes  # all three search depths are used
+
+
 def test_temperature_scales_logits() -> None:
     x = _logits(3, seed=3)
     got = Sampler.filtered_logits(x, [SP(temperature=t) for t in (0.25, 1.0, 4.0)]).softmax(-1)
