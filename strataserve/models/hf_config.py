@@ -204,3 +204,14 @@ def load_decoder_config(model_dir: str | Path) -> DecoderConfig:
     gen_path = folder / "generation_config.json"
     generation = _read_json(gen_path) if gen_path.is_file() else None
     return decoder_config_from_dict(_read_json(cfg_path), generation)
+
+
+def read_eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
+    """eos ids from config.json then generation_config.json (either may be absent); de-duplicated, order kept."""
+    folder = Path(model_dir)
+    ids: tuple[int, ...] = ()
+    for name in ("config.json", "generation_config.json"):
+        path = folder / name
+        if path.is_file():
+            ids += _as_id_tuple(_read_json(path).get("eos_token_id"))
+    return tuple(dict.fromkeys(ids))

@@ -1,0 +1,72 @@
+"""Tokenizer and chat template from an HF checkpoint folder (transformers' fast tokenizer, local files only).
+
+Incremental detokenisation lives in the engine; this wraps encoding, the chat template and the eos ids.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from strataserve.models.hf_config import read_eos_token_ids
+
+Message = dict[str, Any]
+
+
+class Tokenizer:
+    """A loaded tokenizer. ``hf`` is the underlying transformers tokenizer (for detokenisers that need it)."""
+
+    def __init__(self, hf_tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
+        self.hf = hf_tokenizer
+        #: every id that ends generation: config.json, generation_config.json, then the tokenizer's eos
+        self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> Tokenizer:
+        folder = Path(model_dir)
+        if not folder.is_dir():
+            raise ValueError(f"tokenizer path {str(folder)!r} is not a directory; give an HF checkpoint folder")
+        if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+            raise ValueError(f"{folder}: no tokenizer files (tokenizer.json / tokenizer_config.json) found")
+        from transformers import AutoTokenizer
+
+        try:
+            hf = AutoTokenizer.from_pretrained(str(folder), use_fast=True, local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"{folder}: cannot load the tokenizer: {exc}") from None
+        eos = read_eos_token_ids(folder)
+        if hf.eos_token_id is not None:
+            eos = tuple(dict.fromkeys(eos + (int(hf.eos_token_id),)))
+        return cls(hf, eos)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """The chat template applied to ``messages`` (``[{"role": ..., "content": ...}, ...]``) as text."""
+        if not self.has_chat_template:
+            raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
+        try:
+            return self.hf.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                               tokenize=False, **kwargs)
+        except Exception as exc:  # jinja errors (e.g. a role the template rejects) are bad input
+            raise ValueError(f"chat template failed on these messages: {exc}") from None
+
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> list[int]:
+        """Token ids of the rendered chat. The template writes its own special tokens (bos), so none are added."""
+        return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False)

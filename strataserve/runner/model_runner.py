@@ -1,0 +1,196 @@
+"""``ModelRunner``: loads the model, owns the KV pool, and executes one scheduled step at a time.
+
+Start-up: resolve device/dtype -> pick the OpSet for the runner mode (``select_ops``, the one place modes are
+decided) -> load weights -> size the KV pool (``num_blocks`` override, else a GiB budget on CPU, else a fraction
+of GPU memory minus weights and a profiled peak forward) -> preallocate it -> capture CUDA graphs (graph/hybrid).
+
+Per step (``execute``): forget finished requests, register new ones, build flat tensors + attention metadata
+(``runner/input_batch.py``), run the model over all chunks at once, compute logits only for sampling chunks,
+sample, and append each sampled token to its request's ``SamplingRequest``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from strataserve.config import EngineConfig
+from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from strataserve.models.decoder import DecoderModel
+from strataserve.models.hf_config import DecoderConfig, load_decoder_config
+from strataserve.models.loader import load_model, resolve_device, resolve_dtype
+from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_block, TorchAttention
+from strataserve.runner.base import ModelRunnerBase
+from strataserve.runner.input_batch import InputBatch, build_input_batch
+from strataserve.runner.ops import OpSet, TorchOps
+from strataserve.runner.sampler import Sampler, SamplingRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """What the runner mode resolved to: which ops run, and whether decode steps replay CUDA graphs."""
+
+    mode: str
+    ops: OpSet
+    cuda_graphs: bool
+
+
+def select_ops(mode: str, cfg: DecoderConfig, device: torch.device) -> ExecutionPlan:
+    """eager = PyTorch ops; triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
+    graphs. ``auto`` = hybrid on CUDA, eager on CPU."""
+    if mode == "auto":
+        mode = "hybrid" if device.type == "cuda" else "eager"
+    if mode == "eager":
+        return ExecutionPlan(mode, TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)), False)
+    if device.type != "cuda":
+        raise ValueError(f"runner mode {mode!r} needs a CUDA device with triton; on {device.type} use mode='eager' "
+                         "(or 'auto')")
+    if mode == "graph":
+        return ExecutionPlan(mode, TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)), True)
+    try:
+        from strataserve.runner.triton_ops import TritonAttention, TritonOps
+    except ImportError as exc:
+        raise ValueError(f"runner mode {mode!r} needs triton ({exc}); install triton or use mode='eager'") from None
+    ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+    return ExecutionPlan(mode, ops, mode == "hybrid")
+
+
+class ModelRunner(ModelRunnerBase):
+    def __init__(self, config: EngineConfig, sampler: Sampler | None = None) -> None:
+        mc = config.model
+        self.config = config
+        self.device = resolve_device(mc.device)
+        self.model_config = load_decoder_config(mc.model)
+        self.dtype = resolve_dtype(mc.dtype, self.model_config, self.device)
+        self.max_model_len = self._max_model_len(mc.max_model_len)
+        self.block_size = config.cache.block_size
+        self.plan = select_ops(config.runner.mode, self.model_config, self.device)
+        self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len)
+        self.num_blocks = self._num_blocks()
+        # One spare block past the pool: CUDA-graph padding rows write their K/V there, never into a real block.
+        self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,
+                                           self.model_config.num_kv_heads, self.model_config.head_dim,
+                                           self.dtype, self.device)
+        self.plan.ops.attention.bind_kv_cache(self.kv_caches)
+        #: ids that end generation according to config.json + generation_config.json
+        self.eos_token_ids: tuple[int, ...] = self.model_config.eos_token_ids
+        self.sampler = sampler if sampler is not None else Sampler()
+        self.requests: dict[str, SamplingRequest] = {}
+        self.graphs = self._capture_graphs() if self.plan.cuda_graphs else None
+
+    # ------------------------------------------------------------------ start-up
+    def _max_model_len(self, requested: int | None) -> int:
+        limit = self.model_config.max_model_len
+        if requested is None:
+            return limit
+        if requested > limit:
+            raise ValueError(f"max_model_len={requested} exceeds what the model supports ({limit}, from "
+                             "config.json max_position_embeddings / sliding_window); lower it")
+        return requested
+
+    def _num_blocks(self) -> int:
+        cache = self.config.cache
+        if cache.num_blocks is not None:
+            return cache.num_blocks
+        cfg = self.model_config
+        per_block = kv_cache_bytes_per_block(cfg.num_layers, self.block_size, cfg.num_kv_heads, cfg.head_dim,
+                                             self.dtype)
+        if self.device.type == "cuda":
+            budget = self._cuda_kv_budget()
+            what = f"gpu_memory_utilization={cache.gpu_memory_utilization}"
+        else:
+            budget = int(cache.kv_cache_memory_gib * (1 << 30))
+            what = f"kv_cache_memory_gib={cache.kv_cache_memory_gib}"
+        blocks = budget // per_block - 1  # minus the spare block
+        if blocks < 2:
+            raise ValueError(f"{what} leaves room for {max(blocks, 0)} KV blocks ({per_block} bytes each); "
+                             "raise it, or lower max_num_batched_tokens / max_num_seqs")
+        return int(blocks)
+
+    @torch.inference_mode()
+    def _cuda_kv_budget(self) -> int:
+        """Bytes for the KV pool: util x total, minus the peak of a max-size forward + sampling, minus memory
+        other processes or non-torch allocations hold."""
+        sched = self.config.scheduler
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        n = sched.max_num_batched_tokens
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        pos = torch.arange(n, device=self.device) % self.max_model_len
+        hidden = self.model(ids, pos, None)
+        logits = self.model.compute_logits(hidden[: min(n, sched.max_num_seqs)])
+        _ = torch.log_softmax(logits, dim=-1), logits.clone()  # the sampler's working copies
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del hidden, logits, _
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        others = total - free - torch.cuda.memory_reserved(self.device)
+        return int(total * self.config.cache.gpu_memory_utilization) - peak - others
+
+    def _capture_graphs(self):  # -> CudaGraphDecoder
+        from strataserve.runner.cuda_graph import CudaGraphDecoder, decode_metadata
+
+        model, bs = self.model, self.block_size
+
+        def step(input_ids, positions, slot_mapping, block_tables, context_lens):
+            meta = decode_metadata(slot_mapping, block_tables, context_lens, bs)
+            return model(input_ids, positions, meta)
+
+        triton = self.plan.mode == "hybrid"
+        pad_slot = -1 if triton else self.num_blocks * bs  # the spare block
+        max_bs = min(self.config.runner.cuda_graph_max_bs, self.config.scheduler.max_num_seqs)
+        graphs = CudaGraphDecoder(step, max_bs, -(-self.max_model_len // bs), self.device, pad_slot=pad_slot)
+        seconds = graphs.capture()
+        log.info("captured %d CUDA graphs (batch <= %d) in %.2f s", len(graphs.sizes), graphs.max_bs, seconds)
+        return graphs
+
+    # ------------------------------------------------------------------ per step
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        for rid in scheduler_output.finished_req_ids:
+            self.requests.pop(rid, None)
+        eos = self.model_config.eos_primary()
+        for nr in scheduler_output.new_requests:
+            self.requests[nr.req_id] = SamplingRequest(nr.sampling_params, list(nr.prompt_token_ids),
+                                                       list(nr.output_token_ids), eos)
+        chunks = scheduler_output.chunks
+        if not chunks:
+            return ModelRunnerOutput([], [], [])
+        batch = build_input_batch(chunks, self.block_size, self.device)
+        if not batch.sample_chunk_ids:
+            self._forward(batch)
+            return ModelRunnerOutput([], [], [])
+        hidden = self._forward(batch)
+        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
+        reqs = [self.requests[r] for r in req_ids]
+        tokens, logprobs = self.sampler(logits, reqs)
+        for req, tok in zip(reqs, tokens):
+            req.output_token_ids.append(tok)
+        return ModelRunnerOutput(req_ids, tokens, logprobs)
+
+    def _forward(self, batch: InputBatch) -> torch.Tensor:
+        meta = batch.attn_meta
+        t = batch.input_ids.shape[0]
+        if (self.graphs is not None and meta.num_decode_tokens == t
+                and self.graphs.can_run(t, meta.decode_block_tables.shape[1])):
+            return self.graphs.run(batch.input_ids, batch.positions, meta.slot_mapping, meta.decode_block_tables,
+                                   meta.decode_context_lens)
+        return self.model(batch.input_ids, batch.positions, meta)
+
+    def shutdown(self) -> None:
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
+        self.plan.ops.attention.bind_kv_cache([])
+        self.kv_caches = []
+        self.requests.clear()
+        if hasattr(self, "model"):
+            del self.model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
