@@ -79,6 +79,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-body-mib", type=float, default=16.0, help="larger bodies get 413")
     p.add_argument("--model-repository", default=None, help="serve this Triton-style model repository (KServe v2)")
     p.add_argument("--model-control-mode", default="none", choices=["none", "explicit", "poll"])
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="explicit mode: load this repository model at start (repeat; '*' = all)")
     p.add_argument("--grpc-port", type=_port, default=8001, help="KServe v2 gRPC port (0 = no gRPC)")
     add_engine_args(p)
     p.set_defaults(func=_cmd_serve)
@@ -109,7 +111,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                            max_body_bytes=int(args.max_request_body_mib * 2**20),
                            uvicorn_log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
                            model_repository=args.model_repository, model_control_mode=args.model_control_mode,
-                           grpc_port=args.grpc_port or None)
+                           load_models=tuple(args.load_model), grpc_port=args.grpc_port or None)
     from strataserve.engine.mp_client import EngineStartupError
 
     try:

@@ -13,16 +13,9 @@ from strataserve.api import chat, completions
 from strataserve.api.errors import APIError, install_error_handlers
 from strataserve.api.middleware import GuardMiddleware
 from strataserve.api.protocol import DetokenizeRequest, TokenizeRequest
-from strataserve.api.serving import ServerState, check_token_ids
+from strataserve.api.serving import ServerState, check_token_ids, llm_state
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-
-
-def _llm(request: Request) -> ServerState:
-    state: ServerState | None = request.app.state.strata
-    if state is None:
-        raise APIError(404, "this server has no LLM loaded; start it with a model folder", code="model_not_found")
-    return state
 
 
 def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key: str | None = None,
@@ -34,9 +27,8 @@ def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key
     app.state.model_server = model_server
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
-    if state is not None:
-        app.include_router(completions.router)
-        app.include_router(chat.router)
+    app.include_router(completions.router)
+    app.include_router(chat.router)
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -65,7 +57,7 @@ def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest, request: Request) -> dict:
-        llm = _llm(request)
+        llm = llm_state(request)
         llm.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
@@ -77,7 +69,7 @@ def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
-        llm = _llm(request)
+        llm = llm_state(request)
         llm.check_model(body.model)
         check_token_ids(llm, body.tokens, param="tokens")
         return {"prompt": llm.tokenizer.decode(body.tokens)}

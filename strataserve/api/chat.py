@@ -11,7 +11,7 @@ from starlette.responses import Response, StreamingResponse
 from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import DONE, TokenNamer, chat_logprobs, json_bytes, sse, usage
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
-from strataserve.api.serving import (ServerState, engine_abort_error, engine_stream, make_params, new_id,
+from strataserve.api.serving import (ServerState, llm_state, engine_abort_error, engine_stream, make_params, new_id,
                                      resolve_max_tokens, until_disconnect)
 from strataserve.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -44,7 +44,7 @@ def _top_n(body: ChatCompletionRequest) -> int | None:
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    state: ServerState = request.app.state.strata
+    state = llm_state(request)
     state.check_alive()
     state.check_model(body.model)
     if body.logit_bias:

@@ -11,7 +11,7 @@ from starlette.responses import Response, StreamingResponse
 from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import DONE, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
 from strataserve.api.protocol import CompletionRequest
-from strataserve.api.serving import (ServerState, check_token_ids, engine_abort_error, engine_stream, make_params,
+from strataserve.api.serving import (ServerState, llm_state, check_token_ids, engine_abort_error, engine_stream, make_params,
                                      merge_streams, new_id, resolve_max_tokens, until_disconnect)
 from strataserve.engine.sampling_params import SamplingParams
 
@@ -47,7 +47,7 @@ class _Choice:
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    state: ServerState = request.app.state.strata
+    state = llm_state(request)
     state.check_alive()
     state.check_model(body.model)
     if body.suffix:

@@ -38,6 +38,7 @@ class ServeOptions:
     access_log: bool = True
     model_repository: str | None = None
     model_control_mode: str = "none"
+    load_models: tuple[str, ...] = ()  # explicit mode: load these at start ("*" = all)
     grpc_port: int | None = 8001
     startup_timeout_s: float | None = None
 
@@ -118,7 +119,7 @@ async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> 
 
         with console.status(f"[bold]Loading model repository[/] {options.model_repository}…"):
             model_server = ModelServer(options.model_repository, control_mode=options.model_control_mode,
-                                       registry=registry)
+                                       registry=registry, load_models=list(options.load_models))
             await model_server.start()
         console.print(f"[green]✓[/] model repository {options.model_repository} "
                       f"(control mode {options.model_control_mode})")
@@ -145,7 +146,7 @@ async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> 
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         if server.started:
-            _banner(console, options, state)
+            _banner(console, options, state, getattr(grpc_handle, "port", None))
         await serving
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -156,14 +157,14 @@ async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> 
             await model_server.stop()
 
 
-def _banner(console: Console, options: ServeOptions, state: ServerState | None) -> None:
+def _banner(console: Console, options: ServeOptions, state: ServerState | None, grpc_port: int | None) -> None:
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
     url = f"http://{host}:{options.port}"
     if state is not None:
         console.print(f"[bold green]Ready[/]: serving [bold]{state.model_name}[/] at {url}/v1 "
                       f"(metrics {url}/metrics)")
     if options.model_repository:
-        grpc = f", gRPC {host}:{options.grpc_port}" if options.grpc_port else ""
+        grpc = f", gRPC {host}:{grpc_port}" if grpc_port else ""
         console.print(f"[bold green]Ready[/]: KServe v2 at {url}/v2{grpc}")
 
 

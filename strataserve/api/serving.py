@@ -66,6 +66,15 @@ class ServerState:
             yield
 
 
+def llm_state(request: Request) -> ServerState:
+    """The served LLM's state; 404 when this server only hosts a model repository."""
+    state: ServerState | None = request.app.state.strata
+    if state is None:
+        raise APIError(404, "this server has no LLM loaded; start it with a model folder", param="model",
+                       code="model_not_found")
+    return state
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 

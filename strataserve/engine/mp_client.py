@@ -95,6 +95,21 @@ class MPCoreClient(CoreClient):
             raise EngineStartupError(f"{msg.error_type}: {msg.message}")
         return msg
 
+    # ------------------------------------------------------------------ health
+    def _poll_process(self) -> None:
+        """Notice a dead core even while nobody awaits outputs (an idle server's /health)."""
+        if self.dead_error is None and not self._closed and not self._proc.is_alive():
+            self._mark_dead(f"engine process exited unexpectedly (exit code {self._proc.exitcode})")
+
+    @property
+    def errored(self) -> bool:
+        self._poll_process()
+        return self.dead_error is not None
+
+    def check_health(self) -> None:
+        self._poll_process()
+        super().check_health()
+
     # ------------------------------------------------------------------ commands (never block)
     def _send(self, frames: list[bytes]) -> None:
         if self._closed:
