@@ -1,0 +1,34 @@
+"""strataserve: one inference-serving stack. ``from strataserve import LLM, SamplingParams`` as with vLLM.
+
+Exports are imported lazily so ``import strataserve`` stays light (no torch until an engine is built).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "AsyncLLM"]
+__version__ = "0.1.0"
+
+_WHERE = {
+    "LLM": "strataserve.engine.llm",
+    "SamplingParams": "strataserve.engine.sampling_params",
+    "RequestOutput": "strataserve.engine.outputs",
+    "CompletionOutput": "strataserve.engine.outputs",
+    "AsyncLLM": "strataserve.engine.async_llm",
+}
+
+if TYPE_CHECKING:
+    from strataserve.engine.async_llm import AsyncLLM
+    from strataserve.engine.llm import LLM
+    from strataserve.engine.outputs import CompletionOutput, RequestOutput
+    from strataserve.engine.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'strataserve' has no attribute {name!r}")

@@ -1,0 +1,89 @@
+"""Front-end validation: turns a user prompt + SamplingParams into token ids the engine core will accept.
+
+Shared by the offline ``LLMEngine`` and the async ``AsyncLLM`` so both reject the same inputs with the same
+messages. Limits come from the core (``max_model_len``, KV pool size). Policy, as vLLM: a prompt that leaves no
+room for one output token is rejected; ``max_tokens`` beyond what is left of ``max_model_len`` is clipped (the
+completion then ends with finish_reason "length").
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
+
+from strataserve.engine.sampling_params import SamplingParams
+
+PromptType = str | Sequence[int] | Mapping[str, Any]
+
+
+def as_tokenizer(tokenizer: Any) -> Any:
+    """Accept a strataserve ``Tokenizer`` or a bare HF tokenizer; return a strataserve ``Tokenizer``."""
+    from strataserve.models.tokenizer import Tokenizer
+
+    if tokenizer is None or isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return Tokenizer(tokenizer, () if eos is None else (int(eos),))
+
+
+def load_tokenizer(model_dir: str) -> Any:
+    from strataserve.models.tokenizer import Tokenizer
+
+    return Tokenizer.from_pretrained(model_dir)
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Any, max_model_len: int, max_pool_tokens: int) -> None:
+        self.tokenizer = tokenizer  # strataserve Tokenizer (or None: token-id prompts only)
+        self.max_model_len = max_model_len
+        self.max_pool_tokens = max_pool_tokens
+        eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
+        self.eos_token_id: int | None = eos[0] if eos else None
+        self._extra_eos = list(eos[1:])  # generation_config may list several; the rest act as stop tokens
+        self._vocab = tokenizer.vocab_size if tokenizer is not None else None
+
+    def process(self, prompt: PromptType, params: SamplingParams) -> tuple[str | None, list[int], SamplingParams]:
+        """Return (prompt text or None, prompt token ids, params to send). Raises ValueError on bad input."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, not {type(params).__name__}")
+        text, ids = self._tokenize(prompt)
+        n = len(ids)
+        if n == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if n >= self.max_model_len:
+            raise ValueError(f"the prompt has {n} tokens but this model's context (max_model_len) is "
+                             f"{self.max_model_len}: shorten the prompt to at most {self.max_model_len - 1} tokens")
+        if n > self.max_pool_tokens:
+            raise ValueError(f"the prompt has {n} tokens but the KV cache holds only {self.max_pool_tokens}: "
+                             "shorten the prompt or give the KV cache more memory")
+        if self._extra_eos and not params.ignore_eos:
+            extra = [t for t in self._extra_eos if t not in params.stop_token_ids]
+            if extra:
+                params = replace(params, stop_token_ids=list(params.stop_token_ids) + extra)
+        return text, ids, params
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: give prompt token ids instead of text")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._check_ids(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self._tokenize(str(prompt["prompt"]))
+            raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
+        if isinstance(prompt, Sequence):
+            return None, self._check_ids(prompt)
+        raise ValueError(f"a prompt must be a string, a list of token ids or a dict, not {type(prompt).__name__}")
+
+    def _check_ids(self, ids: Any) -> list[int]:
+        try:
+            out = [int(t) for t in ids]
+        except (TypeError, ValueError):
+            raise ValueError("prompt_token_ids must be a list of integers") from None
+        if any(isinstance(t, bool) for t in ids):
+            raise ValueError("prompt_token_ids must be a list of integers")
+        if out and (min(out) < 0 or (self._vocab is not None and max(out) >= self._vocab)):
+            bad = min(out) if min(out) < 0 else max(out)
+            raise ValueError(f"prompt token id {bad} is out of range: ids must be in [0, {self._vocab})")
+        return out
