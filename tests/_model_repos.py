@@ -6,6 +6,7 @@ an independent computation (numpy / torch directly). Everything is tiny and CPU-
     repo = tmp_path / "repo"
     ref = add_onnx_mlp(repo)                  # "onnx_mlp": INPUT0 FP32 [-1,4] -> OUTPUT0 FP32 [-1,3]
     add_torchscript(repo)                     # "torch_affine": INPUT__0 FP32 [-1,3] -> OUTPUT__0 = relu(x)*2+1
+    add_torch_export(repo)                    # "torch_export": x, y FP32 [-1,3] -> xy = x@y.T, xsum [-1,1]
     add_python_scale(repo)                    # "py_scale": IN FP32 [-1,3] -> OUT = IN*3-1, BATCH INT32 = rows seen
     add_python_decoupled(repo)                # "py_decoupled": COUNT INT32 [1] -> COUNT responses OUT = 0..COUNT-1
     add_python_seq(repo)                      # "py_seq": SLEEP_MS FP32 [1] -> SEQ INT64 [1] (execution order)
@@ -16,6 +17,7 @@ an independent computation (numpy / torch directly). Everything is tiny and CPU-
 from __future__ import annotations
 
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +102,9 @@ def add_torchscript(repo: Path, name: str = "torch_affine"):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.relu(x) * 2.0 + 1.0
 
-    module = torch.jit.script(Affine())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        module = torch.jit.script(Affine())
     (repo / name / "1").mkdir(parents=True, exist_ok=True)
     module.save(str(repo / name / "1" / "model.pt"))
     write_config(repo / name, f"""
@@ -110,6 +114,32 @@ def add_torchscript(repo: Path, name: str = "torch_affine"):
         input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] }} ]
         output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] }} ]
         dynamic_batching {{ }}
+    """)
+    return module
+
+
+def add_torch_export(repo: Path, name: str = "torch_export"):
+    """torch.export program `model.pt2`: (x, y) -> (x @ y.T, x.sum(-1, keepdim=True)); returns the nn.Module."""
+    import torch
+
+    class Two(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor):
+            return x @ y.T, x.sum(-1, keepdim=True)
+
+    module = Two()
+    rows_x, rows_y = torch.export.Dim("rows_x", min=2, max=64), torch.export.Dim("rows_y", min=2, max=64)
+    program = torch.export.export(module, (torch.ones(2, 3), torch.ones(3, 3)),
+                                  dynamic_shapes=({0: rows_x}, {0: rows_y}))
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(repo / name / "1" / "model.pt2"))
+    write_config(repo / name, f"""
+        name: "{name}"
+        backend: "pytorch"
+        max_batch_size: 0
+        input [ {{ name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] }},
+                {{ name: "y" data_type: TYPE_FP32 dims: [ -1, 3 ] }} ]
+        output [ {{ name: "xy" data_type: TYPE_FP32 dims: [ -1, -1 ] }},
+                 {{ name: "xsum" data_type: TYPE_FP32 dims: [ -1, 1 ] }} ]
     """)
     return module
 

@@ -6,6 +6,8 @@ from a tensor / tuple / list, or by name from a dict.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -27,7 +29,9 @@ class TorchBackend(ArrayBackend):
             self.module = torch.export.load(str(path)).module()
             self.module.to(self.device)
         else:
-            self.module = torch.jit.load(str(path), map_location=self.device)
+            with warnings.catch_warnings():  # TorchScript is deprecated upstream but is what Triton users have
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self.module = torch.jit.load(str(path), map_location=self.device)
             self.module.eval()
         self.input_names = [t.name for t in ctx.spec.inputs]
         self.output_names = [t.name for t in ctx.spec.outputs]

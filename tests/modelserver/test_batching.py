@@ -1,0 +1,189 @@
+"""Dynamic batcher: real batching, preferred sizes, queue policy (full, timeout REJECT/DELAY), priorities,
+parallel instances."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from _model_repos import (
+    add_onnx_mlp,
+    add_python_scale,
+    add_python_seq,
+    mlp_reference,
+    write_python_model,
+)
+from ms_helpers import expect_error, outputs, request, run, serving
+
+
+def test_concurrent_requests_are_batched_and_split_back(tmp_path):
+    weights = add_onnx_mlp(tmp_path, max_queue_delay_us=20_000)[1]
+    add_python_scale(tmp_path, max_queue_delay_us=20_000)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(32)]
+    hs = [rng.standard_normal((1 + i % 2, 3)).astype(np.float32) for i in range(32)]
+
+    async def main():
+        async with serving(tmp_path) as server:
+            onnx = await asyncio.gather(*(server.infer(request("onnx_mlp", INPUT0=x)) for x in xs))
+            py = await asyncio.gather(*(server.infer(request("py_scale", IN=h)) for h in hs))
+            return onnx, py, server.statistics("onnx_mlp")["model_stats"][0]
+
+    onnx, py, stats = run(main())
+    for x, resp in zip(xs, onnx):  # every request gets exactly its own rows back
+        np.testing.assert_allclose(outputs(resp)["OUTPUT0"], mlp_reference(x, weights), rtol=1e-5, atol=1e-5)
+    for h, resp in zip(hs, py):
+        np.testing.assert_allclose(outputs(resp)["OUT"], h * 3 - 1, rtol=1e-6)
+    assert stats["inference_count"] == sum(len(x) for x in xs)
+    assert stats["execution_count"] <= 16, stats  # 32 requests, batches of up to 8 rows
+    assert max(b["batch_size"] for b in stats["batch_stats"]) > 3
+    assert sum(b["compute_infer"]["count"] for b in stats["batch_stats"]) == stats["execution_count"]
+    # The Python model saw several requests per execute() call.
+    assert max(int(outputs(r)["BATCH"][0, 0]) for r in py) > 2
+
+
+def test_preferred_batch_size_cuts_batches(tmp_path):
+    add_onnx_mlp(tmp_path, config="""
+        platform: "onnxruntime_onnx"
+        max_batch_size: 8
+        dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 5000000 }
+    """)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            xs = [np.full((1, 4), i, np.float32) for i in range(8)]
+            await asyncio.gather(*(server.infer(request("onnx_mlp", INPUT0=x)) for x in xs))
+            return server.statistics("onnx_mlp")["model_stats"][0]
+
+    stats = run(main())
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [(4, 2)]
+
+
+async def _until_executing(server, name: str) -> None:
+    """Wait until the model's only instance has taken a request (it then sleeps in execute())."""
+    scheduler = server._version(name).scheduler
+    while not scheduler.running:
+        await asyncio.sleep(0.005)
+
+
+def _sleep(ms: float) -> np.ndarray:
+    return np.array([[ms]], np.float32)
+
+
+def _seq(resp) -> int:
+    return int(outputs(resp)["SEQ"][0, 0])
+
+
+def test_full_queue_rejects(tmp_path):
+    add_python_seq(tmp_path, max_queue_size=2)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(300))))
+            await _until_executing(server, "py_seq")
+            queued = [asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0)))) for _ in range(2)]
+            await asyncio.sleep(0)
+            await expect_error("unavailable", server.infer(request("py_seq", SLEEP_MS=_sleep(0))), "queue full",
+                               "max_queue_size 2")
+            return await asyncio.gather(blocker, *queued)
+
+    assert sorted(_seq(r) for r in run(main())) == [0, 1, 2]
+
+
+def test_timed_out_request_gets_its_error(tmp_path):
+    add_python_seq(tmp_path)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(300))))
+            await _until_executing(server, "py_seq")
+            late = request("py_seq", SLEEP_MS=_sleep(0))
+            late.timeout_us = 20_000
+            await expect_error("deadline_exceeded", server.infer(late), "model 'py_seq'", "timed out after 20000 us")
+            await blocker
+            after = await server.infer(request("py_seq", SLEEP_MS=_sleep(0)))
+            return _seq(after), server.statistics("py_seq")["model_stats"][0]
+
+    seq, stats = run(main())
+    assert seq == 1  # the timed-out request never executed
+    assert stats["inference_stats"]["fail"]["count"] == 1 and stats["execution_count"] == 2
+
+
+def test_delay_action_moves_timed_out_requests_back(tmp_path):
+    add_python_seq(tmp_path, default_timeout_us=10_000, timeout_action="DELAY")
+
+    async def main():
+        async with serving(tmp_path) as server:
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(300))))
+            await _until_executing(server, "py_seq")
+            first = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0))))
+            await asyncio.sleep(0.05)  # `first` exceeds its 10 ms queue timeout: delayed, not rejected
+            second = request("py_seq", SLEEP_MS=_sleep(0))
+            second.timeout_us = 10_000_000
+            results = await asyncio.gather(blocker, first, server.infer(second))
+            return [_seq(r) for r in results]
+
+    assert run(main()) == [0, 2, 1]
+
+
+def test_priorities_reorder_the_queue(tmp_path):
+    add_python_seq(tmp_path)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(200))))
+            await _until_executing(server, "py_seq")
+            low = [asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0)))) for _ in range(2)]
+            await asyncio.sleep(0)
+            high = request("py_seq", SLEEP_MS=_sleep(0))
+            high.priority = 1
+            bad = request("py_seq", SLEEP_MS=_sleep(0))
+            bad.priority = 3
+            await expect_error("invalid_argument", server.infer(bad), "priority 3 is outside 1..2")
+            results = await asyncio.gather(blocker, server.infer(high), *low)
+            return [_seq(r) for r in results]
+
+    assert run(main()) == [0, 1, 2, 3]
+
+
+PAIR = """
+    import time
+    from pathlib import Path
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.dir = Path(args["model_repository"])
+            self.me = args["model_instance_name"]
+
+        def execute(self, requests):
+            (self.dir / ("arrived_" + self.me)).touch()
+            # Wait (bounded) for another instance to be inside execute() at the same time.
+            met = 0
+            for _ in range(500):
+                if len(list(self.dir.glob("arrived_*"))) >= 2:
+                    met = 1
+                    break
+                time.sleep(0.01)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("MET", np.array([met], np.int32))])
+                    for _ in requests]
+"""
+
+
+def test_instances_run_in_parallel(tmp_path):
+    write_python_model(tmp_path, "pair", PAIR, """
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "MET" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        instance_group [ { count: 2 kind: KIND_CPU } ]
+    """)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            x = np.array([1], np.int32)
+            return await asyncio.gather(server.infer(request("pair", X=x)), server.infer(request("pair", X=x)))
+
+    assert [int(outputs(r)["MET"][0]) for r in run(main())] == [1, 1]
