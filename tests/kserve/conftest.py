@@ -1,4 +1,4 @@
-"""One strataserve KServe server subprocess (HTTP + gRPC) shared by every test in tests/kserve."""
+"""One `strata serve --model-repository` subprocess (KServe HTTP + gRPC) shared by every test in tests/kserve."""
 
 from __future__ import annotations
 
@@ -52,8 +52,10 @@ def kserve(tmp_path_factory) -> KServeServer:
     refs["batch_weights"] = add_onnx_mlp(repo, name="onnx_batch", max_batch_size=32, max_queue_delay_us=50_000, seed=20)
     http_port, grpc_port = _free_port(), _free_port()
     cmd = [
-        sys.executable, str(HERE / "_serve.py"), "--repo", str(repo), "--http-port", str(http_port),
-        "--grpc-port", str(grpc_port), "--control-mode", "explicit", "--load", "*",
+        sys.executable, "-m", "strataserve", "serve", "--model-repository", str(repo),
+        "--model-control-mode", "explicit", "--load-model", "*",
+        "--host", "127.0.0.1", "--port", str(http_port), "--grpc-port", str(grpc_port),
+        "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log",
     ]
     log = tmp / "server.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
