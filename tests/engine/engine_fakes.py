@@ -8,6 +8,8 @@ a block shared while being written, or a block table that lost a block.
 """
 from __future__ import annotations
 
+import time
+
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from strataserve.runner.base import ModelRunnerBase
@@ -37,7 +39,7 @@ def reference_output(prompt: list[int], max_tokens: int, stop_ids: tuple[int, ..
 
 class FakeRunner(ModelRunnerBase):
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, verify: bool = True,
-                 logprobs: bool = False) -> None:
+                 logprobs: bool = False, delay_s: float = 0.0, fail_at_step: int | None = None) -> None:
         self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
         self.verify = verify
         self.want_logprobs = logprobs
@@ -46,8 +48,16 @@ class FakeRunner(ModelRunnerBase):
         self.steps: list[SchedulerOutput] = []
         self.record = verify
         self.shut = False
+        self.delay_s = delay_s  # sleep per step, so async tests can act while a request is still running
+        self.fail_at_step = fail_at_step  # raise inside execute at this step (engine-death tests)
+        self.num_steps = 0
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self.num_steps += 1
+        if self.fail_at_step is not None and self.num_steps >= self.fail_at_step:
+            raise RuntimeError("fake runner exploded")
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if self.record:
             self.steps.append(so)
         state, bs, kv = self.state, self.block_size, self.kv

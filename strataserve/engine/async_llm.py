@@ -1,0 +1,203 @@
+"""Async streaming engine front end used by the HTTP server: ``async for out in llm.generate(...)``.
+
+One background task (the *pump*) awaits ``CoreClient.get_outputs``, turns token ids into ``RequestOutput`` deltas
+with the ``OutputProcessor`` and hands each to its request's collector; stop-string finishes are aborted in the
+core from there. ``generate`` validates first (ValueError saying what to change; nothing reaches the core), and a
+consumer that stops iterating -- ``break``, ``aclose()``, task cancellation on client disconnect -- aborts the
+request in the core, which frees its KV blocks at the next step boundary.
+
+Length policy (same as vLLM): a prompt must leave room for at least one output token (else ValueError);
+``max_tokens`` beyond what is left of ``max_model_len`` is clipped and the completion ends with "length".
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from strataserve.config import EngineConfig
+from strataserve.engine.core_client import CoreClient, EngineDeadError, InprocCoreClient
+from strataserve.engine.input_processor import InputProcessor, PromptType, as_tokenizer, load_tokenizer
+from strataserve.engine.output_processor import OutputProcessor, RequestOutputKind
+from strataserve.engine.outputs import CompletionOutput, RequestOutput
+from strataserve.engine.protocol import SchedulerStats
+from strataserve.engine.sampling_params import SamplingParams
+from strataserve.runner.base import ModelRunnerBase
+
+
+class _Collector:
+    """Latest undelivered output of one request; deltas that pile up while the consumer is slow are merged."""
+
+    __slots__ = ("out", "err", "event", "n")
+
+    def __init__(self, n: int) -> None:
+        self.out: RequestOutput | None = None
+        self.err: BaseException | None = None
+        self.event = asyncio.Event()
+        self.n = n
+
+    def put(self, out: RequestOutput) -> None:
+        if self.out is None:
+            self.out = out
+        else:
+            _merge(self.out, out)
+        self.event.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self.err = exc
+        self.event.set()
+
+    async def get(self) -> RequestOutput:
+        while self.out is None:
+            if self.err is not None:
+                raise self.err
+            self.event.clear()
+            await self.event.wait()
+        out, self.out = self.out, None
+        return out
+
+
+def _merge(into: RequestOutput, new: RequestOutput) -> None:
+    by_index = {c.index: c for c in into.outputs}
+    for c in new.outputs:
+        old = by_index.get(c.index)
+        if old is None:
+            into.outputs.append(c)
+            continue
+        old.text += c.text
+        old.token_ids = old.token_ids + c.token_ids
+        if c.logprobs is not None:
+            old.logprobs = (old.logprobs or []) + c.logprobs
+        old.cumulative_logprob = c.cumulative_logprob
+        old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
+    into.finished = new.finished
+    into.metrics = new.metrics
+    into.num_cached_tokens = new.num_cached_tokens
+
+
+class AsyncLLM:
+    def __init__(self, engine_config: EngineConfig, core_client: CoreClient | None = None, tokenizer: Any = None) -> None:
+        self.config = engine_config
+        if tokenizer is None:
+            tokenizer = load_tokenizer(engine_config.model.tokenizer or engine_config.model.model)
+        #: strataserve ``Tokenizer`` (``.hf`` is the transformers tokenizer)
+        self.tokenizer = as_tokenizer(tokenizer)
+        self.core = core_client if core_client is not None else InprocCoreClient(engine_config)
+        info = self.core.info
+        self.inputs = InputProcessor(self.tokenizer, info.max_model_len, info.max_pool_tokens)
+        self.outputs = OutputProcessor(self.tokenizer.hf if self.tokenizer is not None else None)
+        #: the core's latest SchedulerStats (None until the first step)
+        self.stats: SchedulerStats | None = None
+        self._collectors: dict[str, _Collector] = {}
+        self._pump: asyncio.Task | None = None
+        self._pump_error: BaseException | None = None
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, engine_config: EngineConfig, *, runner: ModelRunnerBase | None = None,
+                    tokenizer: Any = None) -> "AsyncLLM":
+        """An AsyncLLM whose engine core steps on a background thread of this process."""
+        from strataserve.engine.engine_core import EngineCore
+
+        if tokenizer is None:
+            tokenizer = load_tokenizer(engine_config.model.tokenizer or engine_config.model.model)
+        return cls(engine_config, InprocCoreClient(core=EngineCore(engine_config, runner)), tokenizer)
+
+    # ------------------------------------------------------------------ health
+    @property
+    def max_model_len(self) -> int:
+        return self.core.info.max_model_len
+
+    @property
+    def dead_error(self) -> BaseException | None:
+        return self.core.dead_error or self._pump_error
+
+    @property
+    def errored(self) -> bool:
+        return self.dead_error is not None
+
+    def check_health(self) -> None:
+        """Raise ``EngineDeadError`` if the engine core (or the output pump) has died."""
+        self.core.check_health()
+        if self._pump_error is not None:
+            raise EngineDeadError(f"engine output loop died: {self._pump_error!r}") from self._pump_error
+
+    # ------------------------------------------------------------------ requests
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream DELTA outputs of one request (each carries only new text/token ids); the last has finished=True."""
+        self.check_health()
+        if self._closed:
+            raise EngineDeadError("the engine has been shut down")
+        if request_id in self._collectors:
+            raise ValueError(f"request id {request_id!r} is already in use: use a unique id")
+        text, ids, params = self.inputs.process(prompt, sampling_params)
+        core_reqs = self.outputs.add_request(request_id, text, ids, params, eos_token_id=self.inputs.eos_token_id,
+                                             priority=priority, kind=RequestOutputKind.DELTA)
+        collector = self._collectors[request_id] = _Collector(params.n)
+        finished = False
+        try:
+            for r in core_reqs:
+                self.core.add_request(r)
+            self._ensure_pump()
+            while not finished:
+                out = await collector.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self._abort_now(request_id, notify=False)
+            self._collectors.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; its stream (if any) ends with finish_reason "abort". Unknown ids are ignored."""
+        self._abort_now(request_id, notify=True)
+
+    def _abort_now(self, request_id: str, notify: bool) -> None:
+        core_ids = self.outputs.abort_requests([request_id])
+        if core_ids:
+            self.core.abort_requests(core_ids)
+        collector = self._collectors.get(request_id)
+        if notify and collector is not None:
+            collector.put(RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[], finished=True,
+                                        outputs=[CompletionOutput(i, "", [], finish_reason="abort")
+                                                 for i in range(collector.n)]))
+
+    # ------------------------------------------------------------------ output pump
+    def _ensure_pump(self) -> None:
+        if self._pump is None or self._pump.done():
+            self._pump = asyncio.get_running_loop().create_task(self._run_pump(), name="strata-output-pump")
+
+    async def _run_pump(self) -> None:
+        core, outputs, collectors = self.core, self.outputs, self._collectors
+        try:
+            while True:
+                batch = await core.get_outputs()
+                if batch.stats is not None:
+                    self.stats = batch.stats
+                processed = outputs.process_outputs(batch)
+                for ro in processed.request_outputs:
+                    c = collectors.get(ro.request_id)
+                    if c is not None:
+                        c.put(ro)
+                if processed.reqs_to_abort:
+                    core.abort_requests(processed.reqs_to_abort)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every waiting stream must learn about it
+            if not isinstance(exc, EngineDeadError):
+                self._pump_error = exc
+            err = exc if isinstance(exc, EngineDeadError) else EngineDeadError(f"engine output loop died: {exc!r}")
+            for c in list(collectors.values()):
+                c.fail(err)
+
+    def shutdown(self) -> None:
+        """Stop the pump and the engine core; pending streams end with EngineDeadError. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pump is not None and not self._pump.done():
+            self._pump.cancel()
+        err = EngineDeadError("the engine has been shut down")
+        for c in list(self._collectors.values()):
+            c.fail(err)
+        self.core.shutdown()

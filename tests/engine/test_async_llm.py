@@ -1,0 +1,184 @@
+"""AsyncLLM over InprocCoreClient and the fake runner: streaming deltas, abort on cancel, bad input, engine death."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+import pytest
+from engine_fakes import FakeRunner, engine_config, reference_output
+from engine_tokenizer import build_tokenizer
+
+from strataserve.engine.async_llm import AsyncLLM
+from strataserve.engine.core_client import EngineDeadError
+from strataserve.engine.sampling_params import SamplingParams
+
+NUM_BLOCKS = 64
+
+
+def make(delay_s=0.0, fail_at_step=None, max_model_len=256) -> AsyncLLM:
+    runner = FakeRunner(num_blocks=NUM_BLOCKS, block_size=4, max_model_len=max_model_len, delay_s=delay_s,
+                        fail_at_step=fail_at_step)
+    return AsyncLLM.from_config(engine_config(), runner=runner, tokenizer=build_tokenizer())
+
+
+async def collect(llm, prompt, params, rid, **kw):
+    texts, toks, outs = {}, {}, []
+    async for out in llm.generate(prompt, params, rid, **kw):
+        outs.append(out)
+        for c in out.outputs:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            toks[c.index] = toks.get(c.index, []) + c.token_ids
+    return texts, toks, outs
+
+
+async def wait_idle(llm, timeout=5.0):
+    for _ in range(int(timeout / 0.01)):
+        s = llm.stats
+        if s is not None and s.num_free_blocks == NUM_BLOCKS and s.num_running == 0 and s.num_waiting == 0:
+            return s
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"engine did not go idle: {llm.stats}")
+
+
+def test_streams_deltas_concurrently_and_matches_reference():
+    async def main():
+        llm = make()
+        try:
+            tok = llm.tokenizer
+            sp = SamplingParams(max_tokens=12, ignore_eos=True)
+            results = await asyncio.gather(*[collect(llm, f"hello world {i}", sp, f"r{i}") for i in range(6)],
+                                           collect(llm, [5, 6, 7], SamplingParams(n=2, max_tokens=4, ignore_eos=True), "n2"))
+            for i, (texts, toks, outs) in enumerate(results[:6]):
+                ids = tok.encode(f"hello world {i}")
+                assert toks[0] == reference_output(ids, 12)
+                assert texts[0] == tok.decode(toks[0])
+                assert [o.finished for o in outs][-1] and not any(o.finished for o in outs[:-1])
+                assert outs[-1].outputs[0].finish_reason == "length"
+            texts, toks, outs = results[6]
+            assert toks == {0: reference_output([5, 6, 7], 4), 1: reference_output([5, 6, 7], 4)}
+            await wait_idle(llm)
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_consumer_aborts_the_request_and_frees_blocks():
+    async def main():
+        llm = make(delay_s=0.005)
+        try:
+            got = asyncio.Event()
+
+            async def consume():
+                async for _ in llm.generate([5, 6, 7, 8, 9], SamplingParams(max_tokens=200, ignore_eos=True), "c"):
+                    got.set()
+
+            task = asyncio.create_task(consume())
+            await got.wait()
+            assert llm.stats.num_free_blocks < NUM_BLOCKS
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await wait_idle(llm)
+            # aclose() (a consumer that stops iterating) aborts too.
+            gen = llm.generate([5, 6, 7], SamplingParams(max_tokens=200, ignore_eos=True), "d")
+            await gen.__anext__()
+            await gen.aclose()
+            await wait_idle(llm)
+            # The id is free again and the engine keeps serving.
+            _, toks, _ = await collect(llm, [5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True), "c")
+            assert toks[0] == reference_output([5, 6, 7], 3)
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
+def test_abort_from_another_task_ends_the_stream_with_abort():
+    async def main():
+        llm = make(delay_s=0.005)
+        try:
+            gen = llm.generate([5, 6, 7], SamplingParams(max_tokens=200, ignore_eos=True), "x")
+            first = await gen.__anext__()
+            assert not first.finished
+            await llm.abort("x")
+            rest = [o async for o in gen]
+            assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+            await wait_idle(llm)
+            await llm.abort("never-existed")
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
+def test_stop_string_finishes_stream_and_core_request():
+    async def main():
+        llm = make()
+        try:
+            sp = SamplingParams(max_tokens=60, ignore_eos=True)
+            full, _, _ = await collect(llm, [5, 6, 7], sp, "full")
+            stop = full[0][12:15]
+            texts, toks, outs = await collect(llm, [5, 6, 7], SamplingParams(max_tokens=60, ignore_eos=True, stop=[stop]), "s")
+            assert texts[0] == full[0][:full[0].index(stop)]
+            assert outs[-1].outputs[0].finish_reason == "stop" and outs[-1].outputs[0].stop_reason == stop
+            assert len(toks[0]) < 60
+            await wait_idle(llm)
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
+def test_bad_input_is_rejected_and_others_keep_running():
+    async def main():
+        llm = make(max_model_len=32)
+        try:
+            ok = asyncio.create_task(collect(llm, [5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True), "ok"))
+            for prompt, match in [([], "empty"), (list(range(3, 40)), "max_model_len"), ("", "empty"),
+                                  ([5, -1], "out of range"), (3.5, "must be a string")]:
+                with pytest.raises(ValueError, match=match):
+                    await collect(llm, prompt, SamplingParams(), "bad")
+            with pytest.raises(ValueError, match="SamplingParams"):
+                await collect(llm, [5], {"max_tokens": 3}, "bad")
+            _, toks, _ = await ok
+            assert toks[0] == reference_output([5, 6, 7], 8)
+            # max_tokens beyond the context is clipped to what is left.
+            _, toks, outs = await collect(llm, list(range(3, 23)), SamplingParams(max_tokens=100, ignore_eos=True), "clip")
+            assert len(toks[0]) == 12 and outs[-1].outputs[0].finish_reason == "length"
+            await wait_idle(llm)
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
+def test_engine_death_fails_streams_and_reports_unhealthy():
+    async def main():
+        llm = make(fail_at_step=3)
+        try:
+            with pytest.raises(EngineDeadError):
+                await collect(llm, [5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True), "boom")
+            assert llm.errored
+            with pytest.raises(EngineDeadError):
+                llm.check_health()
+            with pytest.raises(EngineDeadError):
+                await collect(llm, [5, 6, 7], SamplingParams(max_tokens=5), "after")
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
+def test_shutdown_leaves_no_threads():
+    before = {t.ident for t in threading.enumerate()}
+
+    async def main():
+        llm = make()
+        await collect(llm, [5, 6], SamplingParams(max_tokens=2, ignore_eos=True), "a")
+        llm.shutdown()
+        llm.shutdown()
+
+    asyncio.run(main())
+    assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
