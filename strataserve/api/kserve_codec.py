@@ -100,7 +100,8 @@ def tensor_from_raw(name: str, datatype: str, shape: Any, raw: bytes | memoryvie
             raise _bad(
                 f"input '{name}': got {len(raw)} bytes but shape {dims} of {datatype} needs {expected} bytes"
             )
-        flat = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
+        # a copy: the wire buffer is read-only, and model code (Python backend) may write to its inputs
+        flat = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=True)
     return InferTensor(name, datatype, dims, flat.reshape(dims), dict(parameters or {}))
 
 

@@ -160,3 +160,10 @@ def test_bytes_tensor_framing_errors():
         tensor_from_raw("s", "BYTES", [2], good[:-1])
     with pytest.raises(ModelServerError, match="inside a 4-byte length prefix"):
         tensor_from_raw("s", "BYTES", [3], good + b"\x01\x00")
+
+
+def test_decoded_binary_inputs_are_writable_copies():
+    raw = np.arange(4, dtype=np.float32).tobytes()
+    t = tensor_from_raw("x", "FP32", [2, 2], raw)
+    t.data[0, 0] = 9.0  # Python-backend models may modify their inputs in place
+    assert t.data.flags.writeable and np.frombuffer(raw, np.float32)[0] == 0.0
