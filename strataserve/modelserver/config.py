@@ -232,6 +232,10 @@ def build_spec(cfg: pb.ModelConfig, model_name: str, source: str | Path, backend
         raise ConfigError(source, "backend", "no backend or platform given and none can be told from the model files")
     if backend not in KNOWN_BACKENDS:
         raise ConfigError(source, "backend", f"unknown backend '{backend}'; known: {list(KNOWN_BACKENDS)}")
+    if backend != "ensemble":  # the completed config says what serves it, as Triton's auto-complete does
+        cfg.backend = backend
+        if not cfg.platform and backend in ("onnxruntime", "pytorch"):
+            cfg.platform = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}[backend]
     mbs = cfg.max_batch_size if cfg.HasField("max_batch_size") else 0
     if mbs < 0:
         raise ConfigError(source, "max_batch_size", f"{mbs} is negative; use 0 (no batching) or a positive size")

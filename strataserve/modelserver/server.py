@@ -109,6 +109,7 @@ class ModelServer:
 
     async def _load_locked(self, name: str, override: str | None, loading: set[str]) -> None:
         repo = self._repo()
+        repo.resolve(name)  # refuse bad names before they get an entry
         entry = self._entries.setdefault(name, _Entry(name))
         try:
             entry.fingerprint = repo.fingerprint(name)
@@ -118,7 +119,10 @@ class ModelServer:
                 loading = loading | {name}
                 for step in spec.ensemble_steps:  # load what the ensemble needs (explicit mode), once
                     if step.model_name not in loading and not self._entries.get(step.model_name, _Entry("")).versions:
-                        await self._load_locked(step.model_name, None, loading)
+                        try:
+                            await self._load_locked(step.model_name, None, loading)
+                        except ModelServerError:
+                            pass  # validate_ensemble names the step; the step model's entry keeps its reason
                 validate_ensemble(spec, self._lookup_spec)
             if not source.versions:
                 raise ModelServerError("invalid_argument", f"model '{name}' has no version folder (e.g. {name}/1/)")
