@@ -99,8 +99,14 @@ class KVCacheManager:
         Returns the request's whole block table, or None (changing nothing) when fewer than
         needed + ``reserve_blocks`` blocks are free.
         """
-        rid, bs, pool = request.request_id, self.block_size, self.pool
+        rid, bs = request.request_id, self.block_size
         blocks = self._blocks.get(rid)
+        if blocks is not None and not new_computed_blocks:  # hot path: a decode step inside its last block
+            done = request.num_computed_tokens
+            total = done + num_new_tokens
+            if total <= len(blocks) * bs and (total // bs == done // bs or not self.enable_caching):
+                return blocks
+        pool = self.pool
         if blocks is None:
             blocks = self._blocks[rid] = []
         n_hit = len(new_computed_blocks) if new_computed_blocks else 0
@@ -132,11 +138,13 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         rid = request.request_id
+        start = self._num_registered.get(rid, 0)
+        if request.num_computed_tokens < (start + 1) * self.block_size:
+            return  # hot path: no block completed since the last call
         blocks = self._blocks.get(rid)
         if not blocks:
             return
         n_full = min(request.num_computed_tokens // self.block_size, len(blocks))
-        start = self._num_registered.get(rid, 0)
         if n_full <= start:
             return
         hashes = self._hashes(request, n_full)

@@ -99,7 +99,6 @@ class Scheduler:
         kv.begin_step()
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk | None] = []
-        where: dict[str, int] = {}  # request id -> index in chunks (to undo if it becomes a victim)
         running = self.running
         preempted = False
 
@@ -114,7 +113,7 @@ class Scheduler:
                 victim = max(running, key=_victim_key)
                 vi = running.index(victim)
                 del running[vi]
-                budget += self._preempt(victim, chunks, where)
+                budget += self._preempt(victim, chunks)
                 preempted = True
                 if victim is req:
                     break
@@ -125,7 +124,6 @@ class Scheduler:
                 continue  # req itself was preempted; running[i] is now the next request
             start = req.num_computed_tokens
             end = start + n
-            where[req.request_id] = len(chunks)
             chunks.append(ScheduledChunk(req.request_id, req.all_token_ids[start:end], start, blocks[:],
                                          end == req.num_tokens))
             req.num_computed_tokens = end
@@ -189,15 +187,16 @@ class Scheduler:
             heapq.heappush(waiting, entry)
         return budget
 
-    def _preempt(self, victim: Request, chunks: list, where: dict[str, int]) -> int:
+    def _preempt(self, victim: Request, chunks: list) -> int:
         """Preempt ``victim`` (already removed from running) by recompute; return the budget it gave back."""
         returned = 0
-        idx = where.pop(victim.request_id, None)
-        if idx is not None:  # scheduled earlier in this step: undo that first
-            chunk = chunks[idx]
-            chunks[idx] = None
-            returned = len(chunk.token_ids)
-            victim.num_computed_tokens -= returned
+        rid = victim.request_id
+        for idx, chunk in enumerate(chunks):  # O(batch), but only on preemption
+            if chunk is not None and chunk.req_id == rid:  # scheduled earlier in this step: undo that first
+                chunks[idx] = None
+                returned = len(chunk.token_ids)
+                victim.num_computed_tokens -= returned
+                break
         self.kv.free(victim)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
