@@ -7,6 +7,7 @@ from pathlib import Path
 from strataserve.modelserver import model_config_pb2 as pb
 from strataserve.modelserver.config import DEFAULT_MAX_BATCH_SIZE, ConfigError
 
+TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"  # Triton's names for LLM text I/O
 _ONNX_TO_CONFIG = {
     1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
     7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64", 12: "TYPE_UINT32",
@@ -63,3 +64,14 @@ def autocomplete_onnx(cfg: pb.ModelConfig, path: Path, source) -> None:
                                   f"'{item.name}' but {path.name} has {t}")
             if not item.dims and not item.HasField("reshape"):
                 item.dims.extend(d[strip:])
+
+
+def complete_llm_config(cfg: pb.ModelConfig, hf_folder_only: bool) -> None:
+    """Give an LLM config Triton's text I/O when it declares none (and decoupled streaming for bare HF folders)."""
+    cfg.backend = "llm"
+    if not cfg.input:
+        cfg.input.add(name=TEXT_INPUT, data_type=pb.TYPE_STRING, dims=[1])
+    if not cfg.output:
+        cfg.output.add(name=TEXT_OUTPUT, data_type=pb.TYPE_STRING, dims=[1])
+    if hf_folder_only:
+        cfg.model_transaction_policy.decoupled = True

@@ -30,7 +30,7 @@ def validate_ensemble(spec: ModelSpec, lookup: Callable[[str, int], ModelSpec | 
             version = "" if step.model_version < 0 else f" version {step.model_version}"
             raise ConfigError(src, f"{where}.model_name", f"model '{step.model_name}'{version} is not loaded or not in "
                               "the repository")
-        if ms.decoupled:
+        if ms.decoupled and ms.backend != "llm":  # an LLM step answers with its whole text
             raise ConfigError(src, f"{where}.model_name", f"model '{step.model_name}' is decoupled; ensembles take "
                               "one response per step")
         for key in step.input_map:

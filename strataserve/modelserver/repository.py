@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strataserve.modelserver import model_config_pb2 as pb
-from strataserve.modelserver.autocomplete import autocomplete_onnx
+from strataserve.modelserver.autocomplete import autocomplete_onnx, complete_llm_config
 from strataserve.modelserver.config import (
     PLATFORM_TO_BACKEND,
     ConfigError,
@@ -107,8 +107,10 @@ class Repository:
         if source == model_dir and backend not in ("onnxruntime", "llm"):
             raise ConfigError(model_dir / CONFIG_FILE, CONFIG_FILE,
                               "is missing; only ONNX models and HF LLM folders can do without one")
-        if backend == "llm" and not version_dirs:
-            version_dirs = {1: model_dir}
+        if backend == "llm":
+            complete_llm_config(cfg, hf_folder_only=source == model_dir)
+            if not version_dirs:
+                version_dirs = {1: model_dir}
         if backend == "ensemble" and not version_dirs:
             version_dirs = {1: model_dir}
         versions = _apply_policy(cfg.version_policy, version_dirs, source)

@@ -19,6 +19,7 @@ import prometheus_client
 from strataserve.modelserver.config import ModelSpec
 from strataserve.modelserver.ensemble import EnsembleVersion, validate_ensemble
 from strataserve.modelserver.generate import generate_request, generate_response
+from strataserve.modelserver.llm import LLMVersion
 from strataserve.modelserver.model import ModelVersion
 from strataserve.modelserver.repository import Repository
 from strataserve.modelserver.stats import ModelStats, StatsCollector
@@ -34,7 +35,7 @@ EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedu
 class _Entry:
     name: str
     spec: ModelSpec | None = None
-    versions: dict[int, ModelVersion | EnsembleVersion] = field(default_factory=dict)  # ready ones
+    versions: dict[int, ModelVersion | EnsembleVersion | LLMVersion] = field(default_factory=dict)  # ready ones
     states: dict[str, tuple[str, str]] = field(default_factory=dict)  # version ("" = whole model) -> state, reason
     fingerprint: tuple | None = None
 
@@ -129,7 +130,7 @@ class ModelServer:
         except ModelServerError as e:
             entry.states[""] = ("UNAVAILABLE", e.message)
             raise
-        new: dict[int, ModelVersion | EnsembleVersion] = {}
+        new: dict[int, ModelVersion | EnsembleVersion | LLMVersion] = {}
         states: dict[str, tuple[str, str]] = {}
         errors = []
         for v in source.versions:
@@ -137,6 +138,8 @@ class ModelServer:
             try:
                 if spec.backend == "ensemble":
                     new[v] = EnsembleVersion(spec, v, stats, self.infer)
+                elif spec.backend == "llm":
+                    new[v] = await LLMVersion.load(source, v, stats)
                 else:
                     new[v] = await ModelVersion.load(source, v, stats, self)
                 states[str(v)] = ("READY", "")
@@ -224,7 +227,7 @@ class ModelServer:
                 await self._close_versions(self._entries.pop(name), "removed from the repository")
 
     # -- lookup ------------------------------------------------------------------------------------------------
-    def _version(self, name: str, version: str = "") -> ModelVersion | EnsembleVersion:
+    def _version(self, name: str, version: str = "") -> ModelVersion | EnsembleVersion | LLMVersion:
         entry = self._entries.get(name)
         if entry is None or not entry.versions:
             if entry is not None and entry.states:

@@ -1,4 +1,7 @@
-"""Backend registry: backend name → class, imported lazily so a missing optional library only fails its models."""
+"""Backend registry: backend name → class, imported lazily so a missing optional library only fails its models.
+
+Ensembles (ensemble.py) and LLMs (llm.py, the async LLM engine) are served by their own version classes.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ _REGISTRY: dict[str, str] = {
     "onnxruntime": "strataserve.modelserver.backends.onnx_rt:OnnxBackend",
     "pytorch": "strataserve.modelserver.backends.pytorch:TorchBackend",
     "python": "strataserve.modelserver.backends.python:PythonBackend",
-    "llm": "strataserve.modelserver.backends.llm:LLMBackend",
 }
 
 
