@@ -153,3 +153,40 @@ def startup_bench(cfg: DecoderConfig, mode: str, max_bs: int = 256, max_model_le
     _empty_cache()
     return {"mode": mode, "startup_s": round(total, 2), "build_s": round(t_build, 2), "graph_capture_s": round(t_cap, 2),
             "graphs": n_graphs, "max_bs": max_bs}
+
+
+@torch.inference_mode()
+def matmul_only_bench(cfg: DecoderConfig, batch: int, bw: float) -> dict:
+    """Only the step's weight matmuls (cuBLAS, same weights) replayed in one CUDA graph: the GEMV ceiling that
+    the full step is compared against (where the time goes)."""
+    model = build_random_model(cfg, DTYPE, torch.device(DEV), ops=make_ops("eager", cfg), seed=0, max_positions=64)
+    x = torch.randn(batch, cfg.hidden_size, dtype=DTYPE, device=DEV)
+    xo = torch.randn(batch, cfg.q_size, dtype=DTYPE, device=DEV)
+    xi = torch.randn(batch, cfg.intermediate_size, dtype=DTYPE, device=DEV)
+    F = torch.nn.functional
+
+    def step():
+        for layer in model.layers:
+            F.linear(x, layer.self_attn.qkv_weight)
+            F.linear(xo, layer.self_attn.o_weight)
+            F.linear(x, layer.mlp.gate_up_weight)
+            F.linear(xi, layer.mlp.down_weight)
+        F.linear(x, model.lm_head)
+    for _ in range(3):
+        step()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for _ in range(3):
+        g.replay()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(30):
+        g.replay()
+    _sync()
+    ms = (time.perf_counter() - t0) / 30 * 1e3
+    floor_ms = step_bytes(cfg, model, 0, 0) / bw * 1e3
+    del model, g
+    _empty_cache()
+    return {"batch": batch, "mode": "cublas-graph", "ms_per_step": round(ms, 3), "floor_ms": round(floor_ms, 3),
+            "roofline_fraction": round(floor_ms / ms, 3), "tok_per_s": round(batch / ms * 1e3, 1)}

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from strataserve.kernels._checks import check, check_float, check_last_dim_contiguous
+from strataserve.kernels._common import check, check_float, check_last_dim_contiguous
 
 _BLOCK = 1024
 

@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._checks import (check, check_float, check_index, check_ndim, check_same_device,
-                                         dot_precision, next_pow2)
+from strataserve.kernels._common import dot as _dot
+from strataserve.kernels._common import (check, check_float, check_index, check_ndim, check_same_device,
+                                         next_pow2)
 
 
 @triton.jit
@@ -34,7 +35,7 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
                          q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh,
                          scale, G, D, block_size,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         PREC: tl.constexpr):
+                         IEEE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -62,14 +63,14 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
         row = blk * c_sb + (offs_n % block_size) * c_ss + kvh * c_sh
         kvmask = nmask[:, None] & dmask[None, :]
         k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        qk = _dot(q, tl.trans(k), IEEE) * scale
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         p = tl.exp(qk - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
 
     nonempty = l_i > 0
@@ -146,7 +147,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         scale, G, D, block_size,
-        BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, PREC=dot_precision(q.dtype),
+        BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
         num_warps=4, num_stages=2)
     _paged_decode_reduce_kernel[(B, Hq)](
         partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),

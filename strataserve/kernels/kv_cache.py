@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._checks import check, check_index, check_ndim, check_same_device, next_pow2
+from strataserve.kernels._common import check, check_index, check_ndim, check_same_device, next_pow2
 
 
 @triton.jit

@@ -17,8 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._checks import (check, check_float, check_index, check_ndim, check_same_device,
-                                         dot_precision, next_pow2)
+from strataserve.kernels._common import dot as _dot
+from strataserve.kernels._common import (check, check_float, check_index, check_ndim, check_same_device,
+                                         next_pow2)
 from strataserve.kernels.decode_attention import gather_kv_ref
 
 
@@ -27,7 +28,7 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_
                               q_st, q_sh, o_st, o_sh, c_sb, c_ss, c_sh, bt_sb,
                               scale, G, D, block_size,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                              PREC: tl.constexpr):
+                              IEEE: tl.constexpr):
     mb = tl.program_id(0)
     seg = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2)
@@ -55,7 +56,7 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_
             row = blk * c_sb + (offs_n % block_size) * c_ss + kvh * c_sh
             kvmask = nmask[:, None] & dmask[None, :]
             k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            qk = _dot(q, tl.trans(k), IEEE) * scale
             ok = (offs_n[None, :] <= pos_m[:, None]) & nmask[None, :]
             qk = tl.where(ok, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -63,7 +64,7 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr + (q_start + offs_m)[:, None] * o_st + h * o_sh + offs_d[None, :],
@@ -105,7 +106,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         scale, Hq // Hkv, D, block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(D)), PREC=dot_precision(q.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(D)), IEEE=q.dtype == torch.float32,
         num_warps=4, num_stages=2)
     return out
 

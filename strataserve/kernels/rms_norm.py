@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._checks import check, check_float, check_last_dim_contiguous, check_same_device, next_pow2
+from strataserve.kernels._common import check, check_float, check_last_dim_contiguous, check_same_device, next_pow2
 
 
 @triton.jit

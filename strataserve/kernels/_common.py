@@ -1,7 +1,10 @@
-"""Argument checks shared by the kernel host wrappers: each failure is a ValueError that says what to change."""
+"""Shared by the kernels: argument checks for the host wrappers (each failure is a ValueError that says what to
+change), and small device helpers."""
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -38,6 +41,9 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """float32 tl.dot defaults to tf32 on GPUs; ask for full precision so fp32 matches the reference."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+@triton.jit
+def dot(a, b, IEEE: tl.constexpr):
+    """tl.dot; for float32 inputs (IEEE) in full precision, since tl.dot's float32 default is tf32 on GPUs."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)

@@ -1,0 +1,193 @@
+"""H200 benchmark run: ceilings, kernels vs PyTorch, 8B decode (batch 1 and 64), start-up, offline throughput.
+
+Every figure in every runner mode; each one JSON line appended to ``$OUT/h200.jsonl`` as soon as it is measured
+(``bench``, ``model``, ``batch``, ``mode``, ``tok_per_s``, ``roofline_fraction``, ``date``, ``torch``, ``triton``,
+``gpu`` plus details), each benchmark in its own try/except, a short table printed last. Fixed seeds, warm-ups.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python benchmarks/gpu_bench.py [--budget-s 420] [--only decode,kernel,...]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+import gpu_kernels_bench as kb  # noqa: E402
+import gpu_model_bench as mb  # noqa: E402
+
+OUT = Path(os.environ.get("OUT", "."))
+RESULTS = OUT / "h200.jsonl"
+ROWS: list[dict] = []
+BASE: dict = {}
+
+
+def emit(bench: str, **fields) -> dict:
+    row = {"bench": bench, "model": None, "batch": None, "mode": None, "tok_per_s": None,
+           "roofline_fraction": None, **fields, **BASE}
+    ROWS.append(row)
+    with RESULTS.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def guarded(name: str, fn, *args, **kw):
+    try:
+        return fn(*args, **kw)
+    except Exception as exc:  # one failure must not lose the other figures
+        traceback.print_exc()
+        emit("error", what=name, error=repr(exc)[:400])
+        torch.cuda.empty_cache()
+        return None
+
+
+def bench_ceilings() -> float:
+    bw = kb.copy_bandwidth()
+    tf = kb.gemm_tflops()
+    emit("anchor", copy_TBps=round(bw / 1e12, 3), bf16_gemm_TFLOPs=round(tf, 1))
+    return bw
+
+
+def bench_kernels(bw: float) -> None:
+    for row in kb.run_kernel_benches(bw):
+        emit("kernel", **row)
+
+
+def bench_decode(bw: float, batch: int, modes) -> None:
+    cfg = mb.llama31_8b()
+    for mode in modes:
+        r = guarded(f"decode b{batch} {mode}", mb.decode_bench, cfg, mode, batch, bw)
+        if r:
+            emit("decode", model="llama-3.1-8b-shape", prompt=512, new_tokens=128, **r)
+
+
+def bench_startup(modes) -> None:
+    cfg = mb.llama31_8b()
+    for mode in modes:
+        r = guarded(f"startup {mode}", mb.startup_bench, cfg, mode)
+        if r:
+            emit("startup", model="llama-3.1-8b-shape", **r)
+
+
+def write_random_qwen3(path: Path) -> Path:
+    """A random Qwen3-0.6B-shaped bf16 checkpoint + a word-level tokenizer, written on the GPU machine."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config
+
+    cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                      tie_word_embeddings=True, rope_theta=1000000.0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    m.save_pretrained(path)
+    del m
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, cfg.vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(path)
+    return path
+
+
+_CKPT: dict = {}  # the random Qwen3-0.6B checkpoint, written once per run
+
+
+def bench_throughput(modes, n: int = 256) -> None:
+    """nano-vllm's workload: 256 sequences, input and output lengths uniform in [100, 1024], greedy, ignore_eos,
+    through the real engine (scheduler, runner, sampler). Start-up (weights + KV + graphs) is timed too."""
+    from gpu_engine import generate, make_engine
+
+    if "qwen3" not in _CKPT:
+        _CKPT["tmp"] = tempfile.TemporaryDirectory()
+        _CKPT["qwen3"] = write_random_qwen3(Path(_CKPT["tmp"].name) / "qwen3-0.6b")
+    path = _CKPT["qwen3"]
+    rng = random.Random(0)
+    prompts = [[rng.randint(3, 151000) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
+    outs = [rng.randint(100, 1024) for _ in range(n)]
+    for mode in modes:
+        def one(mode=mode):
+            eng, t_ready = make_engine(str(path), mode, "bfloat16", max_num_seqs=256, max_num_batched_tokens=16384,
+                                       max_model_len=2048)
+            generate(eng, prompts[:8], [16] * 8)  # warm-up
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            res = generate(eng, prompts, outs)
+            dt = time.perf_counter() - t0
+            n_out = sum(len(r) for r in res)
+            eng.shutdown()
+            del eng
+            torch.cuda.empty_cache()
+            if n_out != sum(outs):
+                raise RuntimeError(f"engine produced {n_out} tokens, expected {sum(outs)}")
+            return {"tok_per_s": round(n_out / dt, 1), "output_tokens": n_out, "time_s": round(dt, 2),
+                    "startup_s": round(t_ready, 2)}
+        r = guarded(f"throughput {mode}", one)
+        if r:
+            emit("throughput", model="qwen3-0.6b-shape", batch=n, mode=mode, **r)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--budget-s", type=float, default=420.0, help="start nothing new after this many seconds")
+    p.add_argument("--only", default="", help="comma-separated item names to run (default: all, in plan order)")
+    args = p.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    BASE.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                torch=torch.__version__, triton=triton.__version__, gpu=torch.cuda.get_device_name(0))
+    t_start = time.perf_counter()
+    bw = guarded("ceilings", bench_ceilings) or 4.28e12
+    cfg = mb.llama31_8b()
+    # most important first: the CUDA default (hybrid) for every headline figure, then the other modes
+    plan = [("decode1-hybrid", lambda: bench_decode(bw, 1, ["hybrid"])),
+            ("decode64-hybrid", lambda: bench_decode(bw, 64, ["hybrid"])),
+            ("throughput-hybrid", lambda: bench_throughput(["hybrid"])),
+            ("startup-hybrid", lambda: bench_startup(["hybrid"])),
+            ("kernel", lambda: bench_kernels(bw)),
+            ("matmul-only1", lambda: _matmul_only(cfg, 1, bw)),
+            ("matmul-only64", lambda: _matmul_only(cfg, 64, bw)),
+            ("decode1-others", lambda: bench_decode(bw, 1, ["eager", "triton", "graph"])),
+            ("decode64-others", lambda: bench_decode(bw, 64, ["eager", "triton", "graph"])),
+            ("startup-graph", lambda: bench_startup(["graph"])),
+            ("throughput-triton", lambda: bench_throughput(["triton"])),
+            ("throughput-graph", lambda: bench_throughput(["graph"])),
+            ("throughput-eager", lambda: bench_throughput(["eager"]))]
+    only = set(filter(None, args.only.split(",")))
+    for name, fn in plan:
+        if only and name not in only:
+            continue
+        if time.perf_counter() - t_start > args.budget_s:
+            emit("skipped", what=name, reason=f"time budget {args.budget_s}s spent")
+            continue
+        t0 = time.perf_counter()
+        guarded(name, fn)
+        print(f"--- {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    print("\n=== summary ===")
+    for r in ROWS:
+        keys = ("bench", "model", "batch", "mode", "tok_per_s", "roofline_fraction", "ms_per_step", "startup_s",
+                "graph_capture_s", "kernel", "triton_frac_copy_bw", "torch_frac_copy_bw", "triton_TFLOPs",
+                "torch_TFLOPs", "what", "error", "copy_TBps", "bf16_gemm_TFLOPs")
+        print(" ".join(f"{k}={r[k]}" for k in keys if r.get(k) is not None))
+
+
+def _matmul_only(cfg, batch: int, bw: float) -> None:
+    r = mb.matmul_only_bench(cfg, batch, bw)
+    emit("decode_matmul_only", model="llama-3.1-8b-shape", **r)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Drive the real engine (scheduler + runner + sampler) offline for the GPU scripts: greedy token ids per prompt.
+
+Uses ``LLMEngine`` with an ``EngineConfig`` directly, so the GPU scripts depend only on the engine's core API.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
+from strataserve.engine.llm_engine import LLMEngine
+from strataserve.engine.sampling_params import SamplingParams
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def make_engine(path: str, mode: str, dtype: str, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                max_model_len: int | None = None, num_blocks: int | None = None,
+                gpu_memory_utilization: float = 0.85, device: str = "cuda") -> tuple[LLMEngine, float]:
+    """The engine and its start-up seconds (weights, KV pool, graph capture: to ready)."""
+    cfg = EngineConfig(
+        model=ModelConfig(model=path, dtype=dtype, device=device, max_model_len=max_model_len),
+        cache=CacheConfig(num_blocks=num_blocks, gpu_memory_utilization=gpu_memory_utilization),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        runner=RunnerConfig(mode=mode, cuda_graph_max_bs=max_num_seqs))
+    _sync(device)
+    t0 = time.perf_counter()
+    eng = LLMEngine(cfg)
+    _sync(device)
+    return eng, time.perf_counter() - t0
+
+
+def generate(eng: LLMEngine, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+    """Greedy, ignore_eos; all requests submitted at once; returns output token ids in prompt order."""
+    for i, (p, n) in enumerate(zip(prompts, max_tokens)):
+        eng.add_request(str(i), list(p), SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    done: dict[str, list[int]] = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+    return [done[str(i)] for i in range(len(prompts))]
