@@ -5,7 +5,8 @@ set -u
 export PYTHONPATH=.:tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 STRATA_TEST_DEVICE=cuda
 OUTDIR=${OUT:-.}
 rc=0
-python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tee "$OUTDIR/gpu_kernel_tests.log" | tail -25
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")  # Triton compiles are CPU-bound: spread them
+python3 -m pytest -q -p no:cacheprovider $XDIST tests/kernels 2>&1 | tee "$OUTDIR/gpu_kernel_tests.log" | tail -25
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 python3 benchmarks/gpu_e2e_check.py 2>&1 | tee "$OUTDIR/gpu_e2e.log" | tail -40
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
