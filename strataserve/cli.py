@@ -182,7 +182,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     c = config
     llm = LLM(model=model, dtype=c.model.dtype, device=c.model.device, max_model_len=c.model.max_model_len,
               seed=c.model.seed, block_size=c.cache.block_size, kv_cache_memory_gib=c.cache.kv_cache_memory_gib,
-              max_num_seqs=c.scheduler.max_num_seqs, max_num_batched_tokens=c.scheduler.max_num_batched_tokens)
+              gpu_memory_utilization=c.cache.gpu_memory_utilization, num_blocks=c.cache.num_blocks,
+              enable_prefix_caching=c.cache.enable_prefix_caching, max_num_seqs=c.scheduler.max_num_seqs,
+              max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode)
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
     else:

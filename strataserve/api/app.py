@@ -33,10 +33,11 @@ def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key
     @app.get("/health")
     async def health(request: Request) -> Response:
         llm: ServerState | None = request.app.state.strata
-        if llm is not None and getattr(llm.engine, "errored", False):
-            err = getattr(llm.engine, "dead_error", None)
-            return APIError(503, f"engine is not running: {err}", code="engine_dead",
-                            type="service_unavailable").response()
+        if llm is not None:
+            try:
+                llm.check_alive()
+            except APIError as exc:
+                return exc.response()
         ms = request.app.state.model_server
         if ms is not None and not ms.live():
             return APIError(503, "model server is not live", type="service_unavailable").response()

@@ -11,8 +11,8 @@ from starlette.responses import Response, StreamingResponse
 from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import DONE, TokenNamer, chat_logprobs, json_bytes, sse, usage
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
-from strataserve.api.serving import (ServerState, llm_state, engine_abort_error, engine_stream, make_params, new_id,
-                                     resolve_max_tokens, until_disconnect)
+from strataserve.api.serving import (ServerState, engine_abort_error, engine_stream, llm_state, make_params,
+                                     new_id, resolve_max_tokens, until_disconnect)
 from strataserve.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 router = APIRouter()

@@ -11,8 +11,8 @@ from starlette.responses import Response, StreamingResponse
 from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import DONE, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
 from strataserve.api.protocol import CompletionRequest
-from strataserve.api.serving import (ServerState, llm_state, check_token_ids, engine_abort_error, engine_stream, make_params,
-                                     merge_streams, new_id, resolve_max_tokens, until_disconnect)
+from strataserve.api.serving import (ServerState, check_token_ids, engine_abort_error, engine_stream, llm_state,
+                                     make_params, merge_streams, new_id, resolve_max_tokens, until_disconnect)
 from strataserve.engine.sampling_params import SamplingParams
 
 router = APIRouter()

@@ -72,7 +72,10 @@ class CompletionLogprobs:
             text = self.namer(tid, chosen)
             self.tokens.append(text)
             self.token_logprobs.append(chosen.logprob if chosen is not None else None)
-            top = {self.namer(t, lp): lp.logprob for t, lp in _ranked(step, self.top_n)}
+            top: dict[str, float] = {}
+            for t, lp in _ranked(step, self.top_n):
+                # Distinct ids can share a text (e.g. partial UTF-8 bytes): the more likely one keeps the key.
+                top.setdefault(self.namer(t, lp), lp.logprob)
             if chosen is not None:
                 top.setdefault(text, chosen.logprob)
             self.top_logprobs.append(top)

@@ -105,6 +105,15 @@ def make_kserve_router(model_server: Any) -> APIRouter:
     ms = model_server
     router = APIRouter()
 
+    # ------------------------------------------------------------------------------------------ infer
+    # Registered first: routes match in order, and infer is the hot path (each route tried costs a regex).
+    for prefix in ("/v2/models/{model_name}/infer", "/v2/models/{model_name}/versions/{model_version}/infer"):
+
+        @router.post(prefix)
+        async def infer(request: Request) -> Response:
+            m, v = _mv(request)
+            return await _guard(lambda: _infer(ms, request, m, v))
+
     # ------------------------------------------------------------------------------------------ health
     @router.get("/v2/health/live")
     async def health_live() -> Response:
@@ -155,11 +164,6 @@ def make_kserve_router(model_server: Any) -> APIRouter:
         async def stats(request: Request) -> Response:
             m, v = _mv(request)
             return await _guard(lambda: _json(ms.statistics(m, v)))
-
-        @router.post(prefix + "/infer")
-        async def infer(request: Request) -> Response:
-            m, v = _mv(request)
-            return await _guard(lambda: _infer(ms, request, m, v))
 
         @router.post(prefix + "/generate")
         async def generate(request: Request) -> Response:

@@ -162,10 +162,10 @@ def _banner(console: Console, options: ServeOptions, state: ServerState | None, 
     url = f"http://{host}:{options.port}"
     if state is not None:
         console.print(f"[bold green]Ready[/]: serving [bold]{state.model_name}[/] at {url}/v1 "
-                      f"(metrics {url}/metrics)")
+                      f"(metrics {url}/metrics)", soft_wrap=True)
     if options.model_repository:
         grpc = f", gRPC {host}:{grpc_port}" if grpc_port else ""
-        console.print(f"[bold green]Ready[/]: KServe v2 at {url}/v2{grpc}")
+        console.print(f"[bold green]Ready[/]: KServe v2 at {url}/v2{grpc}", soft_wrap=True)
 
 
 def _run_loop(coro: Any) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -41,8 +40,10 @@ class ServerState:
                            param="model", code="model_not_found")
 
     def check_alive(self) -> None:
-        if getattr(self.engine, "errored", False):
-            raise engine_dead(getattr(self.engine, "dead_error", None))
+        try:
+            self.engine.check_health()
+        except EngineDeadError as exc:
+            raise engine_dead(exc) from None
 
     def check_capacity(self, num_seqs: int) -> None:
         """Refuse (503) when the engine's waiting queue would pass its limit; an idle server takes anything."""
@@ -120,13 +121,6 @@ def engine_abort_error(stop_reason: Any) -> APIError:
     return APIError(503, "the engine aborted the request", type="service_unavailable")
 
 
-def _abort(engine: Any, request_id: str) -> None:
-    result = engine.abort(request_id)
-    if inspect.isawaitable(result):
-        # Scheduled outside the (possibly cancelled) caller so the abort itself cannot be cancelled.
-        asyncio.ensure_future(result)
-
-
 async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams,
                         priority: int = 0) -> AsyncIterator[RequestOutput]:
     """Delta outputs of one engine request. Records metrics; aborts the request if not iterated to the end."""
@@ -134,8 +128,9 @@ async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[in
     metrics = state.metrics
     finished = False
     last: RequestOutput | None = None
+    agen = state.engine.generate(prompt_ids, params, request_id, priority=priority)
     try:
-        async for out in state.engine.generate(prompt_ids, params, request_id, priority=priority):
+        async for out in agen:
             n = 0
             for c in out.outputs:
                 n += len(c.token_ids)
@@ -148,10 +143,15 @@ async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[in
             yield out
     except EngineDeadError as exc:
         raise engine_dead(exc) from None
+    except ValueError as exc:  # the engine's own input checks (e.g. the prompt exceeds the KV pool)
+        raise from_value_error(exc) from None
     finally:
         if not finished:
-            _abort(state.engine, request_id)
             metrics.success("abort")
+        # Closing the engine's generator aborts the request in the core (frees its blocks next step). It is
+        # suspended at a yield (or already done), so this completes without waiting, even under cancellation.
+        with contextlib.suppress(RuntimeError):
+            await agen.aclose()
         timer.finish(last.metrics if last is not None else None)
 
 

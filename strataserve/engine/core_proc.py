@@ -52,24 +52,18 @@ class StartupError(msgspec.Struct, kw_only=True, tag=True):
 
 
 def _kv_bytes_per_block(core: Any, block_size: int) -> int:
-    """Best-effort size of one KV block, from the runner's cache tensors or the model's config."""
-    runner = getattr(core, "runner", None) or getattr(core, "model_runner", None)
-    per_block = getattr(runner, "kv_bytes_per_block", None)
-    if isinstance(per_block, int):
-        return per_block
-    caches = getattr(runner, "kv_caches", None)
-    num_blocks = getattr(runner, "num_blocks", 0)
-    if caches and num_blocks:
-        try:
-            total = sum(t.numel() * t.element_size() for t in caches)
-            return total // num_blocks
-        except (AttributeError, TypeError):
-            pass
-    return 0
+    """Size of one KV block from the runner's model config (0 when the runner does not say, e.g. a fake)."""
+    runner = getattr(core, "runner", None)
+    cfg = getattr(runner, "model_config", None)
+    if cfg is None:
+        return 0
+    from strataserve.runner.attention import kv_cache_bytes_per_block
+
+    return kv_cache_bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, runner.dtype)
 
 
 def _ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
-    runner = getattr(core, "runner", None) or getattr(core, "model_runner", None)
+    runner = getattr(core, "runner", None)
     block_size = int(getattr(runner, "block_size", config.cache.block_size))
     num_blocks = int(getattr(core, "num_blocks", getattr(runner, "num_blocks", 0)))
     max_model_len = int(getattr(core, "max_model_len", getattr(runner, "max_model_len", 0)))
@@ -115,7 +109,8 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
         message = str(exc) or exc.__class__.__name__
         handshake.send_bytes(msgspec.msgpack.encode(StartupError(error_type=type(exc).__name__, message=message)))
         handshake.close()
-        print(tb, file=sys.stderr)
+        if not isinstance(exc, ValueError):  # a ValueError already says what to change; anything else: show where
+            print(tb, file=sys.stderr)
         return
 
     ctx = zmq.Context(io_threads=1)

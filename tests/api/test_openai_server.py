@@ -1,0 +1,181 @@
+"""The OpenAI routes of a real server subprocess, driven by the official ``openai`` client (sync and async)."""
+from __future__ import annotations
+
+import asyncio
+import math
+
+import httpx
+import openai
+import pytest
+from conftest import MODEL
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0, timeout=60)
+
+
+def _stream_text(stream) -> tuple[dict[int, str], dict[int, str], object]:
+    texts: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            piece = ch.text if hasattr(ch, "text") else (ch.delta.content or "")
+            texts[ch.index] = texts.get(ch.index, "") + piece
+            if ch.finish_reason:
+                reasons[ch.index] = ch.finish_reason
+    return texts, reasons, usage
+
+
+def test_models_lists_the_served_model(client):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [MODEL]
+
+
+def test_completion_greedy_stream_equals_non_stream(client, server):
+    full = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=24, temperature=0.0,
+                                     extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 24
+    prompt_ids = httpx.post(f"{server.url}/tokenize", json={"prompt": "The quick brown fox"},
+                            headers=server.headers).json()["tokens"]
+    assert full.usage.prompt_tokens == len(prompt_ids)
+    assert full.usage.total_tokens == full.usage.prompt_tokens + 24
+    stream = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=24, temperature=0.0,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    texts, reasons, usage = _stream_text(stream)
+    assert texts[0] == full.choices[0].text
+    assert reasons[0] == "length"
+    assert usage.completion_tokens == 24 and usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_chat_greedy_stream_equals_non_stream(client):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    full = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=20,
+                                          temperature=0.0)
+    assert full.choices[0].message.role == "assistant"
+    assert 1 <= full.usage.completion_tokens <= 20
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0.0,
+                                            stream=True, stream_options={"include_usage": True})
+    texts, reasons, usage = _stream_text(stream)
+    assert texts[0] == full.choices[0].message.content
+    assert reasons[0] == full.choices[0].finish_reason
+    assert usage.completion_tokens == full.usage.completion_tokens
+    assert usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_n2_returns_two_choices_stream_and_not(client):
+    out = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=12, n=2, temperature=1.0, seed=7,
+                                    extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in out.choices) == [0, 1]
+    assert out.usage.completion_tokens == 24
+    assert out.choices[0].text != out.choices[1].text  # independent samples (seeded differently per choice)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2,
+                                          max_tokens=6, temperature=1.0, stream=True)
+    texts, reasons, _ = _stream_text(chat)
+    assert set(texts) == {0, 1} and set(reasons) == {0, 1}
+
+
+def test_stop_string_cuts_text_before_it(client):
+    base = client.completions.create(model=MODEL, prompt="abc def", max_tokens=40, temperature=0.0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = next(base[i:i + 2] for i in range(4, len(base) - 2) if base[i:i + 2].strip())
+    cut = base[:base.index(stop)]
+    out = client.completions.create(model=MODEL, prompt="abc def", max_tokens=40, temperature=0.0, stop=[stop],
+                                     extra_body={"ignore_eos": True})
+    assert out.choices[0].text == cut
+    assert out.choices[0].finish_reason == "stop"
+    single = client.completions.create(model=MODEL, prompt="abc def", max_tokens=40, temperature=0.0, stop=stop,
+                                       extra_body={"ignore_eos": True})
+    assert single.choices[0].text == cut
+
+
+def test_completion_logprobs(client):
+    out = client.completions.create(model=MODEL, prompt="logprobs please", max_tokens=6, temperature=0.0,
+                                    logprobs=3, extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert "".join(lp.tokens) == out.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and 1 <= len(top) <= 4
+        # Greedy: the chosen token is the most likely one.
+        assert math.isclose(chosen, max(top.values()), abs_tol=1e-5)
+
+
+def test_chat_logprobs_top(client):
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=5,
+                                         temperature=0.0, logprobs=True, top_logprobs=2)
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    for item in content:
+        assert len(item.top_logprobs) == 2
+        assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+        assert math.isclose(item.logprob, item.top_logprobs[0].logprob, abs_tol=1e-5)
+        assert item.bytes == list(item.token.encode())
+
+
+def test_seed_reproducible(client):
+    kw = dict(model=MODEL, prompt="seeded", max_tokens=16, temperature=1.0, top_p=0.9,
+              extra_body={"ignore_eos": True, "top_k": 50})
+    a = client.completions.create(seed=1234, **kw).choices[0].text
+    b = client.completions.create(seed=1234, **kw).choices[0].text
+    others = {client.completions.create(seed=s, **kw).choices[0].text for s in (1, 2, 3)}
+    assert a == b
+    assert len(others | {a}) > 1
+
+
+def test_token_id_prompts_and_echo(client, server):
+    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": "echo me"}, headers=server.headers).json()["tokens"]
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=5, temperature=0.0,
+                                       extra_body={"ignore_eos": True})
+    by_text = client.completions.create(model=MODEL, prompt="echo me", max_tokens=5, temperature=0.0,
+                                        extra_body={"ignore_eos": True})
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    batch = client.completions.create(model=MODEL, prompt=[ids, ids[:2]], max_tokens=3, temperature=0.0,
+                                      extra_body={"ignore_eos": True})
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text == by_text.choices[0].text[:len(batch.choices[0].text)]
+    echo = client.completions.create(model=MODEL, prompt="echo me", max_tokens=5, temperature=0.0, echo=True,
+                                     extra_body={"ignore_eos": True})
+    assert echo.choices[0].text == "echo me" + by_text.choices[0].text
+    detok = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, headers=server.headers).json()
+    assert detok["prompt"].endswith("echo me")
+
+
+def test_async_client_concurrent_streams(server):
+    async def run() -> list[str]:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
+
+        async def one(i: int) -> str:
+            stream = await aclient.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=10, temperature=0.0,
+                stream=True)
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+        async def plain(i: int) -> str:
+            r = await aclient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"q{i}"}],
+                                                      max_tokens=10, temperature=0.0)
+            return r.choices[0].message.content
+
+        try:
+            streamed = await asyncio.gather(*(one(i) for i in range(4)))
+            plain_texts = await asyncio.gather(*(plain(i) for i in range(4)))
+            assert streamed == plain_texts
+            return streamed
+        finally:
+            await aclient.close()
+
+    texts = asyncio.run(run())
+    assert len(texts) == 4
+
+
+def test_openapi_schema_lists_routes(server):
+    paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    for p in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
+              "/metrics"):
+        assert p in paths
