@@ -1,0 +1,244 @@
+"""``strata bench serve``: load-test any OpenAI-compatible server (strataserve, vLLM, ...) over streaming HTTP.
+
+Flags follow ``vllm bench serve``. Requests arrive as a Poisson process (``--request-rate``; gamma-distributed gaps
+with ``--burstiness`` != 1) or all at once (``inf``), capped by ``--max-concurrency`` in flight. One probe request
+checks the server first; ``--num-warmups`` more run before the measured ones and are not counted.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from strataserve.bench import datasets as ds
+from strataserve.bench.client import RequestResult, build_payload, is_chat, send_request
+from strataserve.bench.metrics import compute_metrics, parse_goodput
+from strataserve.bench.report import print_report, save
+from strataserve.bench.tokenizer import load_tokenizer
+
+_AUTO = "<auto>"
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """Register every ``strata bench serve`` flag on ``parser``."""
+    g = parser.add_argument_group("server")
+    g.add_argument("--base-url", default=None, help="server URL, e.g. http://host:8000 (overrides --host/--port)")
+    g.add_argument("--host", default="127.0.0.1", help="server host")
+    g.add_argument("--port", type=int, default=8000, help="server port")
+    g.add_argument("--endpoint", default="/v1/completions", help="/v1/completions or /v1/chat/completions")
+    g.add_argument("--model", default=None, help="model name to request (default: the server's first /v1/models entry)")
+    g.add_argument("--tokenizer", default=None, help="HF tokenizer folder for text prompts and exact lengths (default: --model if it is a folder)")
+    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="Bearer token (default: $OPENAI_API_KEY)")
+    g.add_argument("--request-timeout", type=float, default=6 * 3600.0, help="seconds before one request is abandoned")
+
+    g = parser.add_argument_group("load")
+    g.add_argument("--num-prompts", type=int, default=1000, help="measured requests")
+    g.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: unlimited)")
+    g.add_argument("--request-rate", type=float, default=float("inf"), help="mean arrivals per second (inf = all at once)")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps: 1 = Poisson, <1 burstier, >1 steadier")
+    g.add_argument("--seed", type=int, default=0, help="seed for datasets and arrival times")
+    g.add_argument("--num-warmups", type=int, default=0, help="unmeasured requests sent before the run")
+    g.add_argument("--ignore-eos", action="store_true", help="ask the server to generate exactly max_tokens (vLLM extension)")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature sent with each request")
+    g.add_argument("--top-p", type=float, default=None, help="top_p sent with each request")
+    g.add_argument("--top-k", type=int, default=None, help="top_k sent with each request (vLLM extension)")
+
+    g = parser.add_argument_group("dataset")
+    g.add_argument("--dataset-name", choices=("random", "prefix-repetition", "sharegpt"), default="random", help="request set")
+    g.add_argument("--dataset-path", default=None, help="ShareGPT-format JSON file (for --dataset-name sharegpt)")
+    g.add_argument("--random-input-len", type=int, default=1024, help="mean prompt tokens (random)")
+    g.add_argument("--random-output-len", type=int, default=128, help="mean output tokens (random)")
+    g.add_argument("--random-range-ratio", type=float, default=0.0, help="lengths uniform in [len*(1-r), len*(1+r)]")
+    g.add_argument("--random-vocab-size", type=int, default=None, help="token ids drawn below this (default: the tokenizer's size, else 1000)")
+    g.add_argument("--prefix-repetition-prefix-len", type=int, default=256, help="shared prefix tokens")
+    g.add_argument("--prefix-repetition-suffix-len", type=int, default=256, help="per-request suffix tokens")
+    g.add_argument("--prefix-repetition-num-prefixes", type=int, default=10, help="distinct prefixes")
+    g.add_argument("--prefix-repetition-output-len", type=int, default=128, help="output tokens")
+    g.add_argument("--sharegpt-output-len", type=int, default=None, help="override each conversation's output length")
+
+    g = parser.add_argument_group("report")
+    g.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs, e.g. ttft:200 tpot:50 e2el:2000")
+    g.add_argument("--gpu-cost-per-hour", type=float, default=None, help="price of the serving hardware, to report cost per 1M output tokens")
+    g.add_argument("--save-result", nargs="?", const=_AUTO, default=None, metavar="FILE.json", help="save the JSON result (to FILE.json or --result-filename)")
+    g.add_argument("--result-filename", default=None, help="file name for --save-result (default: generated)")
+    g.add_argument("--result-dir", default=".", help="folder for --save-result")
+    g.add_argument("--save-detailed", action="store_true", help="also save per-request lengths, latencies and errors")
+    g.add_argument("--disable-tqdm", "--no-progress", dest="disable_tqdm", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark described by ``args``; returns (and, if asked, saves) the result dict."""
+    try:
+        return asyncio.run(main(args))
+    except ValueError as exc:
+        raise SystemExit(f"strata bench serve: error: {exc}") from None
+
+
+# ----------------------------------------------------------------------------- setup
+def _validate(args: argparse.Namespace) -> dict[str, float]:
+    if args.num_prompts < 1:
+        raise ValueError(f"--num-prompts={args.num_prompts} must be >= 1")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError(f"--max-concurrency={args.max_concurrency} must be >= 1")
+    if not args.request_rate > 0:
+        raise ValueError(f"--request-rate={args.request_rate} must be > 0 (inf = all at once)")
+    if not args.burstiness > 0:
+        raise ValueError(f"--burstiness={args.burstiness} must be > 0")
+    if args.num_warmups < 0:
+        raise ValueError(f"--num-warmups={args.num_warmups} must be >= 0")
+    if args.gpu_cost_per_hour is not None and args.gpu_cost_per_hour < 0:
+        raise ValueError(f"--gpu-cost-per-hour={args.gpu_cost_per_hour} must be >= 0")
+    return parse_goodput(args.goodput or [])
+
+
+def _load_tokenizer(args: argparse.Namespace) -> Any:
+    path = args.tokenizer or (args.model if args.model and Path(args.model).is_dir() else None)
+    return load_tokenizer(path) if path is not None else None
+
+
+def load_samples(args: argparse.Namespace, tokenizer: Any, count: int) -> list[ds.SampleRequest]:
+    """``count`` requests of the chosen dataset; token prompts become text when the endpoint is a chat one."""
+    vocab = args.random_vocab_size or (len(tokenizer) if tokenizer is not None else 1000)
+    special = set(tokenizer.all_special_ids) if tokenizer is not None else set()
+    if args.dataset_name == "random":
+        samples = ds.random_requests(count, args.random_input_len, args.random_output_len, args.random_range_ratio, vocab, args.seed, special)
+    elif args.dataset_name == "prefix-repetition":
+        samples = ds.prefix_repetition_requests(
+            count, args.prefix_repetition_prefix_len, args.prefix_repetition_suffix_len,
+            args.prefix_repetition_num_prefixes, args.prefix_repetition_output_len, vocab, args.seed, special,
+        )
+    else:
+        if not args.dataset_path:
+            raise ValueError("--dataset-name sharegpt needs --dataset-path FILE.json")
+        samples = ds.sharegpt_requests(args.dataset_path, count, args.seed, tokenizer, args.sharegpt_output_len)
+    if is_chat(args.endpoint) and samples and not isinstance(samples[0].prompt, str):
+        if tokenizer is None:
+            raise ValueError(f"{args.endpoint} needs text prompts: pass --tokenizer to decode the {args.dataset_name} token prompts")
+        samples = [ds.SampleRequest(tokenizer.decode(s.prompt), s.prompt_len, s.expected_output_len) for s in samples]
+    return samples
+
+
+async def _first_model(client: httpx.AsyncClient, base: str, headers: dict[str, str]) -> str:
+    try:
+        resp = await client.get(f"{base}/v1/models", headers=headers)
+        resp.raise_for_status()
+        return resp.json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"cannot list models at {base}/v1/models ({type(exc).__name__}: {exc}); pass --model") from None
+
+
+async def _arrivals(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> AsyncIterator[int]:
+    """Yield 0..n-1 at Poisson/gamma arrival times; sleeps to absolute targets so loop lag does not accumulate."""
+    start = time.perf_counter()
+    target = 0.0
+    for i in range(n):
+        if i > 0 and math.isfinite(rate):
+            target += rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness))
+            delay = start + target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        yield i
+
+
+# ----------------------------------------------------------------------------- run
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    slos = _validate(args)
+    base = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    url = base + "/" + args.endpoint.lstrip("/")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    sampling: dict[str, Any] = {"temperature": args.temperature}
+    if args.top_p is not None:
+        sampling["top_p"] = args.top_p
+    if args.top_k is not None:
+        sampling["top_k"] = args.top_k
+    tokenizer = _load_tokenizer(args)
+    samples = load_samples(args, tokenizer, args.num_prompts)
+    err_console = Console(stderr=True)
+    limits = httpx.Limits(max_connections=args.max_concurrency or args.num_prompts, max_keepalive_connections=args.max_concurrency or args.num_prompts)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout, connect=30.0), limits=limits) as client:
+        model = args.model or await _first_model(client, base, headers)
+        bodies = [build_payload(args.endpoint, model, s, args.ignore_eos, sampling) for s in samples]
+
+        probe = await send_request(client, url, bodies[0], samples[0].prompt_len, headers)
+        if not probe.success:
+            raise ValueError(f"the probe request to {url} failed: {probe.error}")
+        sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+
+        async def one(i: int, on_done: Any = None) -> RequestResult:
+            if sem is None:
+                res = await send_request(client, url, bodies[i], samples[i].prompt_len, headers)
+            else:
+                async with sem:
+                    res = await send_request(client, url, bodies[i], samples[i].prompt_len, headers)
+            if on_done is not None:
+                on_done()
+            return res
+
+        if args.num_warmups:
+            await asyncio.gather(*(one(i % len(bodies)) for i in range(args.num_warmups)))
+
+        rng = np.random.default_rng(args.seed)
+        columns = (TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=err_console, disable=args.disable_tqdm, transient=True) as progress:
+            task = progress.add_task("requests", total=len(bodies))
+            advance = lambda: progress.advance(task)  # noqa: E731
+            start = time.perf_counter()
+            tasks = [asyncio.create_task(one(i, advance)) async for i in _arrivals(len(bodies), args.request_rate, args.burstiness, rng)]
+            results = list(await asyncio.gather(*tasks))
+            duration = time.perf_counter() - start
+
+    result = _result_dict(args, base, model, results, duration, slos)
+    print_report(result)
+    if args.save_result is not None:
+        name = args.save_result if args.save_result != _AUTO else (args.result_filename or _default_name(args, model))
+        path = save(result, Path(args.result_dir) / name if not Path(name).is_absolute() else Path(name))
+        err_console.print(f"saved {path}")
+    return result
+
+
+def _default_name(args: argparse.Namespace, model: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    conc = args.max_concurrency or "unlim"
+    return f"bench-{args.dataset_name}-{args.request_rate}qps-{conc}conc-{Path(model).name}-{stamp}.json"
+
+
+def _result_dict(
+    args: argparse.Namespace, base: str, model: str, results: list[RequestResult], duration: float, slos: dict[str, float]
+) -> dict[str, Any]:
+    errors = [r.error for r in results if not r.success]
+    out: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "base_url": base,
+        "endpoint": args.endpoint,
+        "model": model,
+        "dataset_name": args.dataset_name,
+        "num_prompts": args.num_prompts,
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",  # JSON has no inf
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "seed": args.seed,
+        "num_warmups": args.num_warmups,
+        "ignore_eos": args.ignore_eos,
+        "goodput_slos_ms": slos or None,
+        "gpu_cost_per_hour": args.gpu_cost_per_hour,
+        **compute_metrics(results, duration, slos or None, args.gpu_cost_per_hour),
+        "errors": list(dict.fromkeys(errors))[:10],  # distinct messages, first ten
+    }
+    if args.save_detailed:
+        out["input_lens"] = [r.prompt_len for r in results]
+        out["output_lens"] = [r.output_tokens for r in results]
+        out["ttfts"] = [r.ttft for r in results]
+        out["itls"] = [r.itl for r in results]
+        out["e2els"] = [r.latency for r in results]
+        out["request_errors"] = [r.error for r in results]
+    return out

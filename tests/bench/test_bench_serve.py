@@ -1,0 +1,172 @@
+"""``strata bench serve`` end to end against a fake OpenAI streaming server: every field of the JSON result."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from bench_fakes import MODEL, FakeState, fake_server
+
+from strataserve.assets import DEMO_MODEL_DIR
+from strataserve.bench.datasets import random_requests
+from strataserve.bench.metrics import METRICS, STATS
+from strataserve.bench.serve import add_cli_args, run
+
+RESULT_KEYS = {
+    "date", "base_url", "endpoint", "model", "dataset_name", "num_prompts", "request_rate", "burstiness",
+    "max_concurrency", "seed", "num_warmups", "ignore_eos", "goodput_slos_ms", "gpu_cost_per_hour", "duration",
+    "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
+    "total_token_throughput", "request_goodput", "cost_per_1m_output_tokens", "errors",
+} | {f"{s}_{m}_ms" for m in METRICS for s in STATS}
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    return parser.parse_args(["--disable-tqdm", *argv])
+
+
+def _summary(out: str) -> dict[str, str]:
+    lines = [line for line in out.splitlines() if line.startswith("bench: ")]
+    assert len(lines) == 1, out
+    return dict(kv.split("=", 1) for kv in lines[0][len("bench: "):].split())
+
+
+def test_random_run_every_field(tmp_path, capsys) -> None:
+    state = FakeState(token_delay_s=0.004, fail_indices={3, 6}, api_key="sekret")
+    with fake_server(state) as url:
+        result = run(_args(
+            "--base-url", url, "--num-prompts", "12", "--max-concurrency", "4", "--random-input-len", "16",
+            "--random-output-len", "6", "--random-range-ratio", "0.5", "--random-vocab-size", "100", "--seed", "5",
+            "--num-warmups", "2", "--ignore-eos", "--goodput", "ttft:60000", "tpot:60000", "--gpu-cost-per-hour", "2.5",
+            "--save-result", "--result-filename", "out.json", "--result-dir", str(tmp_path), "--api-key", "sekret",
+        ))
+    assert json.loads((tmp_path / "out.json").read_text()) == result
+    assert set(result) == RESULT_KEYS
+    # 1 probe + 2 warm-ups + 12 measured; indices 3 and 6 (measured) were failed by the server.
+    assert len(state.bodies) == 15
+    measured = state.bodies[3:]
+    ok = [b for i, b in enumerate(state.bodies) if i >= 3 and i not in state.fail_indices]
+    want = random_requests(12, 16, 6, 0.5, 100, 5)
+    assert sorted(b["prompt"] for b in measured) == sorted(r.prompt for r in want)
+    assert sorted(b["max_tokens"] for b in measured) == sorted(r.expected_output_len for r in want)
+    for b in measured:
+        assert b["model"] == MODEL and b["stream"] is True and b["ignore_eos"] is True
+        assert b["stream_options"] == {"include_usage": True} and b["temperature"] == 0.0
+    assert 2 <= state.max_in_flight <= 4
+
+    dur = result["duration"]
+    out_tokens = sum(b["max_tokens"] for b in ok)
+    in_tokens = sum(len(b["prompt"]) for b in ok)
+    assert result["completed"] == 10 and result["failed"] == 2
+    assert result["total_output_tokens"] == out_tokens and result["total_input_tokens"] == in_tokens
+    assert result["request_throughput"] == pytest.approx(10 / dur)
+    assert result["output_throughput"] == pytest.approx(out_tokens / dur)
+    assert result["total_token_throughput"] == pytest.approx((in_tokens + out_tokens) / dur)
+    assert result["request_goodput"] == pytest.approx(10 / dur)
+    assert result["cost_per_1m_output_tokens"] == pytest.approx(2.5 * dur / 3600 / out_tokens * 1e6)
+    assert result["goodput_slos_ms"] == {"ttft": 60000.0, "tpot": 60000.0}
+    assert result["model"] == MODEL and result["base_url"] == url and result["endpoint"] == "/v1/completions"
+    assert result["dataset_name"] == "random" and result["num_prompts"] == 12 and result["request_rate"] == "inf"
+    assert result["burstiness"] == 1.0 and result["max_concurrency"] == 4 and result["seed"] == 5
+    assert result["num_warmups"] == 2 and result["ignore_eos"] is True and result["gpu_cost_per_hour"] == 2.5
+    assert len(result["errors"]) == 1 and result["errors"][0].startswith("HTTP 500") and "injected failure" in result["errors"][0]
+    # The server sleeps 4 ms before every token: a lower bound for each latency figure.
+    for m in METRICS:
+        assert result[f"mean_{m}_ms"] >= 3.5
+        assert result[f"p99_{m}_ms"] >= result[f"median_{m}_ms"] >= 3.5
+        assert result[f"std_{m}_ms"] >= 0.0
+    assert result["mean_e2el_ms"] >= result["mean_ttft_ms"] + 2 * 3.5  # at least 3 tokens per request
+
+    summary = _summary(capsys.readouterr().out)
+    assert summary["completed"] == "10" and summary["failed"] == "2"
+    assert float(summary["req_per_s"]) == pytest.approx(result["request_throughput"], rel=1e-3)
+    assert float(summary["output_tok_per_s"]) == pytest.approx(result["output_throughput"], rel=1e-3)
+    assert float(summary["cost_per_1m_output_tokens"]) == pytest.approx(result["cost_per_1m_output_tokens"], rel=1e-3)
+
+
+def test_poisson_arrivals_and_strict_goodput(tmp_path) -> None:
+    state = FakeState(token_delay_s=0.001)
+    with fake_server(state) as url:
+        result = run(_args(
+            "--base-url", url, "--model", "given-name", "--num-prompts", "10", "--request-rate", "100",
+            "--burstiness", "0.5", "--dataset-name", "prefix-repetition", "--prefix-repetition-prefix-len", "8",
+            "--prefix-repetition-suffix-len", "2", "--prefix-repetition-num-prefixes", "2",
+            "--prefix-repetition-output-len", "3", "--goodput", "ttft:0.0001", "--save-result", str(tmp_path / "r.json"),
+        ))
+    gaps = np.random.default_rng(0).gamma(0.5, 1 / (100 * 0.5), size=9)
+    assert result["duration"] >= gaps.sum()  # requests were spread over the drawn arrival times
+    assert result["completed"] == 10 and result["request_goodput"] == 0.0 and result["request_rate"] == 100.0
+    assert result["total_output_tokens"] == 30 and result["total_input_tokens"] == 100
+    assert all(b["model"] == "given-name" and "ignore_eos" not in b for b in state.bodies)
+    assert len({tuple(b["prompt"][:8]) for b in state.bodies[1:]}) == 2
+    assert json.loads((tmp_path / "r.json").read_text())["completed"] == 10
+
+
+def test_chat_sharegpt_without_usage_counts_chunks(tmp_path) -> None:
+    conv = lambda h, g: {"conversations": [{"from": "human", "value": h}, {"from": "gpt", "value": g}]}  # noqa: E731
+    data = [conv("tell me " * 10, "sure " * 20), conv("why " * 30, "because " * 12), conv("a " * 40, "b " * 50)]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    state = FakeState(token_delay_s=0.001, send_usage=False)
+    with fake_server(state) as url:
+        result = run(_args("--base-url", url, "--endpoint", "/v1/chat/completions", "--dataset-name", "sharegpt",
+                           "--dataset-path", str(path), "--num-prompts", "3", "--sharegpt-output-len", "5"))
+    assert result["completed"] == 3 and result["total_output_tokens"] == 15  # 5 content chunks each, no usage
+    assert all(b["messages"][0]["role"] == "user" and b["max_tokens"] == 5 for b in state.bodies)
+    prompts = {d["conversations"][0]["value"] for d in data}
+    assert {b["messages"][0]["content"] for b in state.bodies} == prompts
+    assert result["total_input_tokens"] == sum(round(len(p) / 4) for p in prompts)  # no tokenizer: estimate
+
+
+def test_chat_random_with_tokenizer_decodes_prompts() -> None:
+    state = FakeState(token_delay_s=0.0)
+    with fake_server(state) as url:
+        result = run(_args("--base-url", url, "--endpoint", "/v1/chat/completions", "--tokenizer", str(DEMO_MODEL_DIR),
+                           "--num-prompts", "4", "--random-input-len", "12", "--random-output-len", "2"))
+    assert result["completed"] == 4
+    assert all(isinstance(b["messages"][0]["content"], str) and b["messages"][0]["content"] for b in state.bodies)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--endpoint", "/v1/chat/completions", "--num-prompts", "2"], "needs text prompts"),
+        (["--goodput", "ttft=5"], "NAME:MS"),
+        (["--num-prompts", "0"], "--num-prompts"),
+        (["--request-rate", "0"], "--request-rate"),
+        (["--dataset-name", "sharegpt"], "--dataset-path"),
+        (["--random-range-ratio", "1.5", "--num-prompts", "2"], "range-ratio"),
+    ],
+)
+def test_bad_arguments_exit_with_a_message(argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        run(_args("--base-url", "http://127.0.0.1:9", *argv))
+
+
+def test_unreachable_server_and_failing_probe() -> None:
+    with pytest.raises(SystemExit, match="cannot list models"):
+        run(_args("--base-url", "http://127.0.0.1:9", "--num-prompts", "2", "--random-input-len", "4"))
+    state = FakeState(fail_indices={0})
+    with fake_server(state) as url, pytest.raises(SystemExit, match="probe request .* failed: HTTP 500"):
+        run(_args("--base-url", url, "--num-prompts", "2", "--random-input-len", "4", "--random-output-len", "2"))
+    state = FakeState(api_key="right")
+    with fake_server(state) as url, pytest.raises(SystemExit, match="HTTP 401"):
+        run(_args("--base-url", url, "--api-key", "wrong", "--num-prompts", "2", "--random-input-len", "4"))
+
+
+def test_strata_cli_runs_bench_serve() -> None:
+    state = FakeState(token_delay_s=0.0)
+    with fake_server(state) as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "strataserve", "bench", "serve", "--base-url", url, "--num-prompts", "3",
+             "--random-input-len", "5", "--random-output-len", "2", "--disable-tqdm"],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert proc.returncode == 0, proc.stderr
+    summary = _summary(proc.stdout)
+    assert summary["completed"] == "3" and summary["failed"] == "0"
+    assert len(state.bodies) == 4  # probe + 3
