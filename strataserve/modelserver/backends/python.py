@@ -1,7 +1,8 @@
 """Python backend: a Triton-style `model.py` (class TritonPythonModel) run in-process.
 
 In-process means tensors reach `execute()` as the very numpy arrays the server decoded (no shared-memory
-copies, unlike Triton's stub process). `execute(requests)` gets every request of a dynamic batch and returns
+copies, unlike Triton's stub process); `EXECUTION_ISOLATION: process` opts into a child process instead
+(python_isolated.py). `execute(requests)` gets every request of a dynamic batch and returns
 one response per request; a decoupled model answers through `request.get_response_sender()` instead.
 """
 
@@ -40,10 +41,25 @@ class PythonBackend(Backend):
         super().__init__(ctx)
         spec = ctx.spec
         isolation = spec.parameters.get(ISOLATION_KEY, "none")
-        if isolation not in ("none", "in_process"):
+        if isolation not in ("none", "process"):
             raise ConfigError(spec.source, f"parameters.{ISOLATION_KEY}",
-                              f"'{isolation}' is not supported; python models run in-process ('none')")
+                              f"'{isolation}' is not one of 'none' (in-process, the default) or 'process'")
         path = model_file(spec, ctx.version_dir)
+        self.config_json = config_to_json(spec.proto)
+        args = {
+            "model_config": json.dumps(self.config_json),
+            "model_instance_kind": "GPU" if ctx.device.startswith("cuda") else "CPU",
+            "model_instance_name": f"{spec.name}_{ctx.instance_index}",
+            "model_instance_device_id": ctx.device.split(":")[1] if ":" in ctx.device else "0",
+            "model_repository": str(ctx.model_dir),
+            "model_version": str(ctx.version),
+            "model_name": spec.name,
+        }
+        if isolation == "process":
+            from strataserve.modelserver.backends.python_isolated import IsolatedModel
+
+            self.model = IsolatedModel(path, args, spec.name)
+            return
         try:
             module = _load_module(path, spec.name)
         except Exception as e:  # noqa: BLE001 - any error in user code is a load failure of this model
@@ -52,17 +68,12 @@ class PythonBackend(Backend):
         if cls is None:
             raise ModelServerError("invalid_argument", f"{path} defines no class TritonPythonModel")
         self.model = cls()
-        self.config_json = config_to_json(spec.proto)
         if hasattr(self.model, "initialize"):
-            self.model.initialize({
-                "model_config": json.dumps(self.config_json),
-                "model_instance_kind": "GPU" if ctx.device.startswith("cuda") else "CPU",
-                "model_instance_name": f"{spec.name}_{ctx.instance_index}",
-                "model_instance_device_id": ctx.device.split(":")[1] if ":" in ctx.device else "0",
-                "model_repository": str(ctx.model_dir),
-                "model_version": str(ctx.version),
-                "model_name": spec.name,
-            })
+            try:
+                self.model.initialize(args)
+            except Exception as e:  # noqa: BLE001
+                raise ModelServerError("invalid_argument", f"{path}: initialize() failed: {type(e).__name__}: {e}") \
+                    from e
 
     def prepare(self, requests: list[BackendRequest]) -> list[pb_utils.InferenceRequest]:
         out = []

@@ -1,0 +1,124 @@
+"""Python backend specifics: process isolation, BLS calls, user-code failures reported with the file."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from _model_repos import PY_DECOUPLED, PY_SCALE, add_onnx_mlp, mlp_reference, write_python_model
+from ms_helpers import expect_error, outputs, request, run, serving
+
+ISOLATED = '\n  parameters { key: "EXECUTION_ISOLATION" value: { string_value: "process" } }\n'
+
+PID = """
+    import os
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", np.array([os.getpid()], np.int64))])
+                    for _ in requests]
+"""
+
+BLS = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "X")
+                call = pb_utils.InferenceRequest(model_name="onnx_mlp", inputs=[pb_utils.Tensor("INPUT0", x.as_numpy())],
+                                                 requested_output_names=["OUTPUT0"])
+                resp = call.exec()
+                if resp.has_error():
+                    responses.append(pb_utils.InferenceResponse(error=resp.error()))
+                    continue
+                y = pb_utils.get_output_tensor_by_name(resp, "OUTPUT0").as_numpy()
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y * 10)]))
+            return responses
+"""
+
+
+def _config(inputs: str, outputs_: str, extra: str = "", mbs: int = 0) -> str:
+    return f'backend: "python"\nmax_batch_size: {mbs}\ninput [ {inputs} ]\noutput [ {outputs_} ]\n{extra}'
+
+
+def test_process_isolation_runs_the_model_in_a_child(tmp_path):
+    write_python_model(tmp_path, "pid", PID, _config('{ name: "X" data_type: TYPE_INT32 dims: [1] }',
+                                                     '{ name: "PID" data_type: TYPE_INT64 dims: [1] }', ISOLATED))
+    write_python_model(tmp_path, "scale", PY_SCALE, _config(
+        '{ name: "IN" data_type: TYPE_FP32 dims: [3] }',
+        '{ name: "OUT" data_type: TYPE_FP32 dims: [3] }, { name: "BATCH" data_type: TYPE_INT32 dims: [1] }',
+        ISOLATED + "dynamic_batching { }", mbs=8))
+    write_python_model(tmp_path, "dec", PY_DECOUPLED, _config(
+        '{ name: "COUNT" data_type: TYPE_INT32 dims: [1] }', '{ name: "OUT" data_type: TYPE_INT32 dims: [1] }',
+        ISOLATED + "model_transaction_policy { decoupled: true }"))
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            pid = outputs(await server.infer(request("pid", X=np.array([1], np.int32))))["PID"][0]
+            scaled = outputs(await server.infer(request("scale", IN=x)))["OUT"]
+            streamed = [outputs(r)["OUT"][0] async for r in server.infer_stream(request("dec", COUNT=np.array([3], np.int32)))]
+            await expect_error("internal", _drain(server.infer_stream(request("dec", COUNT=np.array([-1], np.int32)))),
+                               "COUNT must be >= 0")
+            await expect_error("invalid_argument", server.infer(request("scale", IN=np.full((1, 3), np.nan, np.float32))),
+                               "IN must be finite")
+            return pid, scaled, streamed
+
+    pid, scaled, streamed = run(main())
+    assert pid != os.getpid()
+    np.testing.assert_allclose(scaled, x * 3 - 1, rtol=1e-6)
+    assert streamed == [0, 1, 2]
+
+
+async def _drain(stream):
+    return [r async for r in stream]
+
+
+def test_bls_calls_another_model(tmp_path):
+    weights = add_onnx_mlp(tmp_path)[1]
+    write_python_model(tmp_path, "bls", BLS, _config('{ name: "X" data_type: TYPE_FP32 dims: [4] }',
+                                                     '{ name: "Y" data_type: TYPE_FP32 dims: [3] }', mbs=4))
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            return outputs(await server.infer(request("bls", X=x)))["Y"]
+
+    np.testing.assert_allclose(run(main()), mlp_reference(x, weights) * 10, rtol=1e-5, atol=1e-4)
+
+
+def test_user_code_failures_name_the_file(tmp_path):
+    io = ('{ name: "X" data_type: TYPE_INT32 dims: [1] }', '{ name: "Y" data_type: TYPE_INT32 dims: [1] }')
+    write_python_model(tmp_path, "syntax", "def broken(:\n", _config(*io))
+    write_python_model(tmp_path, "noclass", "X = 1\n", _config(*io))
+    write_python_model(tmp_path, "badinit", "class TritonPythonModel:\n    def initialize(self, args):\n"
+                       "        raise RuntimeError('no weights here')\n", _config(*io))
+    write_python_model(tmp_path, "wrongcount", "class TritonPythonModel:\n    def execute(self, requests):\n"
+                       "        return []\n", _config(*io))
+    write_python_model(tmp_path, "badiso", "class TritonPythonModel:\n    pass\n", _config(
+        *io, 'parameters { key: "EXECUTION_ISOLATION" value: { string_value: "container" } }'))
+    write_python_model(tmp_path, "childinit", "class TritonPythonModel:\n    def initialize(self, args):\n"
+                       "        raise RuntimeError('child says no')\n", _config(*io, ISOLATED))
+
+    async def main():
+        async with serving(tmp_path) as server:
+            index = {e["name"]: e for e in server.repository_index()}
+            await expect_error("internal", server.infer(request("wrongcount", X=np.array([1], np.int32))),
+                               "model 'wrongcount'", "one response per request (1), got 0")
+            return index
+
+    index = run(main())
+    for name, what in (("syntax", "import failed: SyntaxError"), ("noclass", "no class TritonPythonModel"),
+                       ("badinit", "initialize() failed: RuntimeError: no weights here"),
+                       ("badiso", "field 'parameters.EXECUTION_ISOLATION': 'container' is not one of"),
+                       ("childinit", "RuntimeError: child says no")):
+        assert index[name]["state"] == "UNAVAILABLE", (name, index[name])
+        assert what in index[name]["reason"] and str(tmp_path / name) in index[name]["reason"], (name, index[name])
+    assert index["wrongcount"]["state"] == "READY"
