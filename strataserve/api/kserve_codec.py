@@ -40,6 +40,19 @@ def _bad(message: str) -> ModelServerError:
     return ModelServerError("invalid_argument", message)
 
 
+def _enc_hook(obj: Any) -> Any:
+    """JSON for what models put in parameters / generate outputs: numpy scalars and arrays, bytes."""
+    if isinstance(obj, (np.generic, np.ndarray)):
+        return obj.tolist()
+    if isinstance(obj, bytes):
+        return obj.decode("utf-8", "replace")
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def json_dumps(obj: Any) -> bytes:
+    return msgspec.json.encode(obj, enc_hook=_enc_hook)
+
+
 def _check_shape(name: str, shape: Any) -> list[int]:
     if not isinstance(shape, (list, tuple)) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
@@ -371,7 +384,7 @@ def encode_http_response(resp: InferResponse, decoded: HttpInferRequest) -> tupl
     if resp.parameters:
         doc["parameters"] = resp.parameters
     doc["outputs"] = outputs
-    header = msgspec.json.encode(doc)
+    header = json_dumps(doc)
     if not blobs:
         return header, None
     return header + b"".join(blobs), len(header)

@@ -27,6 +27,7 @@ from strataserve.api.kserve_codec import (
     decode_http_request,
     decompress,
     encode_http_response,
+    json_dumps,
     response_to_dict,
 )
 from strataserve.modelserver.types import ModelServerError
@@ -68,11 +69,11 @@ async def _json_body(request: Request, *, allow_empty: bool = True) -> dict:
 
 
 def _json(obj: Any, status: int = 200) -> Response:
-    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+    return Response(json_dumps(obj), status_code=status, media_type="application/json")
 
 
 def _sse(event: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(event) + b"\n\n"
+    return b"data: " + json_dumps(event) + b"\n\n"
 
 
 async def _sse_stream(first: Any, rest: AsyncIterator[Any], to_json: Callable[[Any], Any]) -> AsyncIterator[bytes]:

@@ -84,12 +84,13 @@ def test_decoupled_stream_several_responses_per_request(client):
                                   enable_empty_final_response=True)
         client.async_stream_infer("no_such_model", [_input("COUNT", np.array([1], np.int32), "INT32")], request_id="c")
         client.async_stream_infer("py_scale", [_input("IN", np.ones((1, 3), np.float32))], request_id="d")
-        # a: 3 responses; b: 2 + the empty final one; c: one error; d: one response
-        items = [got.get(timeout=30) for _ in range(3 + 3 + 1 + 1)]
+        client.async_stream_infer("py_decoupled", [_input("COUNT", np.array([-1], np.int32), "INT32")], request_id="e")
+        # a: 3 responses; b: 2 + the empty final one; c: one error; d: one response; e: the model's error
+        items = [got.get(timeout=30) for _ in range(3 + 3 + 1 + 1 + 1)]
     finally:
         client.stop_stream()
-    errors = [e for _, e in items if e is not None]
-    assert len(errors) == 1 and "no_such_model" in errors[0].message()
+    errors = sorted(e.message() for _, e in items if e is not None)
+    assert len(errors) == 2 and "COUNT must be >= 0" in errors[0] and "no_such_model" in errors[1]
     by_id: dict[str, list] = {}
     for result, error in items:
         if error is None:
@@ -170,6 +171,9 @@ def test_bad_inputs_and_server_keeps_serving(client, kserve):
             call()
         assert _status(err.value) == status, err.value
         assert needle in err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("py_seq", [_input("SLEEP_MS", np.zeros((1, 1), np.float32))], priority=3)
+    assert _status(err.value) == "INVALID_ARGUMENT" and "priority 3" in err.value.message()
     # missing input: a request with no tensors at all
     with pytest.raises(InferenceServerException) as err:
         client.infer("onnx_mlp", [])

@@ -127,6 +127,29 @@ def test_decoupled_streams_over_http(kserve):
     assert r.status_code == 200 and r.json()["responses"] == []
 
 
+def test_decoupled_via_generate_stream_and_model_errors(kserve, client):
+    with httpx.stream("POST", f"{kserve.base}/v2/models/py_decoupled/generate_stream", json={"COUNT": 3}) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert [json.loads(e)["OUT"] for e in events[:-1]] == [0, 1, 2] and events[-1] == "[DONE]"
+    # an error the model itself sends: reported with its message, before any event, and the model keeps working
+    body = {"inputs": [{"name": "COUNT", "datatype": "INT32", "shape": [1], "data": [-1]}]}
+    for headers in ({}, {"Accept": "text/event-stream"}):
+        r = httpx.post(f"{kserve.base}/v2/models/py_decoupled/infer", json=body, headers=headers)
+        assert r.status_code >= 400 and "COUNT must be >= 0" in r.json()["error"]
+    r = httpx.post(f"{kserve.base}/v2/models/py_decoupled/infer", json={"inputs": [{**body["inputs"][0], "data": [1]}]})
+    assert [x["outputs"][0]["data"] for x in r.json()["responses"]] == [[0]]
+
+
+def test_priority_reaches_the_scheduler(client):
+    # py_seq has 2 priority levels: 3 must be refused by the queue policy, so the parameter got through
+    with pytest.raises(InferenceServerException) as err:
+        _infer(client, "py_seq", "SLEEP_MS", np.zeros((1, 1), np.float32), priority=3)
+    assert err.value.status() == "400" and "priority 3" in err.value.message()
+    res = _infer(client, "py_seq", "SLEEP_MS", np.zeros((1, 1), np.float32), priority=1, timeout=10_000_000)
+    assert res.as_numpy("SEQ").shape == (1, 1)
+
+
 # ------------------------------------------------------------------------------------------ stats + repository
 def test_statistics_shape(client):
     _infer(client, "onnx_mlp", "INPUT0", _rows(2, 4, 5))
