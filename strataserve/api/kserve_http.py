@@ -78,8 +78,8 @@ def _sse(event: Any) -> bytes:
 
 async def _sse_stream(first: Any, rest: AsyncIterator[Any], to_json: Callable[[Any], Any]) -> AsyncIterator[bytes]:
     """SSE events for an already-started stream; errors after the first event become an error event."""
-    yield _sse(to_json(first))
     try:
+        yield _sse(to_json(first))
         async for item in rest:
             yield _sse(to_json(item))
     except ModelServerError as exc:
@@ -89,6 +89,10 @@ async def _sse_stream(first: Any, rest: AsyncIterator[Any], to_json: Callable[[A
         logger.exception("KServe stream failed")
         yield _sse({"error": f"internal error: {type(exc).__name__}: {exc}"})
         return
+    finally:  # also on client disconnect: let the model server stop producing for this request now
+        aclose = getattr(rest, "aclose", None)
+        if aclose is not None:
+            await aclose()
     yield b"data: [DONE]\n\n"
 
 

@@ -187,3 +187,51 @@ def test_bad_inputs_and_server_keeps_serving(client, kserve):
     assert _status(err.value) == "INVALID_ARGUMENT" and "needs 16 bytes" in err.value.message()
     res = client.infer("onnx_mlp", [_input("INPUT0", good)])
     np.testing.assert_allclose(res.as_numpy("OUTPUT0"), mlp_reference(good, kserve.refs["onnx_weights"][1]), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ raw protocol
+def test_typed_contents_and_malformed_messages(kserve):
+    """Messages tritonclient never builds (typed `contents`, inconsistent raw entries), sent with tritonclient's
+    own generated stub so the wire format is the public protocol's."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as tpb
+    from tritonclient.grpc import service_pb2_grpc as tpb_grpc
+
+    x = _rows(2, 3, 17)
+    with grpc.insecure_channel(kserve.grpc) as channel:
+        stub = tpb_grpc.GRPCInferenceServiceStub(channel)
+        req = tpb.ModelInferRequest(model_name="py_scale")
+        t = req.inputs.add(name="IN", datatype="FP32", shape=[2, 3])
+        t.contents.fp32_contents.extend(x.reshape(-1).tolist())
+        resp = stub.ModelInfer(req, timeout=30)
+        out = {o.name: i for i, o in enumerate(resp.outputs)}
+        got = np.frombuffer(resp.raw_output_contents[out["OUT"]], np.float32).reshape(2, 3)
+        np.testing.assert_allclose(got, x * 3 - 1, rtol=1e-6)
+
+        req = tpb.ModelInferRequest(model_name="py_text")
+        req.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"typed")
+        resp = stub.ModelInfer(req, timeout=30)
+        assert resp.raw_output_contents[0] == b"\x05\x00\x00\x00TYPED"
+
+        bad = []
+        req = tpb.ModelInferRequest(model_name="py_scale")
+        req.inputs.add(name="IN", datatype="FP32", shape=[2, 3]).contents.fp32_contents.extend([1.0] * 5)
+        bad.append((req, "holds 5 elements"))
+        req = tpb.ModelInferRequest(model_name="py_scale")
+        req.inputs.add(name="IN", datatype="FP32", shape=[1, 3])
+        req.raw_input_contents.extend([b"\0" * 12, b"\0" * 4])
+        bad.append((req, "raw_input_contents has 2 entries"))
+        req = tpb.ModelInferRequest(model_name="py_scale")
+        req.inputs.add(name="IN", datatype="FP16", shape=[1, 3])
+        bad.append((req, "raw_input_contents"))
+        req = tpb.ModelInferRequest(model_name="py_scale")
+        req.inputs.add(name="IN", datatype="FP32", shape=[1, -3])
+        req.raw_input_contents.append(b"")
+        bad.append((req, "negative"))
+        bad.append((tpb.ModelInferRequest(), "model_name is empty"))
+        for req, needle in bad:
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ModelInfer(req, timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+            assert needle in err.value.details()
+        assert stub.ServerLive(tpb.ServerLiveRequest(), timeout=30).live
