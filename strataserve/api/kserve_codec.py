@@ -7,8 +7,8 @@ tensor and what is wrong, so the fronts can answer 400 / INVALID_ARGUMENT and ke
 Conventions (Triton's): JSON `data` is the row-major flattened tensor (nested lists are accepted and
 flattened); BYTES elements are UTF-8 strings, or base64 strings when the input has
 `parameters.content_type == "base64"`; binary BYTES tensors are a run of elements each prefixed by its length
-as a 4-byte little-endian unsigned int. BYTES outputs that are not valid UTF-8 are always sent binary so no
-byte is lost.
+as a 4-byte little-endian unsigned int. BYTES outputs that are not valid UTF-8 lose no byte: the infer
+response sends them binary, the all-JSON forms (SSE, decoupled) as base64 with `content_type: "base64"`.
 """
 
 from __future__ import annotations
@@ -222,18 +222,24 @@ class HttpInferRequest:
     binary_default: bool = False  # request parameter binary_data_output
 
 
+MAX_DECOMPRESSED_BYTES = 1 << 30  # a small gzip body must not inflate into unbounded memory
+
+
 def decompress(body: bytes, content_encoding: str | None) -> bytes:
+    """Undo a request's Content-Encoding (tritonclient's request_compression_algorithm: gzip / deflate)."""
     enc = (content_encoding or "").strip().lower()
     if enc in ("", "identity"):
         return body
+    if enc not in ("gzip", "deflate"):
+        raise _bad(f"unsupported Content-Encoding {content_encoding!r}; use gzip, deflate or none")
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS)
     try:
-        if enc == "gzip":
-            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
-        if enc == "deflate":
-            return zlib.decompress(body)
+        out = d.decompress(body, MAX_DECOMPRESSED_BYTES)
     except zlib.error as exc:
         raise _bad(f"request body is not valid {enc} data: {exc}") from None
-    raise _bad(f"unsupported Content-Encoding {content_encoding!r}; use gzip, deflate or none")
+    if d.unconsumed_tail:
+        raise _bad(f"request body inflates to more than {MAX_DECOMPRESSED_BYTES} bytes")
+    return out
 
 
 def _int_param(params: dict, key: str) -> int | None:

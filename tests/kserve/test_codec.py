@@ -171,3 +171,22 @@ def test_decoded_binary_inputs_are_writable_copies():
     t = tensor_from_raw("x", "FP32", [2, 2], raw)
     t.data[0, 0] = 9.0  # Python-backend models may modify their inputs in place
     assert t.data.flags.writeable and np.frombuffer(raw, np.float32)[0] == 0.0
+
+
+def test_compressed_bodies(monkeypatch):
+    import gzip
+    import zlib as _zlib
+
+    from strataserve.api import kserve_codec
+
+    body = b'{"inputs":[]}'
+    assert kserve_codec.decompress(gzip.compress(body), "gzip") == body
+    assert kserve_codec.decompress(_zlib.compress(body), "deflate") == body
+    with pytest.raises(ModelServerError, match="not valid gzip"):
+        kserve_codec.decompress(b"plain", "gzip")
+    with pytest.raises(ModelServerError, match="unsupported Content-Encoding"):
+        kserve_codec.decompress(body, "br")
+    monkeypatch.setattr(kserve_codec, "MAX_DECOMPRESSED_BYTES", 1000)
+    bomb = gzip.compress(b"\0" * 1001)
+    with pytest.raises(ModelServerError, match="inflates to more than"):
+        kserve_codec.decompress(bomb, "gzip")
