@@ -35,8 +35,12 @@ class Pending:
         self.shape_key = tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(request.inputs.items()))
 
     def push(self, outputs: Any, error: BaseException | None, final: bool) -> None:
-        """Thread-safe."""
+        """Thread-safe (decoupled models send from their own threads)."""
         self.loop.call_soon_threadsafe(self.events.put_nowait, (outputs, error, final))
+
+    def deliver(self, outputs: Any, error: BaseException | None, final: bool) -> None:
+        """Event-loop thread only: skips the cross-thread wake-up of push()."""
+        self.events.put_nowait((outputs, error, final))
 
 
 class Scheduler:
@@ -179,9 +183,9 @@ class Scheduler:
             self.stats.execution_done(len(batch), sum(p.request.rows for p in batch), *times)
             for p, r in zip(batch, results):
                 if isinstance(r, BaseException):
-                    p.push(None, r, True)
+                    p.deliver(None, r, True)
                 elif r is not None:
-                    p.push(r, None, True)
+                    p.deliver(r, None, True)
 
     @staticmethod
     def _run(instance: Backend, requests: list[BackendRequest]):

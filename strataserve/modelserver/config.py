@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
@@ -91,11 +92,19 @@ class ModelSpec:
     source: str  # the config file (or folder, when auto-completed) errors should name
     proto: pb.ModelConfig = field(repr=False, compare=False, default=None)
 
+    @cached_property
+    def _inputs_by_name(self) -> dict[str, TensorSpec]:
+        return {t.name: t for t in self.inputs}
+
+    @cached_property
+    def _outputs_by_name(self) -> dict[str, TensorSpec]:
+        return {t.name: t for t in self.outputs}
+
     def input(self, name: str) -> TensorSpec | None:
-        return next((t for t in self.inputs if t.name == name), None)
+        return self._inputs_by_name.get(name)
 
     def output(self, name: str) -> TensorSpec | None:
-        return next((t for t in self.outputs if t.name == name), None)
+        return self._outputs_by_name.get(name)
 
 
 def parse_pbtxt(text: str, source: str | Path) -> pb.ModelConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import AsyncIterator
 
@@ -116,9 +117,9 @@ class ModelVersion:
         elif data.dtype != expect:
             raise ModelServerError("invalid_argument", f"{where}: input '{t.name}' holds {data.dtype} values, not "
                                    f"{t.datatype}")
-        if data.size != int(np.prod(shape)):
+        if data.size != math.prod(shape):
             raise ModelServerError("invalid_argument", f"{where}: input '{t.name}' has {data.size} elements but "
-                                   f"shape {shape} needs {int(np.prod(shape))}")
+                                   f"shape {shape} needs {math.prod(shape)}")
         return data.reshape(shape)
 
     def _response(self, req: InferRequest, outputs: dict[str, np.ndarray], partial: bool) -> InferResponse:
@@ -144,8 +145,7 @@ class ModelVersion:
             tensors.append(InferTensor(name, ts.datatype, list(arr.shape), arr))
         return InferResponse(spec.name, str(self.version), req.id, tensors)
 
-    async def stream(self, req: InferRequest) -> AsyncIterator[InferResponse]:
-        """Every response of the request (one, unless the model is decoupled)."""
+    def _submit(self, req: InferRequest):
         start = time.monotonic_ns()
         try:
             breq = self._validate(req)
@@ -155,22 +155,44 @@ class ModelVersion:
             raise
         breq.send = pending.push
         self.stats.add_pending(1)
-        ok, done = False, False
+        return pending, start
+
+    def _done(self, pending, start: int, ok: bool, finished: bool) -> None:
+        pending.cancelled = not finished  # a consumer that left: drop the request if still queued
+        self.stats.add_pending(-1)
+        self.stats.request_done(ok, time.monotonic_ns() - start, pending.queue_ns)
+
+    async def _next(self, pending) -> tuple[dict | None, bool]:
+        outputs, error, final = await pending.events.get()
+        if error is not None:
+            raise error if isinstance(error, ModelServerError) else ModelServerError(
+                "internal", f"model '{self.spec.name}': {error}")
+        return outputs, final
+
+    async def stream(self, req: InferRequest) -> AsyncIterator[InferResponse]:
+        """Every response of the request (one, unless the model is decoupled)."""
+        pending, start = self._submit(req)
+        ok = final = False
         try:
-            while not done:
-                outputs, error, done = await pending.events.get()
-                if error is not None:
-                    raise error if isinstance(error, ModelServerError) else ModelServerError(
-                        "internal", f"model '{self.spec.name}': {error}")
+            while not final:
+                outputs, final = await self._next(pending)
                 if outputs is not None:
                     yield self._response(req, outputs, partial=self.spec.decoupled)
             ok = True
         finally:
-            pending.cancelled = not done
-            self.stats.add_pending(-1)
-            self.stats.request_done(ok, time.monotonic_ns() - start, pending.queue_ns)
+            self._done(pending, start, ok, final)
 
     async def infer(self, req: InferRequest) -> InferResponse:
+        if not self.spec.decoupled:  # the hot path: one response, no async generator
+            pending, start = self._submit(req)
+            ok = final = False
+            try:
+                outputs, final = await self._next(pending)
+                response = self._response(req, outputs, partial=False)
+                ok = True
+                return response
+            finally:
+                self._done(pending, start, ok, final)
         responses = [r async for r in self.stream(req)]
         if len(responses) == 1:
             return responses[0]
