@@ -1,11 +1,13 @@
 """Dynamic batching A/B: strataserve (KServe v2 HTTP) vs LitServe, same ONNX MLP, same machine, same run.
 
 The model is a 3-layer MLP 512-2048-2048-10 (float32, ReLU) built with onnx.helper from a fixed seed and run by
-onnxruntime in both servers with the same session options. 64 closed-loop HTTP clients (one asyncio loop,
-aiohttp, pre-encoded JSON bodies: each client sends one row of 512 floats), a warm-up, then a timed window.
+onnxruntime in both servers with the same session options (intra-op threads = cores), both batching up to 64
+rows with a 2 ms collection window, both without access logs. 64 closed-loop HTTP clients (one asyncio loop,
+aiohttp, pre-encoded JSON bodies: each client sends one row of 512 floats). Both servers stay up for the whole
+run and are loaded in alternating windows (warm-up, then a timed part) so a noisy machine hits both alike.
 Every client's answer is checked against onnxruntime run directly before timing starts.
 
-    .venv/bin/python benchmarks/batching.py [--duration 20] [--warmup 5] [--clients 64]
+    .venv/bin/python benchmarks/batching.py [--duration 24] [--rounds 3] [--warmup 3] [--clients 64]
 
 Prints one parseable line per server and one with the ratio, e.g.
     batching server=strataserve clients=64 requests=... rps=... p50_ms=... p99_ms=... errors=0 avg_batch=...
@@ -93,6 +95,7 @@ def strataserve_cmd(repo: Path, port: int) -> list[str]:
     return [
         sys.executable, "-m", "strataserve.cli", "serve", "--model-repository", str(repo),
         "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(free_port()),
+        "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log",
     ]
 
 
@@ -160,27 +163,32 @@ async def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 120) -
     raise TimeoutError(f"{url} not ready after {timeout_s}s")
 
 
-async def run_load(name, url, bodies, expected, parse, clients, warmup_s, duration_s) -> dict:
+async def check_outputs(name, url, bodies, expected, parse) -> None:
+    """Correctness before speed: every client's row against onnxruntime run directly."""
     import aiohttp
 
-    conn = aiohttp.TCPConnector(limit=clients)
-    headers = {"Content-Type": "application/json"}
-    lat: list[float] = []
-    errors = 0
-    phase = {"measure": False, "stop": False}
-    async with aiohttp.ClientSession(connector=conn) as s:
-        # correctness first: every client's row against onnxruntime run directly
+    async with aiohttp.ClientSession() as s:
         for i, body in enumerate(bodies):
-            async with s.post(url, data=body, headers=headers) as r:
+            async with s.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
                 got = parse(await r.json())
                 np.testing.assert_allclose(got, expected[i], rtol=1e-4, atol=1e-4, err_msg=name)
 
+
+async def run_window(url, bodies, clients, warmup_s, duration_s) -> tuple[list[float], float, int]:
+    """Closed loop: each client sends its next request when the previous answer arrived."""
+    import aiohttp
+
+    lat: list[float] = []
+    errors = 0
+    phase = {"measure": False, "stop": False}
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as s:
+
         async def client(i: int) -> None:
             nonlocal errors
-            body = bodies[i]
             while not phase["stop"]:
                 t0 = time.perf_counter()
-                async with s.post(url, data=body, headers=headers) as r:
+                async with s.post(url, data=bodies[i], headers=headers) as r:
                     await r.read()
                     ok = r.status == 200
                 if phase["measure"] and not phase["stop"]:
@@ -195,34 +203,13 @@ async def run_load(name, url, bodies, expected, parse, clients, warmup_s, durati
         phase["stop"] = True
         elapsed = time.perf_counter() - t0
         await asyncio.gather(*tasks)
+    return lat, elapsed, errors
+
+
+def summarize(lat: list[float], elapsed: float, errors: int) -> dict:
     arr = np.array(lat) * 1000
-    return {
-        "requests": len(lat),
-        "rps": len(lat) / elapsed,
-        "p50_ms": float(np.percentile(arr, 50)),
-        "p99_ms": float(np.percentile(arr, 99)),
-        "errors": errors,
-    }
-
-
-def bench_server(name, cmd, ready_url, infer_url, bodies, expected, parse, args, stats_url=None) -> dict:
-    import urllib.request
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        asyncio.run(wait_ready(ready_url, proc))
-        res = asyncio.run(run_load(name, infer_url, bodies, expected, parse, args.clients, args.warmup, args.duration))
-        if stats_url:
-            stats = json.load(urllib.request.urlopen(stats_url))["model_stats"][0]
-            res["avg_batch"] = stats["inference_count"] / max(1, stats["execution_count"])
-        return res
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return {"requests": len(lat), "rps": len(lat) / elapsed, "p50_ms": float(np.percentile(arr, 50)),
+            "p99_ms": float(np.percentile(arr, 99)), "errors": errors}
 
 
 def line(name: str, clients: int, r: dict) -> str:
@@ -233,11 +220,21 @@ def line(name: str, clients: int, r: dict) -> str:
     )
 
 
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--warmup", type=float, default=5.0)
-    p.add_argument("--duration", type=float, default=20.0)
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each timed window")
+    p.add_argument("--duration", type=float, default=24.0, help="timed seconds per server, split over the rounds")
+    p.add_argument("--rounds", type=int, default=3, help="alternating windows (evens out a noisy machine)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--queue-delay-us", type=int, default=2000, help="both servers' batch collection window")
     p.add_argument("--only", choices=["strataserve", "litserve"])
@@ -249,37 +246,59 @@ def main() -> None:
         root = Path(tmp)
         model = root / "mlp.onnx"
         build_mlp(model)
-        rng = np.random.default_rng(SEED + 1)
-        rows = rng.standard_normal((args.clients, DIMS[0])).astype(np.float32)
+        rows = np.random.default_rng(SEED + 1).standard_normal((args.clients, DIMS[0])).astype(np.float32)
         ref = ort.InferenceSession(str(model), sess_options=session_options(), providers=["CPUExecutionProvider"])
         expected = ref.run(["y"], {"x": rows})[0]
         del ref
-        results = {}
+
+        servers: dict[str, dict] = {}
         if args.only in (None, "strataserve"):
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            bodies = [
-                json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, DIMS[0]], "data": r.tolist()}]}).encode()
-                for r in rows
-            ]
             repo = write_repository(root, model, args.max_batch, args.queue_delay_us)
-            results["strataserve"] = bench_server(
-                "strataserve", strataserve_cmd(repo, port), f"{base}/v2/models/mlp/ready",
-                f"{base}/v2/models/mlp/infer", bodies, expected,
-                lambda d: np.asarray(d["outputs"][0]["data"], dtype=np.float32), args,
-                stats_url=f"{base}/v2/models/mlp/stats",
+            servers["strataserve"] = dict(
+                cmd=strataserve_cmd(repo, port), ready=f"{base}/v2/models/mlp/ready", url=f"{base}/v2/models/mlp/infer",
+                stats=f"{base}/v2/models/mlp/stats", parse=lambda d: np.asarray(d["outputs"][0]["data"], np.float32),
+                bodies=[json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, DIMS[0]],
+                                                "data": r.tolist()}]}).encode() for r in rows],
             )
-            print(line("strataserve", args.clients, results["strataserve"]), flush=True)
         if args.only in (None, "litserve"):
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            bodies = [json.dumps({"input": r.tolist()}).encode() for r in rows]
-            cmd = litserve_cmd(model, port, args.max_batch, args.queue_delay_us / 1e6)
-            results["litserve"] = bench_server(
-                "litserve", cmd, f"{base}/health", f"{base}/predict", bodies, expected,
-                lambda d: np.asarray(d["output"], dtype=np.float32), args,
+            servers["litserve"] = dict(
+                cmd=litserve_cmd(model, port, args.max_batch, args.queue_delay_us / 1e6), ready=f"{base}/health",
+                url=f"{base}/predict", stats=None, parse=lambda d: np.asarray(d["output"], np.float32),
+                bodies=[json.dumps({"input": r.tolist()}).encode() for r in rows],
             )
-            print(line("litserve", args.clients, results["litserve"]), flush=True)
+        procs = {}
+        try:
+            for name, srv in servers.items():  # both up (idle) for the whole run; only one is loaded at a time
+                procs[name] = subprocess.Popen(srv["cmd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, srv in servers.items():
+                asyncio.run(wait_ready(srv["ready"], procs[name]))
+                asyncio.run(check_outputs(name, srv["url"], srv["bodies"], expected, srv["parse"]))
+            acc = {name: ([], 0.0, 0) for name in servers}
+            names = list(servers)
+            for r in range(args.rounds):
+                for name in names if r % 2 == 0 else names[::-1]:
+                    srv = servers[name]
+                    lat, el, err = asyncio.run(run_window(srv["url"], srv["bodies"], args.clients, args.warmup,
+                                                          args.duration / args.rounds))
+                    print(f"# round={r} {line(name, args.clients, summarize(lat, el, err))}", flush=True)
+                    l0, e0, r0 = acc[name]
+                    acc[name] = (l0 + lat, e0 + el, r0 + err)
+            results = {}
+            for name, srv in servers.items():
+                results[name] = summarize(*acc[name])
+                if srv["stats"]:
+                    import urllib.request
+
+                    st = json.load(urllib.request.urlopen(srv["stats"]))["model_stats"][0]
+                    results[name]["avg_batch"] = st["inference_count"] / max(1, st["execution_count"])
+                print(line(name, args.clients, results[name]), flush=True)
+        finally:
+            for proc in procs.values():
+                stop(proc)
         if len(results) == 2:
             s, l = results["strataserve"], results["litserve"]
             print(
