@@ -53,6 +53,16 @@ def json_dumps(obj: Any) -> bytes:
     return msgspec.json.encode(obj, enc_hook=_enc_hook)
 
 
+def parameters_of(obj: dict, where: str) -> dict:
+    """The optional `parameters` object of a request / tensor (absent or null: empty)."""
+    params = obj.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise _bad(f"{where}'parameters' must be a JSON object, got {type(params).__name__}")
+    return params
+
+
 def _check_shape(name: str, shape: Any) -> list[int]:
     if not isinstance(shape, (list, tuple)) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
@@ -276,9 +286,7 @@ def decode_http_request(
         raise _bad(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise _bad("request body must be a JSON object")
-    params = doc.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise _bad("'parameters' must be a JSON object")
+    params = parameters_of(doc, "")
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
         raise _bad("request needs an 'inputs' list")
@@ -292,9 +300,7 @@ def decode_http_request(
         for key in ("datatype", "shape"):
             if key not in item:
                 raise _bad(f"input '{name}': missing '{key}'")
-        iparams = item.get("parameters") or {}
-        if not isinstance(iparams, dict):
-            raise _bad(f"input '{name}': 'parameters' must be a JSON object")
+        iparams = parameters_of(item, f"input '{name}': ")
         size = iparams.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -324,9 +330,7 @@ def decode_http_request(
         for k, out in enumerate(doc["outputs"]):
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
                 raise _bad(f"outputs[{k}] must be an object with a string 'name'")
-            oparams = out.get("parameters") or {}
-            if not isinstance(oparams, dict):
-                raise _bad(f"output '{out['name']}': 'parameters' must be a JSON object")
+            oparams = parameters_of(out, f"output '{out['name']}': ")
             requested.append(out["name"])
             binary_outputs[out["name"]] = bool(oparams.get("binary_data", binary_default))
     priority, timeout_us = split_request_parameters(params)

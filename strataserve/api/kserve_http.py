@@ -28,6 +28,7 @@ from strataserve.api.kserve_codec import (
     decompress,
     encode_http_response,
     json_dumps,
+    parameters_of,
     response_to_dict,
 )
 from strataserve.modelserver.types import ModelServerError
@@ -233,10 +234,7 @@ def _mv(request: Request) -> tuple[str, str]:
 
 
 def _params_of(doc: dict) -> dict:
-    params = doc.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise ModelServerError("invalid_argument", "'parameters' must be a JSON object")
-    return params
+    return parameters_of(doc, "")
 
 
 def _generate_args(doc: dict) -> tuple[dict, dict]:

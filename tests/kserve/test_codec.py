@@ -190,3 +190,13 @@ def test_compressed_bodies(monkeypatch):
     bomb = gzip.compress(b"\0" * 1001)
     with pytest.raises(ModelServerError, match="inflates to more than"):
         kserve_codec.decompress(bomb, "gzip")
+
+
+def test_parameters_must_be_objects_but_may_be_null():
+    req = decode_http_request(b'{"inputs":[],"parameters":null}', None, "m").request
+    assert req.parameters == {}
+    for body in (b'{"inputs":[],"parameters":[]}',
+                 b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"parameters":"a"}]}',
+                 b'{"inputs":[],"outputs":[{"name":"y","parameters":[1]}]}'):
+        with pytest.raises(ModelServerError, match="'parameters' must be a JSON object"):
+            decode_http_request(body, None, "m")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 
 import numpy as np
@@ -151,6 +152,24 @@ def test_statistics_and_repository(client, kserve):
     with pytest.raises(InferenceServerException) as err:
         client.load_model("no_such_model")
     assert "no_such_model" in err.value.message()
+
+
+def test_unload_dependents_and_config_override_reach_the_server(client):
+    client.unload_model("torch_affine", unload_dependents=True)
+    try:
+        assert not client.is_model_ready("torch_affine") and not client.is_model_ready("pipeline")
+        assert client.is_model_ready("onnx_mlp")
+    finally:
+        client.load_model("pipeline")  # loads the steps it needs again
+    assert client.is_model_ready("pipeline") and client.is_model_ready("torch_affine")
+
+    cfg = client.get_model_config("onnx_spare", as_json=True)["config"]
+    client.load_model("onnx_spare", config=json.dumps({**cfg, "max_batch_size": 4}))
+    try:
+        assert client.get_model_config("onnx_spare").config.max_batch_size == 4
+    finally:
+        client.load_model("onnx_spare")
+    assert client.get_model_config("onnx_spare").config.max_batch_size == 8
 
 
 # ------------------------------------------------------------------------------------------ bad inputs

@@ -180,6 +180,17 @@ def test_repository_index_load_unload(client, kserve):
     client.load_model("onnx_spare")
     res = _infer(client, "onnx_spare", "INPUT0", x)
     np.testing.assert_allclose(res.as_numpy("OUTPUT0"), mlp_reference(x, kserve.refs["spare_weights"][1]), rtol=1e-5, atol=1e-5)
+    client.load_model("onnx_spare", config=json.dumps({"max_batch_size": 2, "input": [], "output": []}))
+    try:
+        assert client.get_model_config("onnx_spare")["max_batch_size"] == 2
+        with pytest.raises(InferenceServerException) as err:
+            _infer(client, "onnx_spare", "INPUT0", _rows(3, 4, 0))
+        assert err.value.status() == "400"
+    finally:
+        client.load_model("onnx_spare")
+    assert client.get_model_config("onnx_spare")["max_batch_size"] == 8
+    r = httpx.post(f"{kserve.base}/v2/repository/models/onnx_spare/load", json={"parameters": []})
+    assert r.status_code == 400 and "parameters" in r.json()["error"]
     r = httpx.post(f"{kserve.base}/v2/repository/models/../etc/load")
     assert r.status_code in (400, 404)
     r = httpx.post(f"{kserve.base}/v2/repository/models/no_such_model/load")
