@@ -63,7 +63,7 @@ def parameters_of(obj: dict, where: str) -> dict:
     return params
 
 
-def _check_shape(name: str, shape: Any) -> list[int]:
+def check_shape(name: str, shape: Any) -> list[int]:
     if not isinstance(shape, (list, tuple)) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
@@ -113,7 +113,7 @@ def deserialize_bytes_tensor(name: str, raw: bytes | memoryview, count: int) -> 
 def tensor_from_raw(name: str, datatype: str, shape: Any, raw: bytes | memoryview, parameters: dict | None = None) -> InferTensor:
     """Raw little-endian bytes (or length-prefixed BYTES) -> InferTensor, checking size against shape."""
     dtype = _check_datatype(name, datatype)
-    dims = _check_shape(name, shape)
+    dims = check_shape(name, shape)
     count = math.prod(dims)
     if datatype == "BYTES":
         flat = deserialize_bytes_tensor(name, raw, count)
@@ -192,7 +192,7 @@ def _numeric_elements(name: str, datatype: str, dtype: np.dtype, flat: list) -> 
 
 def tensor_from_json(name: str, datatype: str, shape: Any, data: Any, parameters: dict | None = None) -> InferTensor:
     dtype = _check_datatype(name, datatype)
-    dims = _check_shape(name, shape)
+    dims = check_shape(name, shape)
     flat = _flatten(data)
     count = math.prod(dims)
     if len(flat) != count:

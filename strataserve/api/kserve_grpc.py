@@ -25,7 +25,7 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from strataserve.api.kserve_codec import split_request_parameters, tensor_from_raw, tensor_to_raw
+from strataserve.api.kserve_codec import check_shape, split_request_parameters, tensor_from_raw, tensor_to_raw
 from strataserve.api.proto import grpc_service_pb2 as pb
 from strataserve.api.proto import grpc_service_pb2_grpc as pb_grpc
 from strataserve.modelserver import model_config_pb2
@@ -88,9 +88,7 @@ def _tensor_from_contents(t: Any) -> InferTensor:
         raise _bad(f"input '{t.name}': unsupported datatype {t.datatype!r}; use one of {sorted(KSERVE_DTYPES)}")
     if field is None:
         raise _bad(f"input '{t.name}': {t.datatype} data must be sent in raw_input_contents")
-    shape = list(t.shape)
-    if any(d < 0 for d in shape):
-        raise _bad(f"input '{t.name}': shape {shape} has a negative dimension")
+    shape = check_shape(t.name, list(t.shape))
     values = getattr(t.contents, field)
     count = math.prod(shape)
     if len(values) != count:
@@ -116,10 +114,7 @@ def decode_infer_request(msg: Any) -> tuple[InferRequest, bool]:
     inputs = []
     for i, t in enumerate(msg.inputs):
         if raw:
-            shape = list(t.shape)
-            if any(d < 0 for d in shape):
-                raise _bad(f"input '{t.name}': shape {shape} has a negative dimension")
-            inputs.append(tensor_from_raw(t.name, t.datatype, shape, raw[i], _params_to_dict(t.parameters)))
+            inputs.append(tensor_from_raw(t.name, t.datatype, list(t.shape), raw[i], _params_to_dict(t.parameters)))
         else:
             inputs.append(_tensor_from_contents(t))
     params = _params_to_dict(msg.parameters)

@@ -246,7 +246,7 @@ def test_typed_contents_and_malformed_messages(kserve):
         req = tpb.ModelInferRequest(model_name="py_scale")
         req.inputs.add(name="IN", datatype="FP32", shape=[1, -3])
         req.raw_input_contents.append(b"")
-        bad.append((req, "negative"))
+        bad.append((req, "non-negative"))
         bad.append((tpb.ModelInferRequest(), "model_name is empty"))
         for req, needle in bad:
             with pytest.raises(grpc.RpcError) as err:
