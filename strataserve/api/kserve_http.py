@@ -14,11 +14,13 @@ Decoupled models (zero, one or many responses per request) over HTTP -- Triton r
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import msgspec
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -35,6 +37,7 @@ from strataserve.modelserver.types import ModelServerError
 
 logger = logging.getLogger(__name__)
 
+OFFLOAD_BYTES = 1 << 20  # bodies / outputs larger than this are (de)coded on a worker thread
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -244,9 +247,24 @@ def _generate_args(doc: dict) -> tuple[dict, dict]:
     return inputs, params
 
 
+def _payload_bytes(data: Any) -> int:
+    arr = np.asarray(data)
+    if arr.dtype != object:
+        return arr.nbytes
+    return sum(len(x) for x in arr.flat if isinstance(x, (bytes, str)))
+
+
+async def _off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run codec work on a thread when it is big, so one large tensor does not stall every other client."""
+    return await asyncio.to_thread(fn, *args) if big else fn(*args)
+
+
 async def _infer(ms: Any, request: Request, m: str, v: str) -> Response:
-    body = decompress(await request.body(), request.headers.get("content-encoding"))
-    decoded = decode_http_request(body, request.headers.get(HEADER_LENGTH), m, v)
+    raw = await request.body()
+    big = len(raw) > OFFLOAD_BYTES
+    body = await _off_loop(big, decompress, raw, request.headers.get("content-encoding"))
+    decoded = await _off_loop(big or len(body) > OFFLOAD_BYTES, decode_http_request, body,
+                              request.headers.get(HEADER_LENGTH), m, v)
     if ms.is_decoupled(m, v):
         stream = aiter_of(ms.infer_stream(decoded.request))
         if "text/event-stream" in request.headers.get("accept", ""):
@@ -256,7 +274,8 @@ async def _infer(ms: Any, request: Request, m: str, v: str) -> Response:
         rid = decoded.request.id or ""
         return _json({"model_name": m, "model_version": version, "id": rid, "responses": responses})
     resp = await ms.infer(decoded.request)
-    out, header_len = encode_http_response(resp, decoded)
+    out_bytes = sum(_payload_bytes(t.data) for t in resp.outputs)
+    out, header_len = await _off_loop(out_bytes > OFFLOAD_BYTES, encode_http_response, resp, decoded)
     if header_len is None:
         return Response(out, media_type="application/json")
     return Response(out, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_len)})

@@ -253,3 +253,14 @@ def test_tritonclient_sees_errors_and_server_keeps_serving(client, kserve):
     x = _rows(2, 4, 9)
     res = _infer(client, "onnx_mlp", "INPUT0", x)
     np.testing.assert_allclose(res.as_numpy("OUTPUT0"), mlp_reference(x, kserve.refs["onnx_weights"][1]), rtol=1e-5, atol=1e-5)
+
+
+def test_large_tensors_binary_and_json(client):
+    # 1.5 MB tensors: decoded and encoded on a worker thread (> OFFLOAD_BYTES); results must not change
+    text = np.array(["z" * 1_500_000], dtype=object)
+    for binary in (True, False):
+        t = httpclient.InferInput("text_input", [1], "BYTES")
+        t.set_data_from_numpy(text, binary_data=binary)
+        res = client.infer("py_text", [t], outputs=[httpclient.InferRequestedOutput("text_output", binary_data=binary)])
+        got = res.as_numpy("text_output")[0]
+        assert (got.decode() if isinstance(got, bytes) else got) == "Z" * 1_500_000
