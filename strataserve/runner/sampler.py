@@ -67,42 +67,49 @@ def _top_k(x: torch.Tensor, k: torch.Tensor, k_max: int) -> None:
     x.masked_fill_(x < kth, float("-inf"))
 
 
-def _top_k_top_p(x: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor) -> None:
+def _top_k_top_p(x: torch.Tensor, ks: list[int], ps: list[float]) -> None:
     """Top-k then top-p, in place, keeping logits >= each row's cut-off (ties at the cut-off are kept).
 
-    A full vocabulary sort is slow (45 ms for 200 x 4096 on one CPU core, far more for 150k vocabularies), yet the
-    nucleus is usually small: look for the cut-off among the top 64 (then 1024 for large vocabularies) candidates,
-    and sort only the rows whose cut-off lies further down.
+    ``ks[i]`` is the vocabulary size for rows without top-k. A full vocabulary sort is slow (45 ms for 200 x 4096
+    on one CPU core, far more for 150k vocabularies), yet the nucleus is usually small: look for the cut-off among
+    the top 64 (then 1024 for large vocabularies) candidates, and sort only the rows whose cut-off lies further.
     """
     num_rows, vocab = x.shape
-    if k is None:
-        k = torch.full((num_rows,), vocab, dtype=torch.int64, device=x.device)
-    lse = x.logsumexp(dim=-1, keepdim=True)
-    thresh = torch.full((num_rows, 1), float("-inf"), device=x.device)
-    rows = torch.arange(num_rows, device=x.device)
-    k_max = int(k[k < vocab].max()) if bool((k < vocab).any()) else 0
+    dev = x.device
+    active = [i for i in range(num_rows) if ks[i] < vocab or ps[i] < 1.0]
+    rows = torch.tensor(active, device=dev)
+    k = torch.tensor([ks[i] for i in active], dtype=torch.int64, device=dev).unsqueeze(1)
+    p = torch.tensor([ps[i] for i in active], dtype=torch.float32, device=dev).unsqueeze(1)
+    xa = x if len(active) == num_rows else x[rows]
+    lse = xa.logsumexp(dim=-1, keepdim=True)
+    thresh = torch.full((len(active), 1), float("-inf"), device=dev)
+    pending = torch.arange(len(active), device=dev)  # indices into ``active`` still without a cut-off
+    k_max = max((ks[i] for i in active if ks[i] < vocab), default=0)
     # The 1024 step only pays when a sort would cost much more than a 1024-candidate top-k (large vocabularies).
     sizes = sorted({min(vocab, max(64, k_max + 1)), vocab} | ({1024} if vocab >= 16 * 1024 else set()))
     for n in sizes:
-        xr = x[rows]
+        xr = xa if pending.numel() == len(active) else xa[pending]
         vals = xr.sort(dim=-1, descending=True).values if n == vocab else xr.topk(n, dim=-1).values
-        kr, pr = k[rows].unsqueeze(1), p[rows].unsqueeze(1)
+        kr, pr = k[pending], p[pending]
         has_k = kr < vocab
-        kth = vals.gather(1, (kr.clamp(max=n) - 1))
+        kth = vals.gather(1, kr.clamp(max=n) - 1)
         in_k = ~has_k | (vals >= kth)  # when k > n every candidate is >= the clamped kth
-        probs = torch.where(in_k, (vals - lse[rows]).exp(), 0.0)
+        probs = torch.where(in_k, (vals - lse[pending]).exp(), 0.0)
         # top-p acts on the top-k renormalised distribution: mass Z (1 without top-k; known once k <= n)
         z = torch.where(has_k, probs.sum(dim=-1, keepdim=True), 1.0)
         mass_before = probs.cumsum(dim=-1) - probs
         keep = in_k & (mass_before < pr * z)  # a prefix; the first candidate always stays (p > 0)
-        done = ~keep[:, -1:] & (~has_k | (kr <= n)) if n < vocab else torch.ones_like(has_k)
+        # Resolved when the cut-off falls inside the candidates (and the top-k mass Z was fully seen).
+        done = (~keep[:, -1] & (~has_k[:, 0] | (kr[:, 0] <= n))) if n < vocab else torch.ones_like(keep[:, 0])
         cut = vals.masked_fill(~keep, float("inf")).amin(dim=-1, keepdim=True)
-        done_rows = rows[done.squeeze(1)]
-        thresh[done_rows] = cut[done.squeeze(1)]
-        rows = rows[~done.squeeze(1)]
-        if rows.numel() == 0:
+        thresh[pending[done]] = cut[done]
+        pending = pending[~done]
+        if pending.numel() == 0:
             break
-    x.masked_fill_(x < thresh, float("-inf"))
+    if len(active) == num_rows:
+        x.masked_fill_(x < thresh, float("-inf"))
+    else:
+        x[rows] = xa.masked_fill_(xa < thresh, float("-inf"))
 
 
 class Sampler:
@@ -182,12 +189,10 @@ class Sampler:
         if any(p.min_p > 0.0 for p in params):
             _min_p(x, torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev))
         ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        use_k = any(k < vocab for k in ks)
-        k_t = torch.tensor(ks, dtype=torch.int64, device=dev) if use_k else None
         if any(p.top_p < 1.0 for p in params):
-            _top_k_top_p(x, k_t, torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev))
-        elif k_t is not None:
-            _top_k(x, k_t, max(k for k in ks if k < vocab))
+            _top_k_top_p(x, ks, [p.top_p for p in params])
+        elif any(k < vocab for k in ks):
+            _top_k(x, torch.tensor(ks, dtype=torch.int64, device=dev), max(k for k in ks if k < vocab))
         return x
 
     # ------------------------------------------------------------------ drawing
@@ -205,7 +210,8 @@ class Sampler:
         # Keep the target strictly below the total so it never lands on trailing zero-probability tokens; a
         # dropped token (p = 0) repeats its predecessor's cdf, so the strict search can never stop on it.
         target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-        return torch.searchsorted(cdf, target, right=True).squeeze(1)
+        # The clamp only matters for NaN logits, which must not turn into an out-of-vocabulary id.
+        return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=x.shape[1] - 1)
 
     # ------------------------------------------------------------------ logprobs
     @staticmethod
