@@ -1,4 +1,5 @@
-"""One `strata serve --model-repository` subprocess (KServe HTTP + gRPC) shared by every test in tests/kserve."""
+"""One `strata serve --model-repository` subprocess (KServe HTTP + gRPC) shared by every test in tests/kserve
+(package scope: it stops when the last test of this folder is done)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # torn down when tests/kserve is done
 def kserve(tmp_path_factory) -> KServeServer:
     tmp = tmp_path_factory.mktemp("kserve")
     repo = tmp / "repo"
