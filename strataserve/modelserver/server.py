@@ -264,7 +264,7 @@ class ModelServer:
 
     def model_metadata(self, name: str, version: str = "") -> dict:
         mv = self._version(name, version)
-        versions = [str(v) for v in sorted(self._entries[name].versions)] if not version else [str(mv.version)]
+        versions = [str(v) for v in sorted(self._entries[name].versions)]
         return {"name": name, "versions": versions, "platform": mv.spec.platform or mv.spec.backend,
                 **mv.metadata()}
 

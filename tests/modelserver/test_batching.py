@@ -187,3 +187,27 @@ def test_instances_run_in_parallel(tmp_path):
             return await asyncio.gather(server.infer(request("pair", X=x)), server.infer(request("pair", X=x)))
 
     assert [int(outputs(r)["MET"][0]) for r in run(main())] == [1, 1]
+
+
+def test_cancelled_request_is_dropped_and_unload_fails_queued_requests(tmp_path):
+    add_python_seq(tmp_path)
+
+    async def main():
+        async with serving(tmp_path, control_mode="explicit", load_models=["py_seq"]) as server:
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(200))))
+            await _until_executing(server, "py_seq")
+            gone = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0))))
+            await asyncio.sleep(0.01)
+            gone.cancel()  # a client that disconnects while queued
+            after = await server.infer(request("py_seq", SLEEP_MS=_sleep(0)))
+            first = await blocker
+            # Unloading fails what is queued, lets the running execution finish, then stops serving.
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(200))))
+            await _until_executing(server, "py_seq")
+            queued = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0))))
+            await asyncio.sleep(0.01)
+            await server.unload("py_seq")
+            await expect_error("unavailable", queued, "model 'py_seq' version 1 was unloaded")
+            return _seq(first), _seq(after), _seq(await blocker)
+
+    assert run(main()) == (0, 1, 2)

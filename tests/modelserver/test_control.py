@@ -232,6 +232,11 @@ def test_poll_mode_picks_up_new_changed_and_removed_models(tmp_path):
             shutil.rmtree(tmp_path / "b")
             await wait_for(lambda: not server.model_ready("b"))
             await expect_error("not_found", server.infer(request("b", INPUT0=X)), "unknown model 'b'")
+            # A broken config is reported, and picked up again once fixed.
+            add_onnx_mlp(tmp_path, name="c", config='max_batch_size: "many"')
+            await wait_for(lambda: _index(server).get(("c", ""), ("",))[0] == "UNAVAILABLE")
+            write_config(tmp_path / "c", "max_batch_size: 2")
+            await wait_for(lambda: server.model_ready("c"))
             return w2, new
 
     w2, new = run(main())
