@@ -10,6 +10,8 @@ Decoupled models (zero, one or many responses per request) over HTTP -- Triton r
 - a plain `POST .../infer` waits for the last response and answers one JSON object
   `{"model_name", "model_version", "id", "responses": [<v2 response JSON>, ...]}`;
 - `.../generate_stream` streams them too when the model takes generate-style inputs.
+An error before the first response gets its HTTP status; one after it becomes a last event
+`data: {"error": "..."}`. The all-JSON forms put BYTES that are not UTF-8 in base64 (`content_type`).
 """
 
 from __future__ import annotations

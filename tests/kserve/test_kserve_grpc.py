@@ -66,7 +66,7 @@ def test_onnx_torch_python_ensemble(client, kserve):
     assert res.get_response().id == "g1" and res.get_response().model_version == "1"
     res = client.infer("torch_affine", [_input("INPUT__0", x3)], model_version="1")
     np.testing.assert_allclose(res.as_numpy("OUTPUT__0"), kserve.refs["torch_module"](torch.from_numpy(x3)).numpy(), rtol=1e-6)
-    res = client.infer("py_scale", [_input("IN", x3)])
+    res = client.infer("py_scale", [_input("IN", x3)], compression_algorithm="gzip")
     np.testing.assert_allclose(res.as_numpy("OUT"), x3 * 3 - 1, rtol=1e-6)
     res = client.infer("pipeline", [_input("X", x4)])
     h = mlp_reference(x4, w)
