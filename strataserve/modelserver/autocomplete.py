@@ -75,3 +75,24 @@ def complete_llm_config(cfg: pb.ModelConfig, hf_folder_only: bool) -> None:
         cfg.output.add(name=TEXT_OUTPUT, data_type=pb.TYPE_STRING, dims=[1])
     if hf_folder_only:
         cfg.model_transaction_policy.decoupled = True
+
+
+def autocomplete_python(cfg: pb.ModelConfig, path: Path, source) -> None:
+    """Run the model class's static `auto_complete_config` (Triton's Python-backend hook), if it has one."""
+    from google.protobuf import json_format
+
+    from strataserve.modelserver import pb_utils
+    from strataserve.modelserver.backends.python import load_model_class
+
+    cls = load_model_class(path)
+    hook = getattr(cls, "auto_complete_config", None)
+    if hook is None:
+        return
+    config = json_format.MessageToDict(cfg, preserving_proto_field_name=True)
+    try:
+        result = hook(pb_utils.ModelConfig(config))
+        completed = (result if result is not None else pb_utils.ModelConfig(config)).as_dict()
+        cfg.Clear()
+        json_format.ParseDict(completed, cfg)
+    except (pb_utils.TritonModelException, json_format.ParseError, TypeError, ValueError) as e:
+        raise ConfigError(source, "auto_complete_config", f"{path}: {e}") from None

@@ -203,6 +203,46 @@ class InferenceRequest:
         return await asyncio.to_thread(self.exec, decoupled)
 
 
+class ModelConfig:
+    """What a model's `auto_complete_config(auto_complete_model_config)` receives and returns (Triton's API)."""
+
+    def __init__(self, config: dict):
+        self._config = config
+
+    def as_dict(self) -> dict:
+        return self._config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        self._config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self) -> None:
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, policy: dict) -> None:
+        self._config["model_transaction_policy"] = dict(policy)
+
+    def add_input(self, tensor: dict) -> None:
+        self._add("input", tensor)
+
+    def add_output(self, tensor: dict) -> None:
+        self._add("output", tensor)
+
+    def _add(self, kind: str, tensor: dict) -> None:
+        if "name" not in tensor:
+            raise TritonModelException(f"add_{kind}() needs a 'name'")
+        items = self._config.setdefault(kind, [])
+        for existing in items:
+            if existing.get("name") == tensor["name"]:
+                for key, value in tensor.items():  # fill what the config left out; a contradiction is an error
+                    if existing.get(key) in (None, "", [], "TYPE_INVALID"):
+                        existing[key] = value
+                    elif existing[key] != value:
+                        raise TritonModelException(f"{kind} '{tensor['name']}': auto-complete wants {key}={value!r} "
+                                                   f"but the config has {existing[key]!r}")
+                return
+        items.append(dict(tensor))
+
+
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
     return request.get_input_tensor_by_name(name)
 

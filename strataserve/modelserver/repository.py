@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strataserve.modelserver import model_config_pb2 as pb
-from strataserve.modelserver.autocomplete import autocomplete_onnx, complete_llm_config
+from strataserve.modelserver.autocomplete import autocomplete_onnx, autocomplete_python, complete_llm_config
 from strataserve.modelserver.config import (
     PLATFORM_TO_BACKEND,
     ConfigError,
@@ -104,9 +104,9 @@ class Repository:
         version_dirs = _version_dirs(model_dir)
         hint = _backend_hint(model_dir, version_dirs, cfg)
         backend = cfg.backend or PLATFORM_TO_BACKEND.get(cfg.platform, "") or hint
-        if source == model_dir and backend not in ("onnxruntime", "llm"):
-            raise ConfigError(model_dir / CONFIG_FILE, CONFIG_FILE,
-                              "is missing; only ONNX models and HF LLM folders can do without one")
+        if source == model_dir and backend not in ("onnxruntime", "llm", "python"):
+            raise ConfigError(model_dir / CONFIG_FILE, CONFIG_FILE, "is missing; only ONNX models, HF LLM folders "
+                              "and Python models with auto_complete_config can do without one")
         if backend == "llm":
             complete_llm_config(cfg, hf_folder_only=source == model_dir)
             if not version_dirs:
@@ -117,6 +117,14 @@ class Repository:
         if backend == "onnxruntime" and versions:
             latest = versions[max(versions)]
             autocomplete_onnx(cfg, _model_file(latest, cfg, "onnxruntime", source), source)
+        isolated = cfg.parameters["EXECUTION_ISOLATION"].string_value == "process" \
+            if "EXECUTION_ISOLATION" in cfg.parameters else False
+        if backend == "python" and versions and not isolated:  # isolated user code never runs in this process
+            path = _model_file(versions[max(versions)], cfg, "python", source)
+            autocomplete_python(cfg, path, source)
+            if source == model_dir and not cfg.input:
+                raise ConfigError(model_dir / CONFIG_FILE, CONFIG_FILE, f"is missing and {path} has no "
+                                  "auto_complete_config to declare the inputs and outputs")
         spec = build_spec(cfg, name, source, hint)
         return ModelSource(spec, model_dir, versions)
 

@@ -122,3 +122,44 @@ def test_user_code_failures_name_the_file(tmp_path):
         assert index[name]["state"] == "UNAVAILABLE", (name, index[name])
         assert what in index[name]["reason"] and str(tmp_path / name) in index[name]["reason"], (name, index[name])
     assert index["wrongcount"]["state"] == "READY"
+
+
+AUTO = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        @staticmethod
+        def auto_complete_config(auto_complete_model_config):
+            auto_complete_model_config.add_input({"name": "A", "data_type": "TYPE_INT64", "dims": [2]})
+            auto_complete_model_config.add_output({"name": "B", "data_type": "TYPE_INT64", "dims": [2]})
+            auto_complete_model_config.set_max_batch_size(4)
+            auto_complete_model_config.set_dynamic_batching()
+            return auto_complete_model_config
+
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "B", pb_utils.get_input_tensor_by_name(r, "A").as_numpy() * 2)]) for r in requests]
+"""
+
+
+def test_auto_complete_config_of_a_python_model(tmp_path):
+    (tmp_path / "auto" / "1").mkdir(parents=True)
+    (tmp_path / "auto" / "1" / "model.py").write_text(AUTO.replace("\n    ", "\n"))
+    write_python_model(tmp_path, "clash", AUTO, _config('{ name: "A" data_type: TYPE_FP32 dims: [2] }',
+                                                        '{ name: "B" data_type: TYPE_INT64 dims: [2] }'))
+
+    async def main():
+        async with serving(tmp_path) as server:
+            a = np.array([[1, 2], [3, 4]], np.int64)
+            out = outputs(await server.infer(request("auto", A=a)))["B"]
+            return out, server.model_config("auto"), {e["name"]: e for e in server.repository_index()}
+
+    out, cfg, index = run(main())
+    np.testing.assert_array_equal(out, [[2, 4], [6, 8]])
+    assert cfg["max_batch_size"] == 4 and cfg["backend"] == "python" and "dynamic_batching" in cfg
+    assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == [("A", "TYPE_INT64", [2])]
+    reason = index["clash"]["reason"]
+    assert index["clash"]["state"] == "UNAVAILABLE"
+    assert "field 'auto_complete_config'" in reason and "data_type='TYPE_INT64'" in reason and "TYPE_FP32" in reason

@@ -12,6 +12,7 @@ import importlib.util
 import itertools
 import json
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -34,6 +35,18 @@ def _load_module(path, model_name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_model_class(path: Path) -> type:
+    """Import model.py and return its TritonPythonModel class (errors name the file)."""
+    try:
+        module = _load_module(path, path.parent.parent.name)
+    except Exception as e:  # noqa: BLE001 - any error in user code is a load failure of this model
+        raise ModelServerError("invalid_argument", f"{path}: import failed: {type(e).__name__}: {e}") from e
+    cls = getattr(module, "TritonPythonModel", None)
+    if cls is None:
+        raise ModelServerError("invalid_argument", f"{path} defines no class TritonPythonModel")
+    return cls
 
 
 class PythonBackend(Backend):
@@ -60,14 +73,7 @@ class PythonBackend(Backend):
 
             self.model = IsolatedModel(path, args, spec.name)
             return
-        try:
-            module = _load_module(path, spec.name)
-        except Exception as e:  # noqa: BLE001 - any error in user code is a load failure of this model
-            raise ModelServerError("invalid_argument", f"{path}: import failed: {type(e).__name__}: {e}") from e
-        cls = getattr(module, "TritonPythonModel", None)
-        if cls is None:
-            raise ModelServerError("invalid_argument", f"{path} defines no class TritonPythonModel")
-        self.model = cls()
+        self.model = load_model_class(path)()
         if hasattr(self.model, "initialize"):
             try:
                 self.model.initialize(args)
