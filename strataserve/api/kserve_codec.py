@@ -348,6 +348,16 @@ def decode_http_request(
     return HttpInferRequest(req, binary_outputs, binary_default)
 
 
+def _response_doc(resp: InferResponse, outputs: list[dict]) -> dict:
+    doc: dict[str, Any] = {"model_name": resp.model_name, "model_version": resp.model_version}
+    if resp.id is not None:
+        doc["id"] = resp.id
+    if resp.parameters:
+        doc["parameters"] = resp.parameters
+    doc["outputs"] = outputs
+    return doc
+
+
 def response_to_dict(resp: InferResponse) -> dict:
     """InferResponse -> KServe v2 JSON object (all tensors inline; non-UTF-8 BYTES as base64)."""
     outputs = []
@@ -361,13 +371,7 @@ def response_to_dict(resp: InferResponse) -> dict:
         if params:
             entry["parameters"] = params
         outputs.append(entry)
-    out: dict[str, Any] = {"model_name": resp.model_name, "model_version": resp.model_version}
-    if resp.id is not None:
-        out["id"] = resp.id
-    if resp.parameters:
-        out["parameters"] = resp.parameters
-    out["outputs"] = outputs
-    return out
+    return _response_doc(resp, outputs)
 
 
 def encode_http_response(resp: InferResponse, decoded: HttpInferRequest) -> tuple[bytes, int | None]:
@@ -388,13 +392,7 @@ def encode_http_response(resp: InferResponse, decoded: HttpInferRequest) -> tupl
         if params:
             entry["parameters"] = params
         outputs.append(entry)
-    doc: dict[str, Any] = {"model_name": resp.model_name, "model_version": resp.model_version}
-    if resp.id is not None:
-        doc["id"] = resp.id
-    if resp.parameters:
-        doc["parameters"] = resp.parameters
-    doc["outputs"] = outputs
-    header = json_dumps(doc)
+    header = json_dumps(_response_doc(resp, outputs))
     if not blobs:
         return header, None
     return header + b"".join(blobs), len(header)
