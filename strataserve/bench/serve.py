@@ -64,6 +64,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-repetition-suffix-len", type=int, default=256, help="per-request suffix tokens")
     g.add_argument("--prefix-repetition-num-prefixes", type=int, default=10, help="distinct prefixes")
     g.add_argument("--prefix-repetition-output-len", type=int, default=128, help="output tokens")
+    g.add_argument("--prompt-format", choices=("auto", "ids", "text"), default="auto",
+                   help="random/prefix-repetition prompts as token-id lists or decoded text (needs --tokenizer); auto = ids for completions, text for chat")
     g.add_argument("--sharegpt-output-len", type=int, default=None, help="override each conversation's output length")
 
     g = parser.add_argument_group("report")
@@ -121,9 +123,13 @@ def load_samples(args: argparse.Namespace, tokenizer: Any, count: int) -> list[d
         if not args.dataset_path:
             raise ValueError("--dataset-name sharegpt needs --dataset-path FILE.json")
         samples = ds.sharegpt_requests(args.dataset_path, count, args.seed, tokenizer, args.sharegpt_output_len)
-    if is_chat(args.endpoint) and samples and not isinstance(samples[0].prompt, str):
+    chat = is_chat(args.endpoint)
+    if chat and args.prompt_format == "ids":
+        raise ValueError(f"--prompt-format ids: {args.endpoint} takes text messages; use auto or text")
+    want_text = args.prompt_format == "text" or (args.prompt_format == "auto" and chat)
+    if want_text and samples and not isinstance(samples[0].prompt, str):
         if tokenizer is None:
-            raise ValueError(f"{args.endpoint} needs text prompts: pass --tokenizer to decode the {args.dataset_name} token prompts")
+            raise ValueError(f"text prompts are needed: pass --tokenizer to decode the {args.dataset_name} token prompts")
         samples = [ds.SampleRequest(tokenizer.decode(s.prompt), s.prompt_len, s.expected_output_len) for s in samples]
     return samples
 
