@@ -71,8 +71,8 @@ def _params_to_dict(params: Any) -> dict[str, Any]:
 def _fill_params(target: Any, params: dict[str, Any]) -> None:
     for key, value in params.items():
         p = target[key]
-        if isinstance(value, bool):
-            p.bool_param = value
+        if isinstance(value, (bool, np.bool_)):
+            p.bool_param = bool(value)
         elif isinstance(value, (int, np.integer)):
             p.int64_param = int(value)
         elif isinstance(value, (float, np.floating)):
