@@ -281,3 +281,15 @@ def test_half_precision_logits_and_large_vocab() -> None:
     probs = Sampler.filtered_logits(x[1:2].float(), [reqs[1].params]).softmax(-1)
     assert probs[0, toks[1]] > 0 and int((probs > 0).sum()) <= 40
     assert lps[0] is not None and lps[0].top_token_ids[0] == toks[0]
+
+
+def test_nan_logits_and_out_of_vocab_ids_stay_in_range() -> None:
+    x = _logits(3, seed=10)
+    x[1] = float("nan")
+    reqs = [_req(SP(seed=1)), _req(SP(seed=2, top_p=0.9)), _req(SP(repetition_penalty=1.5, seed=3), out=[V + 5, 3], prompt=[V, 4])]
+    toks, _ = Sampler()(x, reqs)
+    assert all(0 <= t < V for t in toks)
+    pen = x[2:3].clone()
+    apply_penalties(pen, [[V, 4]], [[V + 5, 3]], [1.5], [0.0], [0.0])  # ids beyond the vocabulary are ignored
+    changed = (pen != x[2:3]).nonzero()[:, 1].tolist()
+    assert changed == [3, 4]
