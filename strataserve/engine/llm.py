@@ -58,6 +58,11 @@ class LLM:
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ vLLM-style API
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for the underlying engine."""
+        return self.engine
+
     def get_tokenizer(self) -> Any:
         """The underlying HF tokenizer (as vLLM returns)."""
         return self.engine.tokenizer.hf if self.engine.tokenizer is not None else None

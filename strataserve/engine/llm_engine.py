@@ -28,6 +28,11 @@ class LLMEngine:
     def max_model_len(self) -> int:
         return self.core.max_model_len
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids a prompt may use (the tokenizer's vocabulary)."""
+        return self.tokenizer.vocab_size if self.tokenizer is not None else None
+
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, *, priority: int = 0,
                     kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY, arrival_time: float | None = None) -> None:
         """Validate, tokenise and queue one request. Raises ValueError (nothing queued) on bad input."""
