@@ -51,6 +51,10 @@ def kserve(tmp_path_factory) -> KServeServer:
     refs["spare_weights"] = add_onnx_mlp(repo, name="onnx_spare", seed=10)  # for load/unload tests
     # a generous batching window so the batching test sees merged batches on a busy 2-core machine
     refs["batch_weights"] = add_onnx_mlp(repo, name="onnx_batch", max_batch_size=32, max_queue_delay_us=50_000, seed=20)
+    # a model that cannot load (its version folder has no model.onnx): listed UNAVAILABLE with the reason,
+    # answered 503 / UNAVAILABLE
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "config.pbtxt").write_text('name: "broken"\nbackend: "onnxruntime"\nmax_batch_size: 2\n')
     http_port, grpc_port = _free_port(), _free_port()
     cmd = [
         sys.executable, "-m", "strataserve", "serve", "--model-repository", str(repo),

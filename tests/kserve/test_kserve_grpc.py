@@ -184,6 +184,7 @@ def test_bad_inputs_and_server_keeps_serving(client, kserve):
         (lambda: client.infer("py_decoupled", [_input("COUNT", np.array([1], np.int32), "INT32")]), "INVALID_ARGUMENT", "ModelStreamInfer"),
         (lambda: client.get_model_metadata("no_such_model"), "NOT_FOUND", "no_such_model"),
         (lambda: client.get_model_config("no_such_model"), "NOT_FOUND", "no_such_model"),
+        (lambda: client.infer("broken", [_input("INPUT0", good)]), "UNAVAILABLE", "model.onnx"),
     ]
     for call, status, needle in cases:
         with pytest.raises(InferenceServerException) as err:

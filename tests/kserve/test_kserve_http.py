@@ -243,6 +243,15 @@ def test_bad_binary_and_malformed_bodies(kserve):
     assert r.status_code == 404
 
 
+def test_model_that_failed_to_load(client, kserve):
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["broken"]["state"] == "UNAVAILABLE" and "model.onnx" in index["broken"]["reason"]
+    r = httpx.post(f"{kserve.base}/v2/models/broken/infer", json={"inputs": []})
+    assert r.status_code == 503 and "model.onnx" in r.json()["error"]
+    assert httpx.get(f"{kserve.base}/v2/models/broken").status_code == 503
+    assert not client.is_model_ready("broken")
+
+
 def test_tritonclient_sees_errors_and_server_keeps_serving(client, kserve):
     with pytest.raises(InferenceServerException) as err:
         _infer(client, "onnx_mlp", "INPUT0", np.zeros((1, 4), np.float64), datatype="FP64")
