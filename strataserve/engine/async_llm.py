@@ -196,7 +196,10 @@ class AsyncLLM:
             return
         self._closed = True
         if self._pump is not None and not self._pump.done():
-            self._pump.cancel()
+            try:
+                self._pump.cancel()
+            except RuntimeError:  # its event loop is already closed: the task dies with it
+                pass
         err = EngineDeadError("the engine has been shut down")
         for c in list(self._collectors.values()):
             c.fail(err)

@@ -210,13 +210,14 @@ class Scheduler:
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         requests = self.requests
         cache_computed = self.kv.cache_computed
-        n_sampled_chunks = 0
+        n_decodes = 0  # single-token sampling chunks; every other token counts as prefill (incl. recompute)
         for c in sched.chunks:
             req = requests.get(c.req_id)
             if req is not None and req.status == _RUNNING:
                 cache_computed(req)
-            n_sampled_chunks += c.sample
-        self.prompt_tokens += sched.total_num_scheduled_tokens - n_sampled_chunks
+            if c.sample and len(c.token_ids) == 1:
+                n_decodes += 1
+        self.prompt_tokens += sched.total_num_scheduled_tokens - n_decodes
 
         outputs: list[EngineCoreOutput] = []
         logprobs = result.logprobs

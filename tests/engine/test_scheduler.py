@@ -182,6 +182,7 @@ def test_prefix_cache_hit_in_whole_blocks_and_counters():
     assert done["b"][0] == reference_output(shared + [9, 9, 9], 2)
     s = core.stats()
     assert s.prefix_cache_queries == 12 + 13 and s.prefix_cache_hits == 8
+    assert s.prompt_tokens == 12 + 5 and s.generation_tokens == 4
 
 
 def test_prefix_cache_hit_ending_exactly_at_a_block_boundary_recomputes_the_last_block():
