@@ -268,3 +268,17 @@ def test_step_with_nothing_to_do_reports_stats_only():
     core, runner = make_core()
     out = core.step()
     assert out.outputs == [] and out.stats.num_total_blocks == 64 and not runner.steps
+
+
+def test_victim_already_scheduled_in_this_step_is_unscheduled():
+    core, runner = make_core(num_blocks=5, block_size=4)
+    core.add_request(req("low", list(range(3, 10)), 12, priority=5, arrival=1.0, ignore_eos=True))
+    first = core.step().outputs[0].new_token_ids
+    core.add_request(req("high", list(range(20, 27)), 12, priority=0, arrival=2.0, ignore_eos=True))
+    done = run_all(core)
+    step = next(so for so in runner.steps if "low" in so.finished_req_ids)
+    assert all(c.req_id != "low" for c in step.chunks)  # its chunk of that step was withdrawn
+    assert any(c.req_id == "high" for c in step.chunks)
+    assert first + done["low"][0] == reference_output(list(range(3, 10)), 12)
+    assert done["high"][0] == reference_output(list(range(20, 27)), 12)
+    assert_all_blocks_free(core)
