@@ -35,7 +35,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--base-url", default=None, help="server URL, e.g. http://host:8000 (overrides --host/--port)")
     g.add_argument("--host", default="127.0.0.1", help="server host")
     g.add_argument("--port", type=int, default=8000, help="server port")
-    g.add_argument("--endpoint", default="/v1/completions", help="/v1/completions or /v1/chat/completions")
+    g.add_argument("--endpoint", default=None, help="/v1/completions or /v1/chat/completions (default: by --backend)")
+    g.add_argument("--backend", choices=("openai", "vllm", "openai-chat"), default="openai",
+                   help="accepted for vLLM compatibility: openai-chat defaults --endpoint to /v1/chat/completions")
     g.add_argument("--model", default=None, help="model name to request (default: the server's first /v1/models entry)")
     g.add_argument("--tokenizer", default=None, help="HF tokenizer folder for text prompts and exact lengths (default: --model if it is a folder)")
     g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="Bearer token (default: $OPENAI_API_KEY)")
@@ -87,6 +89,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- setup
+def endpoint_of(args: argparse.Namespace) -> str:
+    if args.endpoint:
+        return args.endpoint
+    return "/v1/chat/completions" if args.backend == "openai-chat" else "/v1/completions"
+
+
 def _validate(args: argparse.Namespace) -> dict[str, float]:
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts={args.num_prompts} must be >= 1")
@@ -123,9 +131,10 @@ def load_samples(args: argparse.Namespace, tokenizer: Any, count: int) -> list[d
         if not args.dataset_path:
             raise ValueError("--dataset-name sharegpt needs --dataset-path FILE.json")
         samples = ds.sharegpt_requests(args.dataset_path, count, args.seed, tokenizer, args.sharegpt_output_len)
-    chat = is_chat(args.endpoint)
+    endpoint = endpoint_of(args)
+    chat = is_chat(endpoint)
     if chat and args.prompt_format == "ids":
-        raise ValueError(f"--prompt-format ids: {args.endpoint} takes text messages; use auto or text")
+        raise ValueError(f"--prompt-format ids: {endpoint} takes text messages; use auto or text")
     want_text = args.prompt_format == "text" or (args.prompt_format == "auto" and chat)
     if want_text and samples and not isinstance(samples[0].prompt, str):
         if tokenizer is None:
@@ -160,7 +169,8 @@ async def _arrivals(n: int, rate: float, burstiness: float, rng: np.random.Gener
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     slos = _validate(args)
     base = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    url = base + "/" + args.endpoint.lstrip("/")
+    endpoint = endpoint_of(args)
+    url = base + "/" + endpoint.lstrip("/")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     sampling: dict[str, Any] = {"temperature": args.temperature}
     if args.top_p is not None:
@@ -173,7 +183,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=args.max_concurrency or args.num_prompts, max_keepalive_connections=args.max_concurrency or args.num_prompts)
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout, connect=30.0), limits=limits) as client:
         model = args.model or await _first_model(client, base, headers)
-        bodies = [build_payload(args.endpoint, model, s, args.ignore_eos, sampling) for s in samples]
+        bodies = [build_payload(endpoint, model, s, args.ignore_eos, sampling) for s in samples]
 
         probe = await send_request(client, url, bodies[0], samples[0].prompt_len, headers)
         if not probe.success:
@@ -225,7 +235,7 @@ def _result_dict(
     out: dict[str, Any] = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "base_url": base,
-        "endpoint": args.endpoint,
+        "endpoint": endpoint_of(args),
         "model": model,
         "dataset_name": args.dataset_name,
         "num_prompts": args.num_prompts,

@@ -139,9 +139,9 @@ def test_chat_sharegpt_without_usage_counts_chunks(tmp_path) -> None:
 def test_chat_random_with_tokenizer_decodes_prompts() -> None:
     state = FakeState(token_delay_s=0.0)
     with fake_server(state) as url:
-        result = run(_args("--base-url", url, "--endpoint", "/v1/chat/completions", "--tokenizer", str(DEMO_MODEL_DIR),
+        result = run(_args("--base-url", url, "--backend", "openai-chat", "--tokenizer", str(DEMO_MODEL_DIR),
                            "--num-prompts", "4", "--random-input-len", "12", "--random-output-len", "2"))
-    assert result["completed"] == 4
+    assert result["completed"] == 4 and result["endpoint"] == "/v1/chat/completions"
     assert all(isinstance(b["messages"][0]["content"], str) and b["messages"][0]["content"] for b in state.bodies)
     state = FakeState(token_delay_s=0.0)
     with fake_server(state) as url:
