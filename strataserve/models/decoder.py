@@ -48,14 +48,14 @@ class Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor,
                 meta: AttentionMetadata | None) -> torch.Tensor:
         t = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = self.ops.linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
             q = self.ops.rms_norm(q.reshape(t * self.num_heads, self.head_dim), self.q_norm, self.eps).view(t, -1)
             k = self.ops.rms_norm(k.reshape(t * self.num_kv_heads, self.head_dim), self.k_norm, self.eps).view(t, -1)
         self.ops.apply_rotary(positions, q, k, self.head_dim, cos_sin)
         o = self.ops.attention.forward(self.layer_idx, q, k, v, meta)
-        return F.linear(o, self.o_weight)
+        return self.ops.linear(o, self.o_weight)
 
 
 class MLP(nn.Module):
@@ -66,7 +66,7 @@ class MLP(nn.Module):
         self.down_weight = new(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.ops.silu_and_mul(F.linear(x, self.gate_up_weight)), self.down_weight)
+        return self.ops.linear(self.ops.silu_and_mul(self.ops.linear(x, self.gate_up_weight)), self.down_weight)
 
 
 class DecoderLayer(nn.Module):
@@ -134,4 +134,4 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[S, H]`` -> float32 logits ``[S, V]``."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.ops.linear(hidden, self.lm_head).float()

@@ -38,6 +38,10 @@ class OpSet(Protocol):
     name: str
     attention: AttentionBackend
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``F.linear``: the model's weight matmuls (a backend may swap in e.g. a GEMV kernel for one row)."""
+        ...
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim, statistics in float32."""
         ...
@@ -89,6 +93,9 @@ class TorchOps:
 
     def __init__(self, attention: AttentionBackend) -> None:
         self.attention = attention
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return _rms_norm(x, weight, eps)

@@ -6,9 +6,11 @@ launch shapes depend only on tensor shapes, never on tensor values, so a capture
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from strataserve.kernels.activation import silu_and_mul
 from strataserve.kernels.decode_attention import default_num_splits, paged_decode_attention
+from strataserve.kernels.gemv import gemv
 from strataserve.kernels.kv_cache import store_kv
 from strataserve.kernels.prefill_attention import prefill_attention
 from strataserve.kernels.rms_norm import fused_add_rms_norm, rms_norm
@@ -57,12 +59,22 @@ class TritonAttention:
 
 
 class TritonOps:
-    """Triton kernels behind the ``OpSet`` protocol (same semantics as ``TorchOps``)."""
+    """Triton kernels behind the ``OpSet`` protocol (same semantics as ``TorchOps``).
+
+    ``use_gemv``: one-row matmuls (batch-1 decode) run the streaming GEMV kernel instead of cuBLAS; see
+    docs/gpu_notes.md for the measured difference. Larger batches always use cuBLAS.
+    """
 
     name = "triton"
 
-    def __init__(self, attention: TritonAttention) -> None:
+    def __init__(self, attention: TritonAttention, use_gemv: bool = True) -> None:
         self.attention = attention
+        self.use_gemv = use_gemv
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.use_gemv and x.shape[0] == 1 and x.dim() == 2 and x.is_contiguous():
+            return gemv(x, weight, bias)
+        return F.linear(x, weight, bias)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)

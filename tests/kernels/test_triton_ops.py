@@ -79,7 +79,8 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg):
     tables = [[7, 2, 9, 4], [0, 11, 5, 3]]  # shuffled blocks
     steps = [([], [(0, 0, 13), (1, 0, 6)]),        # two prompts
              ([(1, 7)], [(0, 13, 9)]),             # decode seq 1 + a chunk of seq 0 over its cached prefix
-             ([(0, 23), (1, 8)], [])]              # pure decode
+             ([(0, 23), (1, 8)], []),              # pure decode
+             ([(0, 24)], [])]                      # batch 1: the GEMV path of TritonOps.linear
     for decodes, prefills in steps:
         meta, pos = _meta(decodes, prefills, tables, device)
         ids = torch.randint(0, cfg.vocab_size, pos.shape, device=device)
