@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -221,12 +222,21 @@ def line(name: str, clients: int, r: dict) -> str:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
+    """Stop a server and everything it started: LitServe forks its HTTP servers and spawns its workers, and
+    they outlive a plain SIGTERM to the parent, so each server runs in its own process group."""
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        pass
+    except ProcessLookupError:
+        return
+    time.sleep(1.0)  # children may still be exiting after the parent went
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def main() -> None:
@@ -273,7 +283,8 @@ def main() -> None:
         procs = {}
         try:
             for name, srv in servers.items():  # both up (idle) for the whole run; only one is loaded at a time
-                procs[name] = subprocess.Popen(srv["cmd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                procs[name] = subprocess.Popen(srv["cmd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                               start_new_session=True)
             for name, srv in servers.items():
                 asyncio.run(wait_ready(srv["ready"], procs[name]))
                 asyncio.run(check_outputs(name, srv["url"], srv["bodies"], expected, srv["parse"]))
