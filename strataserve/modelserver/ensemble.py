@@ -11,8 +11,8 @@ import asyncio
 import time
 from typing import AsyncIterator, Awaitable, Callable
 
-from strataserve.modelserver.config import ConfigError, ModelSpec, config_to_json
-from strataserve.modelserver.model import ModelVersion, tensor_metadata
+from strataserve.modelserver.config import ConfigError, ModelSpec
+from strataserve.modelserver.model import ModelVersion, ServedVersion
 from strataserve.modelserver.stats import ModelStats
 from strataserve.modelserver.types import InferRequest, InferResponse, InferTensor, ModelServerError
 
@@ -77,7 +77,7 @@ def _topological(spec: ModelSpec) -> list[int]:
     return order
 
 
-class EnsembleVersion:
+class EnsembleVersion(ServedVersion):
     def __init__(self, spec: ModelSpec, version: int, stats: ModelStats, infer_fn: InferFn):
         self.spec, self.version, self.stats = spec, version, stats
         self._infer = infer_fn
@@ -148,13 +148,3 @@ class EnsembleVersion:
         except Exception as e:  # noqa: BLE001
             raise ModelServerError("internal", f"ensemble '{self.spec.name}' step {i} (model '{step.model_name}'): "
                                    f"{type(e).__name__}: {e}") from e
-
-    def metadata(self) -> dict:
-        return {"inputs": tensor_metadata(self.spec, self.spec.inputs),
-                "outputs": tensor_metadata(self.spec, self.spec.outputs)}
-
-    def config_json(self) -> dict:
-        return config_to_json(self.spec.proto)
-
-    async def close(self) -> None:
-        pass

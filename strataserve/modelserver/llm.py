@@ -18,8 +18,8 @@ from typing import AsyncIterator
 import numpy as np
 
 from strataserve.modelserver.autocomplete import TEXT_INPUT, TEXT_OUTPUT
-from strataserve.modelserver.config import ConfigError, ModelSpec, config_to_json
-from strataserve.modelserver.model import ModelVersion, tensor_metadata
+from strataserve.modelserver.config import ConfigError, ModelSpec
+from strataserve.modelserver.model import ModelVersion, ServedVersion
 from strataserve.modelserver.repository import ModelSource, is_hf_folder
 from strataserve.modelserver.stats import ModelStats
 from strataserve.modelserver.types import InferRequest, InferResponse, InferTensor, ModelServerError
@@ -52,7 +52,7 @@ def sampling_params(parameters: dict, model: str):
         raise ModelServerError("invalid_argument", f"model '{model}': {e}") from None
 
 
-class LLMVersion:
+class LLMVersion(ServedVersion):
     def __init__(self, spec: ModelSpec, version: int, stats: ModelStats, engine):
         self.spec, self.version, self.stats, self.engine = spec, version, stats, engine
         self._io = ModelVersion(spec, version, stats)  # request validation shared with other models
@@ -117,13 +117,6 @@ class LLMVersion:
             parts.append(r.outputs[0].data[0].decode())
             extra = r.parameters
         return self._response(req, "".join(parts), extra)
-
-    def metadata(self) -> dict:
-        return {"inputs": tensor_metadata(self.spec, self.spec.inputs),
-                "outputs": tensor_metadata(self.spec, self.spec.outputs)}
-
-    def config_json(self) -> dict:
-        return config_to_json(self.spec.proto)
 
     async def close(self) -> None:
         self.engine.shutdown()

@@ -28,13 +28,41 @@ def _device(spec: ModelSpec, index: int) -> str:
     return f"cuda:{index % torch.cuda.device_count()}"
 
 
+def as_bytes_array(arr: np.ndarray) -> np.ndarray:
+    """An object array of `bytes` (BYTES tensors); str elements are UTF-8 encoded, other values str()-ed."""
+    if arr.dtype == object and all(isinstance(x, bytes) for x in arr.flat):
+        return arr
+    flat = [x if isinstance(x, bytes) else (x if isinstance(x, str) else str(x)).encode() for x in arr.flat]
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(arr.shape)
+
+
 def tensor_metadata(spec: ModelSpec, tensors) -> list[dict]:
     prefix = [-1] if spec.max_batch_size > 0 else []
     return [{"name": t.name, "datatype": t.datatype, "shape": prefix + list(t.dims)} for t in tensors]
 
 
-class ModelVersion:
-    """A ready version of a non-ensemble model."""
+class ServedVersion:
+    """What the server needs of a ready model version (ModelVersion, EnsembleVersion, LLMVersion)."""
+
+    spec: ModelSpec
+    version: int
+    stats: ModelStats
+
+    def metadata(self) -> dict:
+        return {"inputs": tensor_metadata(self.spec, self.spec.inputs),
+                "outputs": tensor_metadata(self.spec, self.spec.outputs)}
+
+    def config_json(self) -> dict:
+        return config_to_json(self.spec.proto)
+
+    async def close(self) -> None:
+        """Stop serving; called once."""
+
+
+class ModelVersion(ServedVersion):
+    """A ready version of a model run by a backend (onnxruntime / pytorch / python)."""
 
     def __init__(self, spec: ModelSpec, version: int, stats: ModelStats):
         self.spec, self.version, self.stats = spec, version, stats
@@ -111,9 +139,7 @@ class ModelVersion:
         data = t.data if isinstance(t.data, np.ndarray) else np.asarray(t.data)
         expect = KSERVE_DTYPES[t.datatype]
         if t.datatype == "BYTES":
-            if data.dtype != object:
-                data = np.array([x if isinstance(x, bytes) else str(x).encode() for x in data.reshape(-1)],
-                                dtype=object)
+            data = as_bytes_array(data)
         elif data.dtype != expect:
             raise ModelServerError("invalid_argument", f"{where}: input '{t.name}' holds {data.dtype} values, not "
                                    f"{t.datatype}")
@@ -134,9 +160,7 @@ class ModelVersion:
             ts = spec.output(name)
             arr = np.asarray(outputs[name])
             if ts.datatype == "BYTES":
-                if arr.dtype != object:
-                    arr = np.array([x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1)],
-                                   dtype=object).reshape(arr.shape)
+                arr = as_bytes_array(arr)
             elif arr.dtype != KSERVE_DTYPES[ts.datatype]:
                 arr = arr.astype(KSERVE_DTYPES[ts.datatype])
             if ts.reshape is not None:
@@ -200,10 +224,3 @@ class ModelVersion:
             return InferResponse(self.spec.name, str(self.version), req.id, [])
         raise ModelServerError("failed_precondition", f"model '{self.spec.name}' is decoupled and sent "
                                f"{len(responses)} responses; use the streaming API to receive them")
-
-    def metadata(self) -> dict:
-        return {"inputs": tensor_metadata(self.spec, self.spec.inputs),
-                "outputs": tensor_metadata(self.spec, self.spec.outputs)}
-
-    def config_json(self) -> dict:
-        return config_to_json(self.spec.proto)

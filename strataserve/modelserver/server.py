@@ -20,7 +20,7 @@ from strataserve.modelserver.config import ModelSpec
 from strataserve.modelserver.ensemble import EnsembleVersion, validate_ensemble
 from strataserve.modelserver.generate import generate_request, generate_response
 from strataserve.modelserver.llm import LLMVersion
-from strataserve.modelserver.model import ModelVersion
+from strataserve.modelserver.model import ModelVersion, ServedVersion
 from strataserve.modelserver.repository import Repository
 from strataserve.modelserver.stats import ModelStats, StatsCollector
 from strataserve.modelserver.types import InferRequest, InferResponse, ModelServerError
@@ -35,7 +35,7 @@ EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedu
 class _Entry:
     name: str
     spec: ModelSpec | None = None
-    versions: dict[int, ModelVersion | EnsembleVersion | LLMVersion] = field(default_factory=dict)  # ready ones
+    versions: dict[int, ServedVersion] = field(default_factory=dict)  # ready ones
     states: dict[str, tuple[str, str]] = field(default_factory=dict)  # version ("" = whole model) -> state, reason
     fingerprint: tuple | None = None
 
@@ -130,7 +130,7 @@ class ModelServer:
         except ModelServerError as e:
             entry.states[""] = ("UNAVAILABLE", e.message)
             raise
-        new: dict[int, ModelVersion | EnsembleVersion | LLMVersion] = {}
+        new: dict[int, ServedVersion] = {}
         states: dict[str, tuple[str, str]] = {}
         errors = []
         for v in source.versions:
@@ -227,7 +227,7 @@ class ModelServer:
                 await self._close_versions(self._entries.pop(name), "removed from the repository")
 
     # -- lookup ------------------------------------------------------------------------------------------------
-    def _version(self, name: str, version: str = "") -> ModelVersion | EnsembleVersion | LLMVersion:
+    def _version(self, name: str, version: str = "") -> ServedVersion:
         entry = self._entries.get(name)
         if entry is None or not entry.versions:
             if entry is not None and entry.states:
