@@ -106,7 +106,7 @@ def write_random_qwen3(path: Path) -> Path:
 _CKPT: dict = {}  # the random Qwen3-0.6B checkpoint, written once per run
 
 
-def bench_throughput(modes, n: int = 256) -> None:
+def bench_throughput(modes, n: int = 256, profile: bool = False) -> None:
     """nano-vllm's workload: 256 sequences, input and output lengths uniform in [100, 1024], greedy, ignore_eos,
     through the real engine (scheduler, runner, sampler). Start-up (weights + KV + graphs) is timed too."""
     from gpu_engine import generate, make_engine
@@ -124,9 +124,17 @@ def bench_throughput(modes, n: int = 256) -> None:
                                        max_model_len=2048)
             generate(eng, prompts[:8], [16] * 8)  # warm-up
             torch.cuda.synchronize()
+            prof = None
+            if profile:  # where the host time goes (cProfile slows Python, so its tok/s is not the figure)
+                import cProfile
+                prof = cProfile.Profile()
+                prof.enable()
             t0 = time.perf_counter()
             res = generate(eng, prompts, outs)
             dt = time.perf_counter() - t0
+            if prof is not None:
+                prof.disable()
+                _write_profile(prof, OUT / "throughput_profile.txt")
             n_out = sum(len(r) for r in res)
             eng.shutdown()
             del eng
@@ -137,7 +145,18 @@ def bench_throughput(modes, n: int = 256) -> None:
                     "startup_s": round(t_ready, 2)}
         r = guarded(f"throughput {mode}", one)
         if r:
-            emit("throughput", model="qwen3-0.6b-shape", batch=n, mode=mode, **r)
+            emit("throughput_profiled" if profile else "throughput", model="qwen3-0.6b-shape", batch=n, mode=mode,
+                 **r)
+
+
+def _write_profile(prof, path: Path) -> None:
+    import io
+    import pstats
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("cumulative").print_stats(45)
+    st.sort_stats("tottime").print_stats(30)
+    path.write_text(buf.getvalue())
 
 
 def main() -> None:
@@ -165,7 +184,12 @@ def main() -> None:
             ("startup-graph", lambda: bench_startup(["graph"])),
             ("throughput-triton", lambda: bench_throughput(["triton"])),
             ("throughput-graph", lambda: bench_throughput(["graph"])),
-            ("throughput-eager", lambda: bench_throughput(["eager"]))]
+            ("throughput-eager", lambda: bench_throughput(["eager"])),
+            # run 2: the batch-1 GEMV kernel against cuBLAS, launch-config sweeps, a profile of the throughput run
+            ("decode1-hybrid-cublas", lambda: bench_decode(bw, 1, ["hybrid-cublas"])),
+            ("gemv-sweep", lambda: [emit("kernel_sweep", **r) for r in kb.gemv_sweep(bw)]),
+            ("attention-sweep", lambda: [emit("kernel_sweep", **r) for r in kb.attention_sweep(bw)]),
+            ("throughput-hybrid-profile", lambda: bench_throughput(["hybrid"], profile=True))]
     only = set(filter(None, args.only.split(",")))
     for name, fn in plan:
         if only and name not in only:

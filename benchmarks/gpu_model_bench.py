@@ -56,8 +56,10 @@ def _empty_cache() -> None:
 
 
 def make_ops(mode: str, cfg: DecoderConfig):
-    if mode in ("triton", "hybrid"):
-        return TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+    """Like runner/model_runner.select_ops, plus "hybrid-cublas": hybrid without the batch-1 GEMV kernel."""
+    if mode in ("triton", "hybrid", "hybrid-cublas"):
+        return TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+                         use_gemv=mode != "hybrid-cublas")
     return TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
 
 
@@ -92,8 +94,8 @@ class _Setup:
         self.tables = perm.view(batch, self.bps).to(torch.int32)
         self.block_size = block_size
         self.graphs = None
-        if mode in ("graph", "hybrid"):
-            pad = -1 if mode == "hybrid" else (num_blocks - 1) * block_size
+        if mode in ("graph", "hybrid", "hybrid-cublas"):
+            pad = -1 if mode.startswith("hybrid") else (num_blocks - 1) * block_size
             self.graphs = CudaGraphDecoder(self._step, max_bs_graph or batch, self.bps, dev, pad_slot=pad)
 
     def _step(self, ids, pos, slots, tables, lens):

@@ -109,7 +109,7 @@ def default_num_splits(batch: int, num_kv_heads: int, num_sms: int = 132, max_sp
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            num_splits: int | None = None, out: torch.Tensor | None = None,
-                           block_n: int = 64) -> torch.Tensor:
+                           block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B].
 
     Returns ``out`` [B, Hq, D] in q's dtype.
@@ -148,7 +148,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         scale, G, D, block_size,
         BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
-        num_warps=4, num_stages=2)
+        num_warps=num_warps, num_stages=num_stages)
     _paged_decode_reduce_kernel[(B, Hq)](
         partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1), splits, D, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_d, num_warps=4)

@@ -73,7 +73,8 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                       cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_q_len: int, scale: float,
-                      out: torch.Tensor | None = None, block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+                      out: torch.Tensor | None = None, block_m: int = 64, block_n: int = 64, num_warps: int = 4,
+                      num_stages: int = 2) -> torch.Tensor:
     """``q`` [T, Hq, D] packed segments; ``cu_seqlens_q`` [S+1]; ``seq_lens`` [S] (prefix + new tokens);
     ``block_tables`` [S, max_blocks]; ``max_q_len`` the longest segment (host int, sizes the grid)."""
     check_ndim("q", q, 3, "[tokens, q_heads, head_dim]")
@@ -107,7 +108,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         scale, Hq // Hkv, D, block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(D)), IEEE=q.dtype == torch.float32,
-        num_warps=4, num_stages=2)
+        num_warps=num_warps, num_stages=num_stages)
     return out
 
 
