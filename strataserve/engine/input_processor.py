@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
+from strataserve.engine.request import check_prompt_length
 from strataserve.engine.sampling_params import SamplingParams
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
@@ -46,15 +47,7 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, not {type(params).__name__}")
         text, ids = self._tokenize(prompt)
-        n = len(ids)
-        if n == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        if n >= self.max_model_len:
-            raise ValueError(f"the prompt has {n} tokens but this model's context (max_model_len) is "
-                             f"{self.max_model_len}: shorten the prompt to at most {self.max_model_len - 1} tokens")
-        if n > self.max_pool_tokens:
-            raise ValueError(f"the prompt has {n} tokens but the KV cache holds only {self.max_pool_tokens}: "
-                             "shorten the prompt or give the KV cache more memory")
+        check_prompt_length(len(ids), self.max_model_len, self.max_pool_tokens)
         if self._extra_eos and not params.ignore_eos:
             extra = [t for t in self._extra_eos if t not in params.stop_token_ids]
             if extra:

@@ -32,6 +32,18 @@ _FINISH_REASON = {
 }
 
 
+def check_prompt_length(n: int, max_model_len: int, max_pool_tokens: int) -> None:
+    """Raise ValueError, saying what to change, for a prompt length the engine can never serve."""
+    if n == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if n >= max_model_len:
+        raise ValueError(f"the prompt has {n} tokens but this model's context (max_model_len) is {max_model_len}: "
+                         f"shorten the prompt to at most {max_model_len - 1} tokens (or raise max_model_len)")
+    if n > max_pool_tokens:
+        raise ValueError(f"the prompt has {n} tokens but the whole KV cache holds {max_pool_tokens}: "
+                         "shorten the prompt or give the KV cache more memory")
+
+
 class Request:
     """Token ids, progress and limits of one sequence.
 

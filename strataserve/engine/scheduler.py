@@ -22,7 +22,7 @@ from strataserve.config import SchedulerConfig
 from strataserve.engine.kv_cache_manager import KVCacheManager
 from strataserve.engine.outputs import ModelRunnerOutput, NewRequestData, ScheduledChunk, SchedulerOutput
 from strataserve.engine.protocol import EngineCoreOutput, SchedulerStats
-from strataserve.engine.request import Request, RequestStatus
+from strataserve.engine.request import Request, RequestStatus, check_prompt_length
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -52,14 +52,7 @@ class Scheduler:
     # ------------------------------------------------------------------ requests in / out
     def check_prompt(self, num_prompt_tokens: int) -> None:
         """Raise ValueError for a prompt this engine can never serve (pure; safe from any thread)."""
-        if num_prompt_tokens == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        if num_prompt_tokens >= self.max_model_len:
-            raise ValueError(f"the prompt has {num_prompt_tokens} tokens but max_model_len is {self.max_model_len}"
-                             f": shorten the prompt below {self.max_model_len} tokens (or raise max_model_len)")
-        if num_prompt_tokens > self.max_pool_tokens:
-            raise ValueError(f"the prompt has {num_prompt_tokens} tokens but the whole KV cache holds "
-                             f"{self.max_pool_tokens}: shorten the prompt or give the KV cache more memory")
+        check_prompt_length(num_prompt_tokens, self.max_model_len, self.max_pool_tokens)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
