@@ -59,9 +59,12 @@ class Scheduler:
         self.executor = ThreadPoolExecutor(len(instances), thread_name_prefix=f"model-{spec.name}")
         self.workers = [asyncio.create_task(self._worker(i)) for i in instances]
         self.running = 0
+        self.closing = False
 
     # -- admission ---------------------------------------------------------------------------------------------
     def submit(self, request: BackendRequest, priority: int, timeout_us: int | None) -> Pending:
+        if self.closing:
+            raise self._unloaded()
         loop = asyncio.get_running_loop()
         db = self.spec.dynamic_batching
         level = priority or self.default_level
@@ -202,13 +205,11 @@ class Scheduler:
         return ModelServerError("unavailable", f"model '{self.spec.name}' version {self.version} was unloaded")
 
     async def close(self) -> None:
-        """Stop accepting work: fail queued requests, let running executions finish, release the instances."""
-        for p in list(self._ordered()):
-            p.push(None, self._unloaded(), True)
-        for q in (*self.queues, self.delayed):
-            q.clear()
-        while self.running:
-            await asyncio.sleep(0.01)
+        """Refuse new requests, finish the queued and running ones (as Triton does on unload), then release
+        the instances."""
+        self.closing = True
+        while self.queued() or self.running:
+            await asyncio.sleep(0.005)
         for w in self.workers:
             w.cancel()
         await asyncio.gather(*self.workers, return_exceptions=True)

@@ -148,17 +148,20 @@ class ModelServer:
                 states[str(v)] = ("UNAVAILABLE", msg)
                 errors.append(e if isinstance(e, ModelServerError) else ModelServerError(
                     "invalid_argument", f"model '{name}' version {v} failed to load: {msg}"))
-        await self._close_versions(entry, "reloaded")
+        old = entry.versions  # new requests go to the new versions at once; the old ones drain, then close
         entry.spec, entry.versions, entry.states = spec, new, states
+        for mv in old.values():
+            await mv.close()
         if errors and not new:
             raise errors[0]
 
     async def _close_versions(self, entry: _Entry, reason: str) -> None:
         old, entry.versions = entry.versions, {}
-        for v, mv in old.items():
-            await mv.close()
-            entry.states[str(v)] = ("UNAVAILABLE", reason)
         entry.states.pop("", None)
+        for v in old:
+            entry.states[str(v)] = ("UNAVAILABLE", reason)
+        for mv in old.values():
+            await mv.close()
 
     def _lookup_spec(self, name: str, version: int) -> ModelSpec | None:
         entry = self._entries.get(name)
