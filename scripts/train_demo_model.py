@@ -11,6 +11,8 @@ weights with the best held-out loss, and save an ordinary HF checkpoint folder.
     python scripts/train_demo_model.py --device cuda --time-budget 330 --out OUT --shard-mb 15 --weights-only
     # Join a sharded run into one model.safetensors and add the tokenizer and word list:
     python scripts/train_demo_model.py --assemble OUT --out strataserve/assets/demo_llama
+    # fp32 train / held-out loss of the shipped folder:
+    python scripts/train_demo_model.py --evaluate strataserve/assets/demo_llama --device cpu
 """
 from __future__ import annotations
 
@@ -145,6 +147,34 @@ def evaluate(model, data: np.ndarray, seq_len: int, device: str, autocast) -> fl
     return total / count
 
 
+def train_sample(train_ids: np.ndarray, n_tokens: int, args) -> np.ndarray:
+    """Seeded random windows of the training split, as many tokens as the held-out split: train loss is
+    measured on the same footing as held-out loss (whole windows, no sampling noise between runs)."""
+    rng = np.random.default_rng(args.seed)
+    n = max(1, n_tokens // args.seq_len)
+    starts = np.sort(rng.integers(0, len(train_ids) - args.seq_len - 1, n))
+    return np.concatenate([train_ids[s:s + args.seq_len] for s in starts] + [train_ids[-1:]])
+
+
+def evaluate_folder(args) -> None:
+    """fp32 train/held-out loss of a saved checkpoint folder (the numbers in the model card)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(args.evaluate)
+    model = AutoModelForCausalLM.from_pretrained(args.evaluate, dtype=torch.float32).to(args.device)
+    train_ids, valid_ids = (tokenize_split(tokenizer, args.corpus, s) for s in ("train", "valid"))
+
+    def autocast():
+        return torch.autocast("cpu", enabled=False)
+
+    result = {}
+    for name, ids in (("train", train_sample(train_ids, len(valid_ids), args)), ("valid", valid_ids)):
+        loss = evaluate(model, ids, args.seq_len, args.device, autocast)
+        result.update({f"{name}_loss": round(loss, 4), f"{name}_ppl": round(math.exp(loss), 2)})
+    print(json.dumps(result))
+
+
 def lr_at(step: int, total: int, args) -> float:
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
@@ -267,9 +297,8 @@ def train(args) -> None:
                         "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
     train_time = time.perf_counter() - start
     model.load_state_dict(best.pop("state"))
-    # Report train loss of the kept weights on a fixed train sample the same way as held-out.
-    sample = train_ids[: min(len(train_ids), max(len(valid_ids), args.seq_len + 1))]
-    final_train = evaluate(model, sample, args.seq_len, args.device, autocast)
+    final_train = evaluate(model, train_sample(train_ids, len(valid_ids), args), args.seq_len, args.device,
+                           autocast)
     final_valid = evaluate(model, valid_ids, args.seq_len, args.device, autocast)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -299,8 +328,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--corpus", type=Path, default=Path(".demo_corpus"))
     ap.add_argument("--tokenizer-dir", type=Path, default=Path("strataserve/assets/demo_llama"),
                     help="loads tokenizer.json from here, or trains one and saves it here")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--assemble", type=Path, help="join a sharded run folder into --out and stop")
+    ap.add_argument("--evaluate", type=Path, help="print fp32 train/held-out loss of this folder and stop")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
@@ -330,4 +360,9 @@ def parse_args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     cli = parse_args()
-    assemble(cli) if cli.assemble else train(cli)
+    if cli.evaluate:
+        evaluate_folder(cli)
+    elif cli.out is None:
+        raise SystemExit("give --out (or --evaluate DIR)")
+    else:
+        assemble(cli) if cli.assemble else train(cli)
