@@ -8,6 +8,7 @@ with action DELAY); only the event-loop thread touches the queues; an instance r
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,8 @@ from strataserve.modelserver.backends.base import Backend, BackendRequest
 from strataserve.modelserver.config import ModelSpec
 from strataserve.modelserver.stats import ModelStats
 from strataserve.modelserver.types import ModelServerError
+
+log = logging.getLogger(__name__)
 
 
 class Pending:
@@ -163,7 +166,14 @@ class Scheduler:
     async def _worker(self, instance: Backend) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._next_batch()
+            try:
+                batch = await self._next_batch()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a scheduling bug must not silently kill the instance's worker
+                log.exception("model %s: batch formation failed", self.spec.name)
+                await asyncio.sleep(0.01)
+                continue
             start = time.monotonic_ns()
             for p in batch:
                 p.queue_ns = start - p.enqueued_ns
@@ -184,11 +194,16 @@ class Scheduler:
             finally:
                 self.running -= 1
             self.stats.execution_done(len(batch), sum(p.request.rows for p in batch), *times)
+            if len(results) != len(batch):  # a backend bug must not leave requests waiting forever
+                results = [ModelServerError("internal", f"model '{self.spec.name}': the backend answered "
+                                            f"{len(results)} of {len(batch)} requests")] * len(batch)
             for p, r in zip(batch, results):
                 if isinstance(r, BaseException):
                     p.deliver(None, r, True)
                 elif r is not None:
                     p.deliver(r, None, True)
+                elif not self.spec.decoupled:
+                    p.deliver(None, ModelServerError("internal", f"model '{self.spec.name}' gave no response"), True)
 
     @staticmethod
     def _run(instance: Backend, requests: list[BackendRequest]):

@@ -184,7 +184,8 @@ class InferenceRequest:
 
         server, loop = getattr(_bls, "server", None), getattr(_bls, "loop", None)
         if server is None:
-            raise TritonModelException("InferenceRequest.exec() works only inside execute()")
+            raise TritonModelException("InferenceRequest.exec() (BLS) works only inside execute() of an in-process "
+                                       "Python model (not with EXECUTION_ISOLATION 'process')")
         if decoupled:
             raise TritonModelException("decoupled BLS calls are not supported")
         req = InferRequest(
