@@ -2,6 +2,7 @@
 top_logprobs, streaming with a role chunk first and ``stream_options.include_usage``."""
 from __future__ import annotations
 
+import time
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter
@@ -96,7 +97,7 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
         if finish[i] == "abort":
             raise engine_abort_error(stop_reason[i])
     return {
-        "id": rid, "object": "chat.completion", "created": state.created, "model": state.model_name,
+        "id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
         "choices": [{"index": i, "message": {"role": "assistant", "content": "".join(parts[i])},
                      "logprobs": {"content": lps[i]} if top_n is not None else None,
                      "finish_reason": finish[i], "stop_reason": stop_reason[i]} for i in range(n)],
@@ -107,7 +108,7 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
 async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_ids: list[int],
                   params: SamplingParams, top_n: int | None) -> AsyncIterator[bytes]:
     with_usage = body.stream_options is not None and body.stream_options.include_usage
-    head: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": state.created,
+    head: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
                             "model": state.model_name}
     if with_usage:
         head["usage"] = None

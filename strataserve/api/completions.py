@@ -2,6 +2,7 @@
 logprobs, streaming with ``stream_options.include_usage``."""
 from __future__ import annotations
 
+import time
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter
@@ -113,7 +114,7 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
         if ch.finish_reason == "abort":
             raise engine_abort_error(ch.stop_reason)
     return {
-        "id": rid, "object": "text_completion", "created": state.created, "model": state.model_name,
+        "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
         "choices": [{"index": k, "text": "".join(ch.parts), "finish_reason": ch.finish_reason,
                      "stop_reason": ch.stop_reason,
                      "logprobs": ch.logprobs.result() if ch.logprobs is not None else None}
@@ -126,7 +127,7 @@ async def _stream(state: ServerState, body: CompletionRequest, rid: str, prompts
                   num_seqs: int) -> AsyncIterator[bytes]:
     n = body.n
     with_usage = body.stream_options is not None and body.stream_options.include_usage
-    head: dict[str, Any] = {"id": rid, "object": "text_completion", "created": state.created,
+    head: dict[str, Any] = {"id": rid, "object": "text_completion", "created": int(time.time()),
                             "model": state.model_name}
     if with_usage:
         head["usage"] = None

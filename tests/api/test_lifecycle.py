@@ -1,0 +1,139 @@
+"""Process lifecycle on a server of its own: the engine process dying fails requests cleanly and turns /health
+to 503; SIGTERM stops every child and frees the HTTP and gRPC ports and the socket files; a bad model path fails
+start-up with a clear message instead of hanging."""
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from conftest import MODEL, ROOT, free_port, launch
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.split("/")[2]))
+    return kids
+
+
+def _engine_pid(pid: int) -> int:
+    for kid in _children(pid):
+        cmdline = Path(f"/proc/{kid}/cmdline").read_bytes()
+        if b"spawn_main" in cmdline:
+            return kid
+    raise AssertionError("no engine-core child process found")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
+    sockets_before = set(glob.glob("/tmp/strata-core-*"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    grpc_port = free_port()
+    srv = launch(tiny_ckpt, tmp_path / "server.log", "--model-repository", str(repo), "--grpc-port",
+                 str(grpc_port), api_key=None)
+    try:
+        url = srv.url
+        assert httpx.get(f"{url}/v2/health/live").status_code == 200  # the KServe front shares the app
+        assert not _port_free(grpc_port)
+        engine = _engine_pid(srv.proc.pid)
+        children = _children(srv.proc.pid)
+        assert httpx.get(f"{url}/health").status_code == 200
+
+        body = {"model": MODEL, "prompt": "long story", "max_tokens": 480, "ignore_eos": True}
+        result: dict = {}
+
+        def non_stream() -> None:
+            result["r"] = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+
+        with httpx.Client(timeout=60) as client:
+            with client.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as stream:
+                lines = stream.iter_lines()
+                next(line for line in lines if line.startswith("data:"))
+                waiter = threading.Thread(target=non_stream)
+                waiter.start()
+                time.sleep(0.3)
+                os.kill(engine, signal.SIGKILL)
+                rest = [line for line in lines if line.startswith("data:")]
+            waiter.join(30)
+        # The stream ends with an OpenAI error event, then [DONE].
+        assert rest[-1] == "data: [DONE]"
+        assert '"error"' in rest[-2] and "engine" in rest[-2]
+        r = result["r"]
+        assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 503 and health.json()["error"]["code"] == "engine_dead"
+        again = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 2})
+        assert again.status_code == 503 and again.json()["error"]["type"] == "service_unavailable"
+
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=30) == 0, srv.log_tail()
+    finally:
+        srv.stop()
+    assert _port_free(srv.port) and _port_free(grpc_port)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in children if _alive(p)], "child processes outlived the server"
+    assert set(glob.glob("/tmp/strata-core-*")) <= sockets_before, "engine socket files left behind"
+
+
+def test_sigterm_while_idle_stops_engine(tiny_ckpt, tmp_path):
+    srv = launch(tiny_ckpt, tmp_path / "server.log", api_key=None)
+    try:
+        engine = _engine_pid(srv.proc.pid)
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=30) == 0, srv.log_tail()
+    finally:
+        srv.stop()
+    deadline = time.monotonic() + 10
+    while _alive(engine) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(engine)
+    assert _port_free(srv.port)
+    assert "stopped" in srv.log_tail()
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "strataserve", "serve", *args, "--device", "cpu", "--port", str(free_port())]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+
+def test_bad_model_path_fails_fast_with_a_message(tmp_path):
+    missing = _serve(str(tmp_path / "does-not-exist"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = _serve(str(empty))
+    assert broken.returncode == 1
+    assert "engine failed to start" in broken.stderr and "config.json" in broken.stderr
