@@ -35,7 +35,7 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
                          q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh,
                          scale, G, D, block_size,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         IEEE: tl.constexpr):
+                         IEEE: tl.constexpr, DIRECT: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -76,9 +76,11 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-    tl.store(po_ptr + b * po_sb + heads[:, None] * po_sh + split * po_ss + offs_d[None, :], out,
-             mask=hmask[:, None] & dmask[None, :])
-    tl.store(pl_ptr + b * pl_sb + heads * pl_sh + split, lse, mask=hmask)
+    # DIRECT (one split): po_ptr is the final output, so no partials and no reduce kernel
+    tl.store(po_ptr + b * po_sb + heads[:, None] * po_sh + split * po_ss + offs_d[None, :],
+             out.to(po_ptr.dtype.element_ty), mask=hmask[:, None] & dmask[None, :])
+    if not DIRECT:
+        tl.store(pl_ptr + b * pl_sb + heads * pl_sh + split, lse, mask=hmask)
 
 
 @triton.jit
@@ -140,15 +142,22 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     G = Hq // Hkv
     splits = num_splits or default_num_splits(B, Hkv)
     block_d = max(16, next_pow2(D))
-    partial = torch.empty(B, Hq, splits, block_d, dtype=torch.float32, device=q.device)
-    lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
+    direct = splits == 1
+    if direct:
+        partial, lse = out, out  # lse is never written in DIRECT mode
+        po_strides, pl_strides = (out.stride(0), out.stride(1), 0), (0, 0)
+    else:
+        partial = torch.empty(B, Hq, splits, block_d, dtype=torch.float32, device=q.device)
+        lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
+        po_strides, pl_strides = partial.stride()[:3], lse.stride()[:2]
     _paged_decode_kernel[(B, Hkv, splits)](
         q, k_cache, v_cache, block_tables, context_lens, partial, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
-        scale, G, D, block_size,
+        *po_strides, *pl_strides, scale, G, D, block_size,
         BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=num_stages)
+        DIRECT=direct, num_warps=num_warps, num_stages=num_stages)
+    if direct:
+        return out
     _paged_decode_reduce_kernel[(B, Hq)](
         partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1), splits, D, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_d, num_warps=4)

@@ -29,6 +29,7 @@ def _paged_cache(device, dtype, lens, H, D, bs):
     ([5, 123, 1, 40], 4, 2, 32, 16, None),     # GQA 2, odd lengths, default splits
     ([77], 6, 1, 64, 8, 3),                    # MQA, 3 uneven splits
     ([0, 17, 300], 2, 2, 16, 16, 7),           # MHA, a padding row (length 0) and empty splits
+    ([0, 9, 130], 4, 1, 32, 16, 1),            # one split: written directly, no reduce kernel
 ])
 def test_paged_decode(device, dtype, lens, Hq, Hkv, D, bs, splits):
     kc, vc, tables = _paged_cache(device, dtype, lens, Hkv, D, bs)
