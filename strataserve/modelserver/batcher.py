@@ -39,7 +39,10 @@ class Pending:
 
     def push(self, outputs: Any, error: BaseException | None, final: bool) -> None:
         """Thread-safe (decoupled models send from their own threads)."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (outputs, error, final))
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (outputs, error, final))
+        except RuntimeError:
+            pass  # the event loop has closed (server stopped): nobody is waiting for this response
 
     def deliver(self, outputs: Any, error: BaseException | None, final: bool) -> None:
         """Event-loop thread only: skips the cross-thread wake-up of push()."""

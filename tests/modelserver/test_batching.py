@@ -79,7 +79,7 @@ def test_full_queue_rejects(tmp_path):
 
     async def main():
         async with serving(tmp_path) as server:
-            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(300))))
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(500))))
             await _until_executing(server, "py_seq")
             queued = [asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0)))) for _ in range(2)]
             await asyncio.sleep(0)
@@ -95,7 +95,7 @@ def test_timed_out_request_gets_its_error(tmp_path):
 
     async def main():
         async with serving(tmp_path) as server:
-            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(300))))
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(500))))
             await _until_executing(server, "py_seq")
             late = request("py_seq", SLEEP_MS=_sleep(0))
             late.timeout_us = 20_000
@@ -114,7 +114,7 @@ def test_delay_action_moves_timed_out_requests_back(tmp_path):
 
     async def main():
         async with serving(tmp_path) as server:
-            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(300))))
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(500))))
             await _until_executing(server, "py_seq")
             first = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0))))
             await asyncio.sleep(0.05)  # `first` exceeds its 10 ms queue timeout: delayed, not rejected
@@ -131,7 +131,7 @@ def test_priorities_reorder_the_queue(tmp_path):
 
     async def main():
         async with serving(tmp_path) as server:
-            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(200))))
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(400))))
             await _until_executing(server, "py_seq")
             low = [asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0)))) for _ in range(2)]
             await asyncio.sleep(0)
@@ -194,7 +194,7 @@ def test_cancelled_request_is_dropped_and_unload_drains_the_queue(tmp_path):
 
     async def main():
         async with serving(tmp_path, control_mode="explicit", load_models=["py_seq"]) as server:
-            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(200))))
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(400))))
             await _until_executing(server, "py_seq")
             gone = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0))))
             await asyncio.sleep(0.01)
@@ -202,7 +202,7 @@ def test_cancelled_request_is_dropped_and_unload_drains_the_queue(tmp_path):
             after = await server.infer(request("py_seq", SLEEP_MS=_sleep(0)))
             first = await blocker
             # Unloading refuses new requests at once but finishes what is running and queued.
-            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(200))))
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(400))))
             await _until_executing(server, "py_seq")
             queued = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0))))
             await asyncio.sleep(0.01)
