@@ -158,3 +158,29 @@ def test_torch_export_program(tmp_path):
     want = [t.numpy() for t in module(torch.from_numpy(x), torch.from_numpy(y))]
     np.testing.assert_allclose(got["xy"], want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["xsum"], want[1], rtol=1e-5, atol=1e-6)
+
+
+def test_reshape_between_client_and_model_shapes(tmp_path):
+    from _model_repos import add_onnx_mlp
+
+    weights = add_onnx_mlp(tmp_path, config="""
+        platform: "onnxruntime_onnx"
+        max_batch_size: 4
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2, 2 ] reshape: { shape: [ 4 ] } } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 3, 1 ] reshape: { shape: [ 3 ] } } ]
+    """)[1]
+    x = np.arange(12, dtype=np.float32).reshape(3, 2, 2) / 10
+
+    async def main():
+        async with serving(tmp_path) as server:
+            meta = server.model_metadata("onnx_mlp")
+            resp = await server.infer(request("onnx_mlp", INPUT0=x))
+            await expect_error("invalid_argument", server.infer(request("onnx_mlp", INPUT0=x.reshape(3, 4))),
+                               "[3, 4]", "[-1, 2, 2]")
+            return meta, resp
+
+    meta, resp = run(main())
+    assert meta["inputs"][0]["shape"] == [-1, 2, 2] and meta["outputs"][0]["shape"] == [-1, 3, 1]
+    assert resp.outputs[0].shape == [3, 3, 1]
+    np.testing.assert_allclose(outputs(resp)["OUTPUT0"], mlp_reference(x.reshape(3, 4), weights)[:, :, None],
+                               rtol=1e-5, atol=1e-5)
