@@ -16,13 +16,16 @@ def ckpt(tmp_path_factory):
     return make_tiny_checkpoint("llama", tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="module")
+def llm(ckpt):
+    return LLM(model=str(ckpt), dtype="float32", device="cpu", block_size=4, num_blocks=256)
+
+
 def greedy(max_tokens=12):
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def test_greedy_matches_hf_and_survives_preemption_chunking_and_cache_hits(ckpt):
-    torch.manual_seed(0)
-    llm = LLM(model=str(ckpt), dtype="float32", device="cpu", block_size=4, num_blocks=256)
+def test_greedy_matches_hf_and_survives_preemption_chunking_and_cache_hits(ckpt, llm):
     outs = llm.generate(PROMPTS, greedy())
     tok = llm.get_tokenizer()
     hf = load_hf_model(ckpt)
@@ -42,8 +45,7 @@ def test_greedy_matches_hf_and_survives_preemption_chunking_and_cache_hits(ckpt)
     assert small.engine.core.scheduler.kv.num_free_blocks == 24
 
 
-def test_chat_sampling_n_and_eos(ckpt):
-    llm = LLM(model=str(ckpt), dtype="float32", device="cpu", block_size=4, num_blocks=128)
+def test_chat_sampling_n_and_eos(llm):
     conv = [{"role": "user", "content": "hi there"}]
     (o,) = llm.chat(conv, SamplingParams(temperature=0.8, seed=3, n=3, max_tokens=6))
     assert "<|im_start|>assistant\n" in o.prompt and len(o.outputs) == 3
@@ -56,3 +58,33 @@ def test_chat_sampling_n_and_eos(ckpt):
     (s,) = llm.generate(["abc"], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[first[1]]))
     assert s.outputs[0].token_ids == first[:first.index(first[1]) + 1] and s.outputs[0].finish_reason == "stop"
     assert s.outputs[0].stop_reason == first[1] and EOS_ID == llm.engine.inputs.eos_token_id
+
+
+def test_async_streaming_text_equals_offline_text(ckpt, llm):
+    import asyncio
+
+    from strataserve.config import CacheConfig, EngineConfig, ModelConfig
+    from strataserve.engine.async_llm import AsyncLLM
+
+    prompts = PROMPTS[:3]
+    want = [o.outputs[0] for o in llm.generate(prompts, greedy(10))]
+    config = EngineConfig(model=ModelConfig(model=str(ckpt), dtype="float32", device="cpu"),
+                          cache=CacheConfig(block_size=4, num_blocks=128))
+
+    async def stream(llm, i):
+        text, toks = "", []
+        async for out in llm.generate(prompts[i], greedy(10), f"s{i}"):
+            text += out.outputs[0].text
+            toks += out.outputs[0].token_ids
+        return text, toks
+
+    async def main():
+        llm = AsyncLLM.from_config(config)
+        try:
+            return await asyncio.gather(*[stream(llm, i) for i in range(len(prompts))])
+        finally:
+            llm.shutdown()
+
+    got = asyncio.run(main())
+    assert [g[1] for g in got] == [w.token_ids for w in want]
+    assert [g[0] for g in got] == [w.text for w in want]
