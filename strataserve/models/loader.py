@@ -29,7 +29,10 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device={device!r}: use cpu, cuda, cuda:N or auto") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}: CUDA is not available here; use device='cpu' or 'auto'")
     if dev.type not in ("cpu", "cuda"):
@@ -101,6 +104,9 @@ class _Targets:
             if attn.q_norm is not None:
                 self.map.update({p + "self_attn.q_norm.weight": (attn.q_norm, 0),
                                  p + "self_attn.k_norm.weight": (attn.k_norm, 0)})
+        # rows each tensor fills: fused parameters are split by their parts' sizes
+        part = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": inter, "up_proj": inter}
+        self.rows = {n: part.get(n.split(".")[-2], p.shape[0]) for n, (p, _) in self.map.items()}
         self.filled: set[str] = set()
 
     def fill(self, name: str, tensor: torch.Tensor) -> None:
@@ -110,7 +116,7 @@ class _Targets:
             raise ValueError(f"checkpoint tensor {name!r} is not part of the supported decoder; "
                              "is config.json consistent with the weights?")
         param, row = self.map[name]
-        dst = param.data[row:row + tensor.shape[0]]
+        dst = param.data[row:row + self.rows[name]]
         if dst.shape != tensor.shape:
             raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
                              f"config.json implies {tuple(dst.shape)}")

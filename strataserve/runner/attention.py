@@ -103,11 +103,14 @@ class TorchAttention:
         k_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k3)
         v_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v3)
         out = q.new_empty(t, hq, d)
+        # Gathers go through 2-D views: index_select then copies whole blocks (memcpy) instead of elements.
+        k_rows = k_cache.view(k_cache.shape[0], -1)
+        v_rows = v_cache.view(v_cache.shape[0], -1)
         for g in meta.decode_groups:
-            n, nb = g.block_tables.shape
+            n = g.block_tables.shape[0]
             flat = g.block_tables.reshape(-1)
-            kg = k_cache.index_select(0, flat).view(n, -1, hkv, d).transpose(1, 2)
-            vg = v_cache.index_select(0, flat).view(n, -1, hkv, d).transpose(1, 2)
+            kg = k_rows.index_select(0, flat).view(n, -1, hkv, d).transpose(1, 2)
+            vg = v_rows.index_select(0, flat).view(n, -1, hkv, d).transpose(1, 2)
             o = F.scaled_dot_product_attention(q3[g.start:g.end].unsqueeze(2), kg, vg, attn_mask=g.mask,
                                                enable_gqa=hq != hkv)
             out[g.start:g.end] = o.squeeze(2)
@@ -117,8 +120,8 @@ class TorchAttention:
                 out[s:e] = self._causal(q3[s:e], k3[s:e], v3[s:e])
                 continue
             total = seg.context_len + seg.query_len
-            kc = k_cache.index_select(0, seg.block_ids).view(-1, hkv, d)[:total]
-            vc = v_cache.index_select(0, seg.block_ids).view(-1, hkv, d)[:total]
+            kc = k_rows.index_select(0, seg.block_ids).view(-1, hkv, d)[:total]
+            vc = v_rows.index_select(0, seg.block_ids).view(-1, hkv, d)[:total]
             o = F.scaled_dot_product_attention(q3[s:e].transpose(0, 1), kc.transpose(0, 1), vc.transpose(0, 1),
                                                attn_mask=seg.mask, enable_gqa=hq != hkv)
             out[s:e] = o.transpose(0, 1)

@@ -18,8 +18,8 @@ from strataserve.engine.outputs import ScheduledChunk
 from strataserve.runner.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 
 # Decode rows per padding group: fewer groups = fewer kernel calls, more groups = less padding.
-_MIN_GROUP_ROWS = 24
-_MAX_GROUPS = 6
+_MIN_GROUP_ROWS = 16
+_MAX_GROUPS = 12
 
 
 @dataclass(slots=True)
@@ -34,6 +34,7 @@ class InputBatch:
 def _padded(rows: list[list[int]], width: int) -> np.ndarray:
     out = np.zeros((len(rows), width), dtype=np.int64)
     for i, r in enumerate(rows):
+        r = r[:width]  # a table may own blocks beyond this step's need (allocated ahead)
         out[i, :len(r)] = r
     return out
 

@@ -12,8 +12,11 @@ from strataserve.engine.sampling_params import SamplingParams
 
 
 class Driver:
-    def __init__(self, runner, seed: int = 0) -> None:
+    def __init__(self, runner, seed: int = 0, lookahead_blocks: int = 0) -> None:
+        """``lookahead_blocks``: extra blocks each table owns beyond the step's need (like a scheduler that
+        allocates ahead), which the runner must ignore."""
         self.runner = runner
+        self.lookahead = lookahead_blocks
         self.bs = runner.block_size
         self.free = list(range(runner.num_blocks))
         random.Random(seed).shuffle(self.free)
@@ -50,7 +53,7 @@ class Driver:
             start = self.computed[rid]
             toks = self.tokens[rid][start:start + n]
             assert len(toks) == n, f"{rid}: only {len(self.tokens[rid]) - start} tokens left to compute"
-            while len(self.tables[rid]) * self.bs < start + n:
+            while len(self.tables[rid]) * self.bs < start + n + self.lookahead * self.bs:
                 self.tables[rid].append(self.free.pop())
             chunks.append(ScheduledChunk(rid, toks, start, list(self.tables[rid]),
                                          sample=start + n == len(self.tokens[rid])))

@@ -22,9 +22,19 @@ class RecordingSampler(Sampler):
         return super().__call__(logits, reqs)
 
 
+_CKPTS: dict[str, object] = {}
+
+
+def _ckpt(family, tmp_path_factory):
+    if family not in _CKPTS:
+        _CKPTS[family] = make_tiny_checkpoint(family, tmp_path_factory.mktemp(family), vocab_size=300,
+                                              tokenizer=False)
+    return _CKPTS[family]
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    return make_tiny_checkpoint("llama3", tmp_path_factory.mktemp("llama3"), vocab_size=300)
+    return _ckpt("llama3", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +58,10 @@ def check_against_hf(hf, driver: Driver, rids) -> None:
         assert seq[n_prompt:] == ref[n_prompt - 1:-1].argmax(-1).tolist(), rid
 
 
-def test_mixed_steps_match_hf_logits(ckpt, hf):
+@pytest.mark.parametrize("family", ["llama3", "mistral", "qwen2", "qwen3"])
+def test_mixed_steps_match_hf_logits(family, tmp_path_factory):
+    ckpt = _ckpt(family, tmp_path_factory)
+    hf = load_hf_model(ckpt)
     runner = make_runner(ckpt)
     d = Driver(runner, seed=1)
     g = torch.Generator().manual_seed(0)
@@ -80,7 +93,7 @@ def test_mixed_steps_match_hf_logits(ckpt, hf):
 def test_many_decodes_grouped_and_finish(ckpt, hf):
     """40 sequences of different lengths decode together (several padding groups); finished ones are dropped."""
     runner = make_runner(ckpt, num_blocks=400)
-    d = Driver(runner, seed=2)
+    d = Driver(runner, seed=2, lookahead_blocks=1)
     g = torch.Generator().manual_seed(1)
     rids = [f"r{i}" for i in range(40)]
     for i, rid in enumerate(rids):
@@ -126,3 +139,23 @@ def test_non_sampling_step_returns_nothing(ckpt):
     assert d.step({"A": 8}) == {}
     assert d.step({"A": 8}) == {}
     assert set(d.step({"A": 4})) == {"A"}
+
+
+def test_modes_kv_sizing_and_limits(ckpt):
+    base = dict(model=str(ckpt), dtype="float32", device="cpu")
+    for mode in ("triton", "graph", "hybrid"):
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            ModelRunner(EngineConfig(ModelConfig(**base), runner=RunnerConfig(mode=mode)))
+    r = ModelRunner(EngineConfig(ModelConfig(**base, max_model_len=100),
+                                 CacheConfig(block_size=16, kv_cache_memory_gib=0.001)))
+    # tiny llama3: 2 layers x (K, V) x 16 tokens x 2 kv heads x 16 dims x 4 bytes = 8 KiB per block, one spare
+    assert r.num_blocks == int((1 << 30) * 0.001) // (8 * 1024) - 1
+    assert r.plan.mode == "eager" and r.block_size == 16 and r.max_model_len == 100
+    assert r.kv_caches[0][0].shape == (r.num_blocks + 1, 16, 2, 16)
+    assert r.eos_token_ids == (2,)
+    r.shutdown()
+    r.shutdown()
+    with pytest.raises(ValueError, match="max_model_len=5000 exceeds"):
+        ModelRunner(EngineConfig(ModelConfig(**base, max_model_len=5000)))
+    with pytest.raises(ValueError, match="kv_cache_memory_gib"):
+        ModelRunner(EngineConfig(ModelConfig(**base), CacheConfig(kv_cache_memory_gib=1e-6)))

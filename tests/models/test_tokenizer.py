@@ -1,0 +1,63 @@
+"""Tokenizer + chat template loaded from the checkpoint folder, checked against transformers directly."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _tiny_models import BOS_ID, EOS_ID, IM_END_ID, IM_START_ID, make_tiny_checkpoint
+from strataserve.models.tokenizer import Tokenizer
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo wörld 中文 🙂"}]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint("llama", tmp_path_factory.mktemp("tok"), vocab_size=400)
+
+
+def test_chat_template_matches_transformers(ckpt):
+    from transformers import AutoTokenizer
+
+    tok = Tokenizer.from_pretrained(ckpt)
+    ref = AutoTokenizer.from_pretrained(str(ckpt))
+    text = tok.render_chat(MESSAGES)
+    assert text == ref.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = tok.apply_chat_template(MESSAGES)
+    assert ids == list(ref.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=True)["input_ids"])
+    assert ids[0] == BOS_ID and ids.count(BOS_ID) == 1  # the template's bos, no second one
+    assert ids.count(IM_START_ID) == 3 and ids.count(IM_END_ID) == 2
+    no_prompt = tok.apply_chat_template(MESSAGES, add_generation_prompt=False)
+    assert ids[:len(no_prompt)] == no_prompt and len(no_prompt) < len(ids)
+
+
+def test_encode_decode_round_trip_multibyte(ckpt):
+    tok = Tokenizer.from_pretrained(ckpt)
+    text = "naïve café — 中文 🙂 the end"
+    ids = tok.encode(text)
+    assert ids[0] == BOS_ID
+    assert tok.decode(ids) == text
+    assert max(ids) < tok.vocab_size == 400
+
+
+def test_eos_ids_from_config_generation_config_and_tokenizer(ckpt, tmp_path):
+    assert Tokenizer.from_pretrained(ckpt).eos_token_ids == (EOS_ID,)
+    for f in ckpt.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    gen = json.loads((tmp_path / "generation_config.json").read_text())
+    gen["eos_token_id"] = [EOS_ID, IM_END_ID]
+    (tmp_path / "generation_config.json").write_text(json.dumps(gen))
+    tok = Tokenizer.from_pretrained(tmp_path)
+    assert tok.eos_token_ids == (EOS_ID, IM_END_ID) and tok.eos_token_id == EOS_ID
+
+
+def test_errors(ckpt, tmp_path):
+    with pytest.raises(ValueError, match="not a directory"):
+        Tokenizer.from_pretrained(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no tokenizer files"):
+        Tokenizer.from_pretrained(tmp_path)
+    tok = Tokenizer.from_pretrained(ckpt)
+    tok.hf.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        tok.render_chat(MESSAGES)
