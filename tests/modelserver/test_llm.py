@@ -32,6 +32,11 @@ def llm_repo(tmp_path_factory):
             output_map { key: "text_output" value: "ANSWER" } }
         ] }
     """)
+    (repo / "llm_cfg" / "1").mkdir(parents=True)  # the config form: backend llm, checkpoint named by parameter
+    write_config(repo / "llm_cfg", f"""
+        backend: "llm"
+        parameters {{ key: "model" value: {{ string_value: "{repo / 'tiny_llm'}" }} }}
+    """)
     return repo
 
 
@@ -58,6 +63,8 @@ def test_llm_model_generate_stream_and_ensemble(llm_repo):
     async def main():
         async with serving(llm_repo) as server:
             gen = await server.generate("tiny_llm", "", {"text_input": "hello there"}, PARAMS)
+            cfg_gen = await server.generate("llm_cfg", "1", {"text_input": "hello there"}, PARAMS)
+            assert not server.is_decoupled("llm_cfg") and cfg_gen["text_output"] == gen["text_output"]
             chunks = [c async for c in server.generate_stream("tiny_llm", "", {"text_input": "hello there"}, PARAMS)]
             req = request("shout_then_llm", PROMPT=np.array([b"hello there"], dtype=object))
             req.parameters = dict(PARAMS)
