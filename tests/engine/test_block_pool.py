@@ -137,6 +137,9 @@ def test_block_accounting_under_random_arrivals_aborts_and_preemptions(ops, num_
         pool.check_invariants()
     assert not core.has_unfinished_requests()
     event(f"preempted={core.stats().num_preemptions > 0} cache_hits={core.stats().prefix_cache_hits > 0}")
+    for so in runner.steps:  # per-step limits held throughout
+        assert len(so.chunks) <= 6 and so.total_num_scheduled_tokens <= budget
+        assert len({c.req_id for c in so.chunks}) == len(so.chunks)
     assert pool.num_free_blocks == pool.num_blocks  # every block is free or cached-free
     assert all(c == 0 for c in pool.ref_cnt)
     for rid, (prompt, max_tokens) in prompts.items():
