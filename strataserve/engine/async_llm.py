@@ -181,6 +181,7 @@ class AsyncLLM:
                         c.put(ro)
                 if processed.reqs_to_abort:
                     core.abort_requests(processed.reqs_to_abort)
+                await asyncio.sleep(0)  # get_outputs may not suspend when batches queue up: let consumers run
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - every waiting stream must learn about it
