@@ -8,6 +8,7 @@ fault; they are `ConfigError` (a ModelServerError with code invalid_argument).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,6 +20,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from strataserve.modelserver import model_config_pb2 as pb
 from strataserve.modelserver.types import CONFIG_TO_KSERVE, ModelServerError
 
+log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete sets for a batchable model without max_batch_size (as Triton)
 PLATFORM_TO_BACKEND = {
     "onnxruntime_onnx": "onnxruntime",
@@ -107,15 +109,92 @@ class ModelSpec:
         return self._outputs_by_name.get(name)
 
 
+# Triton fields that tune Triton itself (TensorRT accelerators, warm-up, cache, agents...): a Triton model folder
+# keeps working, the blocks are skipped with a warning. Fields that change what a model computes are refused.
+IGNORED_FIELDS = ("optimization", "model_warmup", "model_operations", "model_repository_agents", "response_cache",
+                  "model_metrics", "metric_tags", "cc_model_filenames")
+UNSUPPORTED_FIELDS = {
+    "sequence_batching": "sequence batching (stateful models) is not supported by strataserve",
+    "batch_input": "batch inputs (ragged batching) are not supported by strataserve",
+    "batch_output": "batch outputs (ragged batching) are not supported by strataserve",
+}
+
+
 def parse_pbtxt(text: str, source: str | Path) -> pb.ModelConfig:
     msg = pb.ModelConfig()
+    text, ignored = strip_ignored_fields(text)
+    if ignored:
+        log.warning("%s: ignoring Triton-only fields %s", source, sorted(set(ignored)))
     try:
         text_format.Parse(text, msg)
     except text_format.ParseError as e:
         # e.g. '3:1 : Message type "strata.modelconfig.ModelConfig" has no field named "optimisation".'
+        field_name = _field_from_parse_error(str(e), text)
+        if field_name in UNSUPPORTED_FIELDS:
+            raise ConfigError(source, field_name, UNSUPPORTED_FIELDS[field_name]) from None
         hint = f" (data types: {', '.join(pb.DataType.keys()[1:])})" if "DataType" in str(e) else ""
-        raise ConfigError(source, _field_from_parse_error(str(e), text), f"cannot parse: {e}{hint}") from None
+        raise ConfigError(source, field_name, f"cannot parse: {e}{hint}") from None
     return msg
+
+
+def strip_ignored_fields(text: str) -> tuple[str, list[str]]:
+    """Blank out top-level `IGNORED_FIELDS` blocks (newlines kept, so parse errors keep their line numbers)."""
+    out, ignored, depth, i, n = [], [], 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#" or c in "\"'":
+            j = _skip_token(text, i)
+            out.append(text[i:j])
+            i = j
+            continue
+        if c in "{[<":
+            depth += 1
+        elif c in "}]>":
+            depth -= 1
+        elif depth == 0 and (c.isalpha() or c == "_") and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            m = _IDENT.match(text, i)
+            j = m.end()
+            if m.group(1) in IGNORED_FIELDS and j < n and text[j] in "{[<":
+                end = _block_end(text, j)
+                ignored.append(m.group(1))
+                out.append(re.sub(r"[^\n]", " ", text[i:end]))
+                i = end
+                continue
+            out.append(m.group(1))
+            i += len(m.group(1))
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out), ignored
+
+
+_IDENT = re.compile(r"([A-Za-z_]\w*)\s*:?\s*")
+
+
+def _skip_token(text: str, i: int) -> int:
+    """End of the comment or quoted string starting at i."""
+    if text[i] == "#":
+        j = text.find("\n", i)
+        return len(text) if j < 0 else j
+    quote, j = text[i], i + 1
+    while j < len(text) and text[j] != quote:
+        j += 2 if text[j] == "\\" else 1
+    return j + 1
+
+
+def _block_end(text: str, i: int) -> int:
+    depth = 0
+    while i < len(text):
+        c = text[i]
+        if c == "#" or c in "\"'":
+            i = _skip_token(text, i)
+            continue
+        depth += c in "{[<"
+        depth -= c in "}]>"
+        i += 1
+        if depth == 0:
+            return i
+    return i
 
 
 def parse_json_override(text: str, source: str) -> pb.ModelConfig:

@@ -77,7 +77,8 @@ def test_onnx_without_config_is_auto_completed(tmp_path):
 
 
 @pytest.mark.parametrize("config, field, what", [
-    ('max_batch_size: 8\noptimization { }', "optimization", "has no field named"),
+    ('max_batch_size: 8\noptimisation { }', "optimisation", "has no field named"),
+    ('max_batch_size: 8\nsequence_batching { }', "sequence_batching", "not supported"),
     ('input [ { name: "INPUT0" data_type: TYPE_FLOAT dims: [4] } ]', "data_type", "TYPE_FP32"),
     ('max_batch_size: -2', "max_batch_size", "negative"),
     ('max_batch_size: 4\ndynamic_batching { preferred_batch_size: [ 16 ] }', "dynamic_batching.preferred_batch_size",
@@ -267,3 +268,24 @@ def test_server_arguments_are_checked(tmp_path):
         ModelServer(tmp_path, control_mode="sometimes")
     with pytest.raises(ValueError, match="not a folder"):
         ModelServer(tmp_path / "missing")
+
+
+def test_triton_only_tuning_blocks_are_ignored(tmp_path):
+    weights = add_onnx_mlp(tmp_path, config="""
+        platform: "onnxruntime_onnx"  # a config as Triton users write it
+        max_batch_size: 8
+        input [ { name: "INPUT0" data_type: TYPE_FP32 format: FORMAT_NONE dims: [ 4 ] } ]
+        optimization { execution_accelerators { gpu_execution_accelerator: [
+          { name: "tensorrt" parameters { key: "precision_mode" value: "FP16" } } ] } }
+        model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ]
+          zero_data: true } } } ]
+        response_cache { enable: true }
+    """)[1]
+
+    async def main():
+        async with serving(tmp_path) as server:
+            return await server.infer(request("onnx_mlp", INPUT0=X)), server.model_config("onnx_mlp")
+
+    resp, cfg = run(main())
+    np.testing.assert_allclose(outputs(resp)["OUTPUT0"], mlp_reference(X, weights), rtol=1e-5, atol=1e-5)
+    assert "optimization" not in cfg and cfg["output"][0]["name"] == "OUTPUT0"
