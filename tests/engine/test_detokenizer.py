@@ -83,3 +83,34 @@ def test_multibyte_stop_string_and_min_tokens():
     out2 = tok.encode("STOP and then STOP", add_special_tokens=False)
     _, full2, stop2 = stream(tok, [5], out2, SamplingParams(stop=["STOP"], min_tokens=len(out2)))
     assert stop2 == "STOP" and full2 == "STOP and then "
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_CHARS = ["a", "b", " ", "🙂", "日", "本", "é", "S", "T", "O", "P", "\n"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.lists(st.sampled_from(_CHARS), min_size=1, max_size=30).map("".join),
+       stop=st.sampled_from(["STOP", "🙂日", "é", "b b", "TO"]), include=st.booleans(),
+       steps=st.lists(st.integers(1, 4), min_size=1, max_size=40))
+def test_streaming_with_a_stop_string_equals_cutting_the_full_text(text, stop, include, steps):
+    tok = build_tokenizer()
+    out = tok.encode(text, add_special_tokens=False)
+    d = IncrementalDetokenizer(make_decode(tok), [5], SamplingParams(stop=[stop], include_stop_str_in_output=include))
+    streamed, i, k, found = "", 0, 0, None
+    while i < len(out) and found is None:
+        n = steps[k % len(steps)]
+        found = d.update(out[i:i + n])
+        i, k = i + n, k + 1
+        streamed += d.delta(found is not None)
+    if found is None:
+        d.finish()
+        streamed += d.delta(True)
+    if stop in text:
+        cut = text.index(stop) + (len(stop) if include else 0)
+        assert found == stop and d.text == streamed == text[:cut]
+    else:
+        assert found is None and d.text == streamed == text
+    assert "\ufffd" not in streamed
