@@ -325,6 +325,7 @@ def build_spec(cfg: pb.ModelConfig, model_name: str, source: str | Path, backend
         if not cfg.platform and backend in ("onnxruntime", "pytorch"):
             cfg.platform = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}[backend]
     mbs = cfg.max_batch_size if cfg.HasField("max_batch_size") else 0
+    cfg.max_batch_size = mbs  # present in the JSON form even when the file left it out, as in Triton's
     if mbs < 0:
         raise ConfigError(source, "max_batch_size", f"{mbs} is negative; use 0 (no batching) or a positive size")
     inputs = _tensors(cfg.input, "input", source, mbs > 0)
@@ -382,6 +383,16 @@ def build_spec(cfg: pb.ModelConfig, model_name: str, source: str | Path, backend
         raise ConfigError(source, "ensemble_scheduling", f"is only allowed with platform 'ensemble', not '{backend}'")
 
     decoupled = cfg.model_transaction_policy.decoupled
+    # The completed config states the defaults it runs with, as Triton's does.
+    cfg.model_transaction_policy.SetInParent()
+    if not cfg.version_policy.WhichOneof("policy_choice"):
+        cfg.version_policy.latest.num_versions = 1
+    if backend != "ensemble":
+        if not cfg.instance_group:
+            cfg.instance_group.add(count=count, kind=pb.ModelInstanceGroup.Kind.Value(kind))
+        group = cfg.instance_group[0]
+        group.name, group.count = group.name or model_name, count
+        group.kind = pb.ModelInstanceGroup.Kind.Value(kind)
     if decoupled and backend not in ("python", "llm"):
         raise ConfigError(source, "model_transaction_policy.decoupled", f"backend '{backend}' cannot be decoupled")
     return ModelSpec(

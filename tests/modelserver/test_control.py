@@ -289,3 +289,24 @@ def test_triton_only_tuning_blocks_are_ignored(tmp_path):
     resp, cfg = run(main())
     np.testing.assert_allclose(outputs(resp)["OUTPUT0"], mlp_reference(X, weights), rtol=1e-5, atol=1e-5)
     assert "optimization" not in cfg and cfg["output"][0]["name"] == "OUTPUT0"
+
+
+def test_config_json_form_prints_defaults_and_numbers(tmp_path):
+    from _model_repos import PY_SCALE, write_python_model
+
+    write_python_model(tmp_path, "py", PY_SCALE, """
+        backend: "python"
+        input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]
+        output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1, 3 ] }, { name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        version_policy { specific { versions: [ 1 ] } }
+    """)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            return server.model_config("py")
+
+    cfg = run(main())
+    assert cfg["name"] == "py" and cfg["max_batch_size"] == 0 and cfg["backend"] == "python"
+    assert cfg["input"][0]["dims"] == [-1, 3] and cfg["version_policy"] == {"specific": {"versions": [1]}}
+    assert [(g["name"], g["count"], g["kind"]) for g in cfg["instance_group"]] == [("py", 1, "KIND_CPU")]
+    assert cfg["model_transaction_policy"] == {"decoupled": False} and cfg["parameters"] == {}
