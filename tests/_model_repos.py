@@ -6,7 +6,7 @@ an independent computation (numpy / torch directly). Everything is tiny and CPU-
     repo = tmp_path / "repo"
     ref = add_onnx_mlp(repo)                  # "onnx_mlp": INPUT0 FP32 [-1,4] -> OUTPUT0 FP32 [-1,3]
     add_torchscript(repo)                     # "torch_affine": INPUT__0 FP32 [-1,3] -> OUTPUT__0 = relu(x)*2+1
-    add_torch_export(repo)                    # "torch_export": x, y FP32 [-1,3] -> xy = x@y.T, xsum [-1,1]
+    add_torch_export(repo)                    # "torch_export" (.pt2; slow, not in build_standard_repo)
     add_python_scale(repo)                    # "py_scale": IN FP32 [-1,3] -> OUT = IN*3-1, BATCH INT32 = rows seen
     add_python_decoupled(repo)                # "py_decoupled": COUNT INT32 [1] -> COUNT responses OUT = 0..COUNT-1
     add_python_seq(repo)                      # "py_seq": SLEEP_MS FP32 [1] -> SEQ INT64 [1] (execution order)

@@ -163,3 +163,28 @@ def test_auto_complete_config_of_a_python_model(tmp_path):
     reason = index["clash"]["reason"]
     assert index["clash"]["state"] == "UNAVAILABLE"
     assert "field 'auto_complete_config'" in reason and "data_type='TYPE_INT64'" in reason and "TYPE_FP32" in reason
+
+
+def test_model_py_imports_a_module_beside_it(tmp_path):
+    code = """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+        from helper_for_double import double
+
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "Y", double(pb_utils.get_input_tensor_by_name(r, "X").as_numpy()))]) for r in requests]
+    """
+    io = ('{ name: "X" data_type: TYPE_INT32 dims: [1] }', '{ name: "Y" data_type: TYPE_INT32 dims: [1] }')
+    for name, extra in (("inproc", ""), ("child", ISOLATED)):
+        write_python_model(tmp_path, name, code, _config(*io, extra))
+        (tmp_path / name / "1" / "helper_for_double.py").write_text("def double(x):\n    return x * 2\n")
+
+    async def main():
+        async with serving(tmp_path) as server:
+            return [int(outputs(await server.infer(request(m, X=np.array([21], np.int32))))["Y"][0])
+                    for m in ("inproc", "child")]
+
+    assert run(main()) == [42, 42]

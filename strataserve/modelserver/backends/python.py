@@ -33,7 +33,12 @@ def _load_module(path, model_name: str) -> ModuleType:
     name = f"_strata_pymodel_{model_name}_{next(_module_ids)}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    folder = str(Path(path).parent)
+    sys.path.insert(0, folder)  # as in Triton, model.py may import modules that sit beside it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
     return module
 
 

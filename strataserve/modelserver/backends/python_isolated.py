@@ -29,6 +29,7 @@ def _child_main(conn, path: str, args: dict) -> None:
         with lock:
             conn.send(msg)
 
+    sys.path.insert(0, str(Path(path).parent))  # the child is the model's own process: keep it there
     try:
         spec = importlib.util.spec_from_file_location("_strata_isolated_model", path)
         module = importlib.util.module_from_spec(spec)
