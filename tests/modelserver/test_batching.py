@@ -213,3 +213,56 @@ def test_cancelled_request_is_dropped_and_unload_drains_the_queue(tmp_path):
             return [_seq(r) for r in (first, after, await blocker, await queued)]
 
     assert run(main()) == [0, 1, 2, 3]
+
+
+MEET = """
+    import time
+    from pathlib import Path
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.dir = Path(args["model_repository"]).parent
+            self.me = args["model_name"]
+
+        def execute(self, requests):
+            (self.dir / ("arrived_" + self.me)).touch()
+            met = 0
+            for _ in range(500):  # bounded wait for the other branch to be running at the same time
+                if len(list(self.dir.glob("arrived_*"))) >= 2:
+                    met = 1
+                    break
+                time.sleep(0.01)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("MET", np.array([met], np.int32))])
+                    for _ in requests]
+"""
+
+
+def test_independent_ensemble_steps_run_in_parallel(tmp_path):
+    io = """
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "MET" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """
+    write_python_model(tmp_path, "left", MEET, io)
+    write_python_model(tmp_path, "right", MEET, io)
+    (tmp_path / "both" / "1").mkdir(parents=True)
+    (tmp_path / "both" / "config.pbtxt").write_text("""
+        platform: "ensemble"
+        input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "L" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "R" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        ensemble_scheduling { step [
+          { model_name: "left" input_map { key: "X" value: "X" } output_map { key: "MET" value: "L" } },
+          { model_name: "right" input_map { key: "X" value: "X" } output_map { key: "MET" value: "R" } }
+        ] }
+    """)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            return outputs(await server.infer(request("both", X=np.array([1], np.int32))))
+
+    out = run(main())
+    assert (int(out["L"][0]), int(out["R"][0])) == (1, 1)
