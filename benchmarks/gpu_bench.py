@@ -186,7 +186,7 @@ def main() -> None:
             ("throughput-graph", lambda: bench_throughput(["graph"])),
             ("throughput-eager", lambda: bench_throughput(["eager"])),
             # run 2: the batch-1 GEMV kernel against cuBLAS, launch-config sweeps, a profile of the throughput run
-            ("decode1-hybrid-cublas", lambda: bench_decode(bw, 1, ["hybrid-cublas"])),
+            ("decode1-hybrid-gemv", lambda: bench_decode(bw, 1, ["hybrid-gemv"])),
             ("gemv-sweep", lambda: [emit("kernel_sweep", **r) for r in kb.gemv_sweep(bw)]),
             ("attention-sweep", lambda: [emit("kernel_sweep", **r) for r in kb.attention_sweep(bw)]),
             ("throughput-hybrid-profile", lambda: bench_throughput(["hybrid"], profile=True))]

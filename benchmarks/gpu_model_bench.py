@@ -56,10 +56,12 @@ def _empty_cache() -> None:
 
 
 def make_ops(mode: str, cfg: DecoderConfig):
-    """Like runner/model_runner.select_ops, plus "hybrid-cublas": hybrid without the batch-1 GEMV kernel."""
-    if mode in ("triton", "hybrid", "hybrid-cublas"):
+    """Like runner/model_runner.select_ops, plus "hybrid-gemv": hybrid with the batch-1 GEMV kernel instead of
+    cuBLAS (run 2 of docs/gpu_notes.md measured it as "hybrid", when it was the default, and cuBLAS as
+    "hybrid-cublas")."""
+    if mode in ("triton", "hybrid", "hybrid-gemv"):
         return TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
-                         use_gemv=mode != "hybrid-cublas")
+                         use_gemv=mode == "hybrid-gemv")
     return TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
 
 
@@ -94,7 +96,7 @@ class _Setup:
         self.tables = perm.view(batch, self.bps).to(torch.int32)
         self.block_size = block_size
         self.graphs = None
-        if mode in ("graph", "hybrid", "hybrid-cublas"):
+        if mode in ("graph", "hybrid", "hybrid-gemv"):
             pad = -1 if mode.startswith("hybrid") else (num_blocks - 1) * block_size
             self.graphs = CudaGraphDecoder(self._step, max_bs_graph or batch, self.bps, dev, pad_slot=pad)
 

@@ -61,13 +61,13 @@ class TritonAttention:
 class TritonOps:
     """Triton kernels behind the ``OpSet`` protocol (same semantics as ``TorchOps``).
 
-    ``use_gemv``: one-row matmuls (batch-1 decode) run the streaming GEMV kernel instead of cuBLAS; see
-    docs/gpu_notes.md for the measured difference. Larger batches always use cuBLAS.
+    ``use_gemv``: one-row matmuls (batch-1 decode) run the streaming GEMV kernel instead of cuBLAS. Off by
+    default: on the H200 it lost to cuBLAS (8B batch-1 step 5.17 ms vs 4.71 ms; docs/gpu_notes.md, run 2).
     """
 
     name = "triton"
 
-    def __init__(self, attention: TritonAttention, use_gemv: bool = True) -> None:
+    def __init__(self, attention: TritonAttention, use_gemv: bool = False) -> None:
         self.attention = attention
         self.use_gemv = use_gemv
 

@@ -72,7 +72,8 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg):
     dt = torch.float32
     models, caches = {}, {}
     for name, ops in (("torch", TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))),
-                      ("triton", TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)))):
+                      ("triton", TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+                                           use_gemv=True))):
         models[name] = build_random_model(cfg, dt, device, ops=ops, seed=3)
         caches[name] = allocate_kv_cache(cfg.num_layers, 12, BS, cfg.num_kv_heads, cfg.head_dim, dt, device)
         ops.attention.bind_kv_cache(caches[name])
