@@ -102,6 +102,8 @@ def test_user_code_failures_name_the_file(tmp_path):
                        "        raise RuntimeError('no weights here')\n", _config(*io))
     write_python_model(tmp_path, "wrongcount", "class TritonPythonModel:\n    def execute(self, requests):\n"
                        "        return []\n", _config(*io))
+    write_python_model(tmp_path, "raiser", "class TritonPythonModel:\n    def execute(self, requests):\n"
+                       "        raise ValueError('bad day')\n", _config(*io))
     write_python_model(tmp_path, "badiso", "class TritonPythonModel:\n    pass\n", _config(
         *io, 'parameters { key: "EXECUTION_ISOLATION" value: { string_value: "container" } }'))
     write_python_model(tmp_path, "childinit", "class TritonPythonModel:\n    def initialize(self, args):\n"
@@ -112,6 +114,9 @@ def test_user_code_failures_name_the_file(tmp_path):
             index = {e["name"]: e for e in server.repository_index()}
             await expect_error("internal", server.infer(request("wrongcount", X=np.array([1], np.int32))),
                                "model 'wrongcount'", "one response per request (1), got 0")
+            for _ in range(2):  # the model keeps serving after its execute() raised
+                await expect_error("internal", server.infer(request("raiser", X=np.array([1], np.int32))),
+                                   "model 'raiser' version 1: ValueError: bad day")
             return index
 
     index = run(main())
@@ -121,7 +126,7 @@ def test_user_code_failures_name_the_file(tmp_path):
                        ("childinit", "RuntimeError: child says no")):
         assert index[name]["state"] == "UNAVAILABLE", (name, index[name])
         assert what in index[name]["reason"] and str(tmp_path / name) in index[name]["reason"], (name, index[name])
-    assert index["wrongcount"]["state"] == "READY"
+    assert index["wrongcount"]["state"] == "READY" and index["raiser"]["state"] == "READY"
 
 
 AUTO = """
