@@ -155,8 +155,8 @@ def startup_bench(cfg: DecoderConfig, mode: str, max_bs: int = 256, max_model_le
     n_graphs = len(s.graphs.sizes) if s.graphs is not None else 0
     del s
     _empty_cache()
-    return {"mode": mode, "startup_s": round(total, 2), "build_s": round(t_build, 2), "graph_capture_s": round(t_cap, 2),
-            "graphs": n_graphs, "max_bs": max_bs}
+    return {"mode": mode, "startup_s": round(total, 2), "build_s": round(t_build, 2),
+            "graph_capture_s": round(t_cap, 2), "graphs": n_graphs, "max_bs": max_bs}
 
 
 @torch.inference_mode()
