@@ -266,3 +266,35 @@ def test_independent_ensemble_steps_run_in_parallel(tmp_path):
 
     out = run(main())
     assert (int(out["L"][0]), int(out["R"][0])) == (1, 1)
+
+
+def test_priority_queue_policy_applies_per_level(tmp_path):
+    from _model_repos import PY_SEQ
+
+    write_python_model(tmp_path, "py_seq", PY_SEQ, """
+        backend: "python"
+        max_batch_size: 1
+        input [ { name: "SLEEP_MS" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        output [ { name: "SEQ" data_type: TYPE_INT64 dims: [ 1 ] } ]
+        dynamic_batching {
+          priority_levels: 2
+          default_priority_level: 2
+          priority_queue_policy { key: 1 value: { max_queue_size: 1 } }
+        }
+    """)
+
+    def at(priority: int):
+        req = request("py_seq", SLEEP_MS=_sleep(0))
+        req.priority = priority
+        return req
+
+    async def main():
+        async with serving(tmp_path) as server:
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(500))))
+            await _until_executing(server, "py_seq")
+            queued = [asyncio.create_task(server.infer(at(p))) for p in (2, 2, 2, 1)]
+            await asyncio.sleep(0)
+            await expect_error("unavailable", server.infer(at(1)), "queue full", "priority level 1")
+            return [_seq(r) for r in await asyncio.gather(blocker, *queued)]
+
+    assert run(main()) == [0, 2, 3, 4, 1]
