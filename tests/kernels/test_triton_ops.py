@@ -100,3 +100,15 @@ def test_graph_batch_sizes():
     assert graph_batch_sizes(36)[-2:] == [32, 36]
     with pytest.raises(ValueError):
         graph_batch_sizes(0)
+
+
+def test_graph_decoder_buckets_and_oversize_batch(device):
+    """Bucket choice and the clear error for a batch the graphs cannot hold (no capture needed for these)."""
+    from strataserve.runner.cuda_graph import CudaGraphDecoder
+
+    g = CudaGraphDecoder(lambda *a: a[0], max_bs=20, max_blocks_per_seq=3, device=torch.device(device))
+    assert [g.bucket(n) for n in (1, 3, 5, 9, 17, 20)] == [1, 4, 8, 16, 20, 20]
+    assert g.can_run(20, 3) and not g.can_run(21, 3) and not g.can_run(4, 4) and not g.can_run(0, 1)
+    z = torch.zeros(21, dtype=torch.long)
+    with pytest.raises(ValueError, match="does not fit the captured graphs"):
+        g.run(z, z, z, torch.zeros(21, 3, dtype=torch.int32), z.int())
