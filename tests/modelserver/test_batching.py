@@ -146,7 +146,7 @@ def test_priorities_reorder_the_queue(tmp_path):
     assert run(main()) == [0, 1, 2, 3]
 
 
-PAIR = """
+MEET = """
     import time
     from pathlib import Path
     import numpy as np
@@ -155,13 +155,12 @@ PAIR = """
 
     class TritonPythonModel:
         def initialize(self, args):
-            self.dir = Path(args["model_repository"])
+            self.dir = Path(args["model_repository"]).parent  # the repository: shared by every model
             self.me = args["model_instance_name"]
 
         def execute(self, requests):
             (self.dir / ("arrived_" + self.me)).touch()
-            # Wait (bounded) for another instance to be inside execute() at the same time.
-            met = 0
+            met = 0  # 1 when another instance / model is inside execute() at the same time (bounded wait)
             for _ in range(500):
                 if len(list(self.dir.glob("arrived_*"))) >= 2:
                     met = 1
@@ -173,7 +172,7 @@ PAIR = """
 
 
 def test_instances_run_in_parallel(tmp_path):
-    write_python_model(tmp_path, "pair", PAIR, """
+    write_python_model(tmp_path, "pair", MEET, """
         backend: "python"
         max_batch_size: 0
         input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
@@ -213,31 +212,6 @@ def test_cancelled_request_is_dropped_and_unload_drains_the_queue(tmp_path):
             return [_seq(r) for r in (first, after, await blocker, await queued)]
 
     assert run(main()) == [0, 1, 2, 3]
-
-
-MEET = """
-    import time
-    from pathlib import Path
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-
-    class TritonPythonModel:
-        def initialize(self, args):
-            self.dir = Path(args["model_repository"]).parent
-            self.me = args["model_name"]
-
-        def execute(self, requests):
-            (self.dir / ("arrived_" + self.me)).touch()
-            met = 0
-            for _ in range(500):  # bounded wait for the other branch to be running at the same time
-                if len(list(self.dir.glob("arrived_*"))) >= 2:
-                    met = 1
-                    break
-                time.sleep(0.01)
-            return [pb_utils.InferenceResponse([pb_utils.Tensor("MET", np.array([met], np.int32))])
-                    for _ in requests]
-"""
 
 
 def test_independent_ensemble_steps_run_in_parallel(tmp_path):
