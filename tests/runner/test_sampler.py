@@ -293,3 +293,22 @@ def test_nan_logits_and_out_of_vocab_ids_stay_in_range() -> None:
     apply_penalties(pen, [[V, 4]], [[V + 5, 3]], [1.5], [0.0], [0.0])  # ids beyond the vocabulary are ignored
     changed = (pen != x[2:3]).nonzero()[:, 1].tolist()
     assert changed == [3, 4]
+
+
+def test_random_parameter_sweep_matches_reference() -> None:
+    """100 rows with random filter settings in one batch (rows also differ in which search depth they need)."""
+    rng = np.random.default_rng(11)
+    vocab = 300
+    params = [
+        SP(
+            temperature=float(rng.uniform(0.2, 2.0)),
+            top_k=int(rng.choice([-1, 0, 1, 2, 7, 50, 64, 65, 299, 300])),
+            top_p=float(rng.choice([1.0, rng.uniform(0.05, 1.0)])),
+            min_p=float(rng.choice([0.0, rng.uniform(0.0, 0.5)])),
+        )
+        for _ in range(100)
+    ]
+    x = torch.from_numpy(rng.normal(size=(100, vocab)) * rng.uniform(0.3, 6.0, size=(100, 1))).float()
+    got = Sampler.filtered_logits(x, params).softmax(-1).double().numpy()
+    for i, p in enumerate(params):
+        np.testing.assert_allclose(got[i], ref_filtered_probs(x[i].numpy(), p), atol=1e-5, err_msg=str(p))
