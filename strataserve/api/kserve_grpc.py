@@ -258,11 +258,13 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
                     resp = await self.ms.infer(req)
                     final = True if empty_final else None
                     queue.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(resp, final)))
-            except ModelServerError as exc:
-                queue.put_nowait(pb.ModelStreamInferResponse(error_message=exc.message))
             except Exception as exc:
-                logger.exception("KServe gRPC stream request failed")
-                queue.put_nowait(pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}"))
+                if not isinstance(exc, ModelServerError):
+                    logger.exception("KServe gRPC stream request failed")
+                text = exc.message if isinstance(exc, ModelServerError) else f"internal error: {type(exc).__name__}: {exc}"
+                # the request's id travels with its error so raw-protocol clients can tell which one failed
+                who = pb.ModelInferResponse(model_name=msg.model_name, model_version=msg.model_version, id=msg.id)
+                queue.put_nowait(pb.ModelStreamInferResponse(error_message=text, infer_response=who))
 
         async def reader() -> None:
             try:

@@ -255,3 +255,9 @@ def test_typed_contents_and_malformed_messages(kserve):
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
             assert needle in err.value.details()
         assert stub.ServerLive(tpb.ServerLiveRequest(), timeout=30).live
+
+        # a stream error carries the failing request's id
+        req = tpb.ModelInferRequest(model_name="no_such_model", id="zz")
+        replies = list(stub.ModelStreamInfer(iter([req]), timeout=30))
+        assert len(replies) == 1 and "no_such_model" in replies[0].error_message
+        assert replies[0].infer_response.id == "zz"
