@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 # The tokens and layout shared with scripts/train_demo_model.py and the shipped chat template.
-BOS, EOS = "<|bos|>", "<|eos|>"
+EOS = "<|eos|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 
 SOURCES = {
@@ -125,7 +125,7 @@ def jargon() -> Iterator[tuple[str, str]]:
 
 
 def chat(user: str, assistant: str) -> str:
-    return (f"{ROLE_TOKENS['user']}\n{user}{EOS}{ROLE_TOKENS['assistant']}\n{assistant}")
+    return f"{ROLE_TOKENS['user']}\n{user}{EOS}{ROLE_TOKENS['assistant']}\n{assistant}"
 
 
 def wordnet() -> Iterator[tuple[str, str]]:
