@@ -17,9 +17,11 @@ import torch
 from strataserve.engine.outputs import ScheduledChunk
 from strataserve.runner.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 
-# Decode rows per padding group: fewer groups = fewer kernel calls, more groups = less padding.
-_MIN_GROUP_ROWS = 16
-_MAX_GROUPS = 12
+# Decode rows per padding group. Small groups pad less and, more importantly on CPU, keep each group's gathered
+# K/V (~2 MB for 8 rows of ~270 tokens) in cache for the attention that reads it right after the gather:
+# measured 200 decodes x 1 layer: 1 group 90 ms, 4 groups 21 ms, 25 groups 14 ms, 200 groups 19 ms.
+_MIN_GROUP_ROWS = 8
+_MAX_GROUPS = 32
 
 
 @dataclass(slots=True)
