@@ -40,7 +40,7 @@ class DecodeGroup:
     start: int
     end: int
     block_tables: torch.Tensor  # long [n, nb]
-    mask: torch.Tensor  # bool [n, 1, 1, nb * block_size], True = attend
+    mask: torch.Tensor  # [n, 1, 1, nb * block_size]: bool (True = attend) or additive (0 / -inf, model dtype)
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ class PrefillSegment:
     query_len: int
     context_len: int  # tokens already in the cache before this chunk (cached prefix and/or earlier chunks)
     block_ids: torch.Tensor | None = None  # long, blocks covering [0, context_len + query_len); None if no context
-    mask: torch.Tensor | None = None  # bool [query_len, context_len + query_len] causal-with-offset; None if none
+    mask: torch.Tensor | None = None  # [query_len, context_len + query_len] causal-with-offset, bool or additive
 
 
 @dataclass(slots=True)

@@ -41,7 +41,13 @@ def _padded(rows: list[list[int]], width: int) -> np.ndarray:
     return out
 
 
-def _decode_groups(nblocks: np.ndarray, ctx: torch.Tensor, tables: torch.Tensor, block_size: int) -> list[DecodeGroup]:
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool mask -> 0 / -inf in the model dtype, once per step (SDPA would convert a bool mask in every layer)."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+
+
+def _decode_groups(nblocks: np.ndarray, ctx: torch.Tensor, tables: torch.Tensor, block_size: int,
+                   mask_dtype: torch.dtype) -> list[DecodeGroup]:
     """Split rows (sorted by length) into equal-count groups, each padded to its own longest row."""
     b = len(nblocks)
     if b == 0:
@@ -53,12 +59,14 @@ def _decode_groups(nblocks: np.ndarray, ctx: torch.Tensor, tables: torch.Tensor,
         if e <= s:
             continue
         nb = int(nblocks[e - 1])
-        mask = torch.arange(nb * block_size) < ctx[s:e, None]
+        mask = _additive(torch.arange(nb * block_size) < ctx[s:e, None], mask_dtype)
         groups.append(DecodeGroup(s, e, tables[s:e, :nb].contiguous(), mask[:, None, None, :]))
     return groups
 
 
-def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device) -> InputBatch:
+def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
+                      mask_dtype: torch.dtype = torch.float32) -> InputBatch:
+    """``mask_dtype``: the model dtype (the torch backend's additive masks must match the queries')."""
     dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
     pre = [i for i, c in enumerate(chunks) if len(c.token_ids) != 1]
     dec.sort(key=lambda i: chunks[i].start_pos)
@@ -95,7 +103,7 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
         seg = PrefillSegment(offset, n, start)
         if start > 0:
             seg.block_ids = torch.from_numpy(bt)
-            seg.mask = torch.arange(total)[None, :] <= torch.arange(start, total)[:, None]
+            seg.mask = _additive(torch.arange(total)[None, :] <= torch.arange(start, total)[:, None], mask_dtype)
         segments.append(seg)
         p_tables.append(table)
         p_ctx.append(start)
@@ -124,7 +132,7 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
         prefill_query_start_loc=torch.tensor(p_start_loc, dtype=torch.int32),
         prefill_context_lens=torch.tensor(p_ctx, dtype=torch.int32),
         prefill_block_tables=torch.from_numpy(_padded(p_tables, p_width)).to(torch.int32),
-        decode_groups=_decode_groups(d_nb, d_ctx_t, d_tables_t, bs),
+        decode_groups=_decode_groups(d_nb, d_ctx_t, d_tables_t, bs, mask_dtype),
         prefills=segments,
     )
     batch = InputBatch(

@@ -161,7 +161,7 @@ class ModelRunner(ModelRunnerBase):
         chunks = scheduler_output.chunks
         if not chunks:
             return ModelRunnerOutput([], [], [])
-        batch = build_input_batch(chunks, self.block_size, self.device)
+        batch = build_input_batch(chunks, self.block_size, self.device, self.dtype)
         if not batch.sample_chunk_ids:
             self._forward(batch)
             return ModelRunnerOutput([], [], [])
