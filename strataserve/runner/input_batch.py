@@ -65,8 +65,10 @@ def _decode_groups(nblocks: np.ndarray, ctx: torch.Tensor, tables: torch.Tensor,
 
 
 def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
-                      mask_dtype: torch.dtype = torch.float32) -> InputBatch:
-    """``mask_dtype``: the model dtype (the torch backend's additive masks must match the queries')."""
+                      mask_dtype: torch.dtype = torch.float32, torch_views: bool = True) -> InputBatch:
+    """``mask_dtype``: the model dtype (the torch backend's additive masks must match the queries').
+    ``torch_views=False`` skips ``decode_groups`` and the prefill segments' block ids/masks, which only the torch
+    attention backend reads (kernel backends use the generic tensors)."""
     dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
     pre = [i for i, c in enumerate(chunks) if len(c.token_ids) != 1]
     dec.sort(key=lambda i: chunks[i].start_pos)
@@ -101,7 +103,7 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
         pos_parts.append(pos)
         slot_parts.append(bt[pos // bs] * bs + pos % bs)
         seg = PrefillSegment(offset, n, start)
-        if start > 0:
+        if start > 0 and torch_views:
             seg.block_ids = torch.from_numpy(bt)
             seg.mask = _additive(torch.arange(total)[None, :] <= torch.arange(start, total)[:, None], mask_dtype)
         segments.append(seg)
@@ -132,7 +134,7 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
         prefill_query_start_loc=torch.tensor(p_start_loc, dtype=torch.int32),
         prefill_context_lens=torch.tensor(p_ctx, dtype=torch.int32),
         prefill_block_tables=torch.from_numpy(_padded(p_tables, p_width)).to(torch.int32),
-        decode_groups=_decode_groups(d_nb, d_ctx_t, d_tables_t, bs, mask_dtype),
+        decode_groups=_decode_groups(d_nb, d_ctx_t, d_tables_t, bs, mask_dtype) if torch_views else [],
         prefills=segments,
     )
     batch = InputBatch(

@@ -68,6 +68,8 @@ class ModelRunner(ModelRunnerBase):
         self.max_model_len = self._max_model_len(mc.max_model_len)
         self.block_size = config.cache.block_size
         self.plan = select_ops(config.runner.mode, self.model_config, self.device)
+        # only the torch backend reads the per-group / per-segment views; kernel backends skip building them
+        self._torch_views = isinstance(self.plan.ops.attention, TorchAttention)
         self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len)
         self.num_blocks = self._num_blocks()
         # One spare block past the pool: CUDA-graph padding rows write their K/V there, never into a real block.
@@ -161,7 +163,7 @@ class ModelRunner(ModelRunnerBase):
         chunks = scheduler_output.chunks
         if not chunks:
             return ModelRunnerOutput([], [], [])
-        batch = build_input_batch(chunks, self.block_size, self.device, self.dtype)
+        batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views)
         if not batch.sample_chunk_ids:
             self._forward(batch)
             return ModelRunnerOutput([], [], [])
