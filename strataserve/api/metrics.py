@@ -1,17 +1,21 @@
 """Prometheus metrics of the LLM server, vLLM's names under ``strata:`` so dashboards port by a prefix swap.
 
-Two sources: the engine's latest ``SchedulerStats`` (gauges and cumulative counters, read at scrape time by a
-collector, so nothing runs per step) and per-request timings taken in the API process (histograms, token
-counters). Everything lives in the server's own registry, labelled by ``model_name``.
+Two sources: the engine's latest ``SchedulerStats`` (gauges and cumulative counters) and per-request timings
+taken in the API process (histograms, token and finish counters). Everything is exposed by one collector in the
+server's own registry, labelled by ``model_name``. Why not prometheus-client's Counter/Histogram objects: they take
+a lock per update, and the per-token path (inter-token latency, token counts) runs thousands of times a second
+on the event loop; here an update is a list increment, and both updates and scrapes run on that one thread.
 """
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from strataserve.engine.outputs import RequestMetrics
 from strataserve.engine.protocol import SchedulerStats
@@ -22,6 +26,7 @@ _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4
                 20.0, 80.0)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0)
+_REASONS = ("stop", "length", "abort")
 
 
 def _token_buckets(max_len: int) -> tuple[float, ...]:
@@ -36,13 +41,67 @@ def _token_buckets(max_len: int) -> tuple[float, ...]:
         scale *= 10
 
 
-class _StatsCollector(Collector):
-    def __init__(self, model_name: str, source: Callable[[], SchedulerStats | None]) -> None:
+class LoopHistogram:
+    """A histogram updated only from the event-loop thread (no lock): counts per bucket plus the sum."""
+
+    __slots__ = ("name", "doc", "bounds", "counts", "sum")
+
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.doc = name, doc
+        self.bounds = list(buckets) + [float("inf")]
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # first bucket whose bound is >= value ("le")
+        self.sum += value
+
+    def family(self, label: list[str]) -> HistogramMetricFamily:
+        cumulative, total = [], 0
+        for bound, count in zip(self.bounds, self.counts):
+            total += count
+            cumulative.append((floatToGoString(bound), total))
+        fam = HistogramMetricFamily(self.name, self.doc, labels=["model_name"])
+        fam.add_metric(label, cumulative, self.sum)
+        return fam
+
+
+class ServerMetrics(Collector):
+    """All metrics of one served LLM, registered in ``registry`` (what ``/metrics`` exposes)."""
+
+    def __init__(self, model_name: str, max_model_len: int, stats_source: Callable[[], SchedulerStats | None],
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
-        self.source = source
+        self.stats_source = stats_source
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished: dict[str, int] = dict.fromkeys(_REASONS, 0)
+        h = LoopHistogram
+        self.ttft = h("strata:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
+        self.itl = h("strata:inter_token_latency_seconds", "Time between streamed tokens.", _ITL_BUCKETS)
+        self.tpot = h("strata:time_per_output_token_seconds", "Mean time per output token after the first.",
+                      _ITL_BUCKETS)
+        self.e2e = h("strata:e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
+        self.queue = h("strata:request_queue_time_seconds", "Time waiting before first scheduled.",
+                       _LATENCY_BUCKETS)
+        self.prefill = h("strata:request_prefill_time_seconds", "First scheduled to first token.", _LATENCY_BUCKETS)
+        self.decode = h("strata:request_decode_time_seconds", "First token to finish.", _LATENCY_BUCKETS)
+        tokens = _token_buckets(max(max_model_len, 1))
+        self.req_prompt_tokens = h("strata:request_prompt_tokens", "Prompt length per request.", tokens)
+        self.req_generation_tokens = h("strata:request_generation_tokens", "Generated tokens per request.", tokens)
+        self._histograms = (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prefill, self.decode,
+                            self.req_prompt_tokens, self.req_generation_tokens)
+        self.registry.register(self)
+
+    def success(self, reason: str) -> None:
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+
+    def track(self, num_prompt_tokens: int) -> "RequestTimer":
+        return RequestTimer(self, num_prompt_tokens)
 
     def collect(self) -> Iterable[Metric]:
-        stats = self.source() or SchedulerStats()
+        stats = self.stats_source() or SchedulerStats()
         label = [self.model_name]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -68,52 +127,16 @@ class _StatsCollector(Collector):
                       stats.prefix_cache_hits)
         yield counter("strata:num_preemptions", "Requests preempted (recomputed later) by the scheduler.",
                       stats.num_preemptions)
-
-
-class ServerMetrics:
-    """All metrics of one served LLM. ``registry`` is what ``/metrics`` exposes."""
-
-    def __init__(self, model_name: str, max_model_len: int, stats_source: Callable[[], SchedulerStats | None],
-                 registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        reg, lbl, name = self.registry, ["model_name"], model_name
-
-        def hist(metric: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(metric, doc, lbl, buckets=buckets, registry=reg).labels(name)
-
-        def count(metric: str, doc: str) -> Counter:
-            return Counter(metric, doc, lbl, registry=reg).labels(name)
-
-        self.prompt_tokens = count("strata:prompt_tokens", "Prompt tokens of requests that started generating.")
-        self.generation_tokens = count("strata:generation_tokens", "Tokens generated.")
-        self._success = Counter("strata:request_success", "Finished requests, by finish reason.",
-                                ["model_name", "finished_reason"], registry=reg)
-        self._success_by_reason = {r: self._success.labels(name, r) for r in ("stop", "length", "abort")}
-        self._model_name = name
-        self.ttft = hist("strata:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
-        self.itl = hist("strata:inter_token_latency_seconds", "Time between streamed tokens.", _ITL_BUCKETS)
-        self.tpot = hist("strata:time_per_output_token_seconds", "Mean time per output token after the first.",
-                         _ITL_BUCKETS)
-        self.e2e = hist("strata:e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
-        self.queue = hist("strata:request_queue_time_seconds", "Time waiting before first scheduled.",
-                          _LATENCY_BUCKETS)
-        self.prefill = hist("strata:request_prefill_time_seconds", "First scheduled to first token.",
-                            _LATENCY_BUCKETS)
-        self.decode = hist("strata:request_decode_time_seconds", "First token to finish.", _LATENCY_BUCKETS)
-        tokens = _token_buckets(max(max_model_len, 1))
-        self.req_prompt_tokens = hist("strata:request_prompt_tokens", "Prompt length per request.", tokens)
-        self.req_generation_tokens = hist("strata:request_generation_tokens", "Generated tokens per request.",
-                                          tokens)
-        reg.register(_StatsCollector(name, stats_source))
-
-    def success(self, reason: str) -> None:
-        child = self._success_by_reason.get(reason)
-        if child is None:
-            child = self._success_by_reason[reason] = self._success.labels(self._model_name, reason)
-        child.inc()
-
-    def track(self, num_prompt_tokens: int) -> "RequestTimer":
-        return RequestTimer(self, num_prompt_tokens)
+        yield counter("strata:prompt_tokens", "Prompt tokens of requests that started generating.",
+                      self.prompt_tokens)
+        yield counter("strata:generation_tokens", "Tokens generated.", self.generation_tokens)
+        success = CounterMetricFamily("strata:request_success", "Finished requests, by finish reason.",
+                                      labels=["model_name", "finished_reason"])
+        for reason, count in self.finished.items():
+            success.add_metric([self.model_name, reason], count)
+        yield success
+        for hist in self._histograms:
+            yield hist.family(label)
 
 
 class RequestTimer:
@@ -136,12 +159,12 @@ class RequestTimer:
         if self.first is None:
             self.first = now
             self.m.ttft.observe(now - self.arrival)
-            self.m.prompt_tokens.inc(self.num_prompt)
+            self.m.prompt_tokens += self.num_prompt
         else:
             self.m.itl.observe(now - self.last)
         self.last = now
         self.num_generated += n
-        self.m.generation_tokens.inc(n)
+        self.m.generation_tokens += n
 
     def finish(self, engine_metrics: RequestMetrics | None = None) -> None:
         """Record the request-level histograms (finish reasons are counted per completion by the caller)."""
