@@ -116,10 +116,11 @@ async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, pro
     completion_tokens = 0
     with state.hold(body.n):
         try:
-            for i in range(body.n):
-                yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                "logprobs": None, "finish_reason": None}]})
+            yield b"".join(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                     "logprobs": None, "finish_reason": None}]})
+                           for i in range(body.n))
             async for out in engine_stream(state, rid, prompt_ids, params, body.priority):
+                events = []  # one write per engine output, however many choices it advanced
                 for c in out.outputs:
                     completion_tokens += len(c.token_ids)
                     if c.finish_reason == "abort":
@@ -129,8 +130,10 @@ async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, pro
                     lp = ({"content": chat_logprobs(namer, c.token_ids, c.logprobs, top_n)}
                           if top_n is not None else None)
                     delta = {"content": c.text} if c.text or c.finish_reason is None else {}
-                    yield sse({**head, "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
-                                                    "finish_reason": c.finish_reason}]})
+                    events.append(sse({**head, "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
+                                                            "finish_reason": c.finish_reason}]}))
+                if events:
+                    yield b"".join(events)
             if with_usage:
                 yield sse({**head, "choices": [], "usage": usage(len(prompt_ids), completion_tokens)})
         except APIError as exc:

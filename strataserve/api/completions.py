@@ -145,6 +145,7 @@ async def _stream(state: ServerState, body: CompletionRequest, rid: str, prompts
                         yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
                                                         "finish_reason": None}]})
             async for pi, out in merge_streams(_streams(state, body, rid, prompts, params)):
+                events = []  # one write per engine output, however many choices it advanced
                 for c in out.outputs:
                     k = pi * n + c.index
                     completion_tokens += len(c.token_ids)
@@ -154,8 +155,10 @@ async def _stream(state: ServerState, body: CompletionRequest, rid: str, prompts
                     lp_part = lp.add(c.token_ids, c.logprobs) if lp is not None else None
                     if not c.text and c.finish_reason is None and lp_part is None:
                         continue  # an incomplete multi-byte character: nothing to show yet
-                    yield sse({**head, "choices": [{"index": k, "text": c.text, "logprobs": lp_part,
-                                                    "finish_reason": c.finish_reason}]})
+                    events.append(sse({**head, "choices": [{"index": k, "text": c.text, "logprobs": lp_part,
+                                                            "finish_reason": c.finish_reason}]}))
+                if events:
+                    yield b"".join(events)
             if with_usage:
                 total_prompt = sum(len(ids) for _, ids in prompts)
                 yield sse({**head, "choices": [], "usage": usage(total_prompt, completion_tokens)})
