@@ -97,7 +97,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from strataserve.assets import DEMO_MODEL_DIR
 
         model = str(DEMO_MODEL_DIR)
-        console.print(f"No model given: serving the embedded demo model ({model})")
+        if args.served_model_name is None:
+            args.served_model_name = DEMO_MODEL_DIR.name
+        console.print(f"No model given: serving the embedded demo model ({model})", soft_wrap=True)
     try:
         config = engine_config(args, model) if model is not None else None
     except ValueError as exc:
