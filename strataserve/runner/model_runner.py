@@ -28,6 +28,9 @@ from strataserve.runner.sampler import Sampler, SamplingRequest
 
 log = logging.getLogger(__name__)
 
+# "graph" mode (torch attention inside CUDA graphs): the widest context a captured decode step covers.
+_GRAPH_TORCH_MAX_TOKENS = 2048
+
 
 @dataclass(frozen=True)
 class ExecutionPlan:
@@ -146,7 +149,12 @@ class ModelRunner(ModelRunnerBase):
         triton = self.plan.mode == "hybrid"
         pad_slot = -1 if triton else self.num_blocks * bs  # the spare block
         max_bs = min(self.config.runner.cuda_graph_max_bs, self.config.scheduler.max_num_seqs)
-        graphs = CudaGraphDecoder(step, max_bs, -(-self.max_model_len // bs), self.device, pad_slot=pad_slot)
+        cols = -(-self.max_model_len // bs)
+        if not triton:
+            # torch attention gathers every column of the captured width for every row; beyond
+            # _GRAPH_TORCH_MAX_TOKENS of context the decode step runs eagerly instead (can_run says no)
+            cols = min(cols, -(-_GRAPH_TORCH_MAX_TOKENS // bs))
+        graphs = CudaGraphDecoder(step, max_bs, cols, self.device, pad_slot=pad_slot)
         seconds = graphs.capture()
         log.info("captured %d CUDA graphs (batch <= %d) in %.2f s", len(graphs.sizes), graphs.max_bs, seconds)
         return graphs
