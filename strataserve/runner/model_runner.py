@@ -5,8 +5,9 @@ decided) -> load weights -> size the KV pool (``num_blocks`` override, else a Gi
 of GPU memory minus weights and a profiled peak forward) -> preallocate it -> capture CUDA graphs (graph/hybrid).
 
 Per step (``execute``): forget finished requests, register new ones, build flat tensors + attention metadata
-(``runner/input_batch.py``), run the model over all chunks at once, compute logits only for sampling chunks,
-sample, and append each sampled token to its request's ``SamplingRequest``.
+(``runner/input_batch.py``), run the model over all chunks at once (decode-only steps replay a CUDA graph when
+one is captured), compute logits only for sampling chunks, sample, and append each sampled token to its
+request's ``SamplingRequest``.
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ class ModelRunner(ModelRunnerBase):
 
         def step(input_ids, positions, slot_mapping, block_tables, context_lens):
             meta = decode_metadata(slot_mapping, block_tables, context_lens, bs)
-            return model(input_ids, positions, meta)
+            return model.compute_logits(model(input_ids, positions, meta))
 
         triton = self.plan.mode == "hybrid"
         pad_slot = -1 if triton else self.num_blocks * bs  # the spare block
@@ -172,11 +173,9 @@ class ModelRunner(ModelRunnerBase):
         if not chunks:
             return ModelRunnerOutput([], [], [])
         batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views)
-        if not batch.sample_chunk_ids:
-            self._forward(batch)
+        logits = self._logits(batch)
+        if logits is None:
             return ModelRunnerOutput([], [], [])
-        hidden = self._forward(batch)
-        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
         reqs = [self.requests[r] for r in req_ids]
         tokens, logprobs = self.sampler(logits, reqs)
@@ -184,14 +183,23 @@ class ModelRunner(ModelRunnerBase):
             req.output_token_ids.append(tok)
         return ModelRunnerOutput(req_ids, tokens, logprobs)
 
-    def _forward(self, batch: InputBatch) -> torch.Tensor:
+    def _logits(self, batch: InputBatch) -> torch.Tensor | None:
+        """float32 logits of the sampling chunks in chunk order (None if none samples; KV is written anyway).
+
+        Decode-only steps that fit a captured graph replay it (the graph computes logits for every row, so the
+        lm_head runs inside it too); everything else runs eagerly with logits only for the sampled rows.
+        """
         meta = batch.attn_meta
         t = batch.input_ids.shape[0]
         if (self.graphs is not None and meta.num_decode_tokens == t
                 and self.graphs.can_run(t, meta.decode_block_tables.shape[1])):
-            return self.graphs.run(batch.input_ids, batch.positions, meta.slot_mapping, meta.decode_block_tables,
-                                   meta.decode_context_lens)
-        return self.model(batch.input_ids, batch.positions, meta)
+            all_logits = self.graphs.run(batch.input_ids, batch.positions, meta.slot_mapping,
+                                         meta.decode_block_tables, meta.decode_context_lens)
+            return all_logits.index_select(0, batch.logits_indices) if batch.sample_chunk_ids else None
+        hidden = self.model(batch.input_ids, batch.positions, meta)
+        if not batch.sample_chunk_ids:
+            return None
+        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
 
     def shutdown(self) -> None:
         if self.graphs is not None:

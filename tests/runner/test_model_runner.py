@@ -176,7 +176,8 @@ def test_decode_only_steps_go_through_the_graph_hook(ckpt, hf):
 
         def run(self, ids, pos, slots, tables, ctx):
             EagerGraphs.calls += 1
-            return runner.model(ids, pos, decode_metadata(slots, tables, ctx, runner.block_size))
+            meta = decode_metadata(slots, tables, ctx, runner.block_size)
+            return runner.model.compute_logits(runner.model(ids, pos, meta))
 
         def close(self):
             pass
