@@ -41,6 +41,7 @@ class ServeOptions:
     load_models: tuple[str, ...] = ()  # explicit mode: load these at start ("*" = all)
     grpc_port: int | None = 8001
     startup_timeout_s: float | None = None
+    graceful_shutdown_s: int = 10
 
 
 class _Server(uvicorn.Server):
@@ -126,7 +127,10 @@ async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> 
     app = build_app(state, registry=registry, api_key=options.api_key, max_body_bytes=options.max_body_bytes,
                     model_server=model_server)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.uvicorn_log_level,
-                            access_log=options.access_log, timeout_keep_alive=30, lifespan="off")
+                            access_log=options.access_log, timeout_keep_alive=30, lifespan="off",
+                            # On SIGTERM, let in-flight generations finish for a while, then cancel them (the
+                            # cancellation aborts them in the engine) so shutdown never hangs on a long stream.
+                            timeout_graceful_shutdown=options.graceful_shutdown_s)
     server = _Server(config)
     loop = asyncio.get_running_loop()
 

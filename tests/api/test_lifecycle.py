@@ -3,6 +3,7 @@ to 503; SIGTERM stops every child and frees the HTTP and gRPC ports and the sock
 start-up with a clear message instead of hanging."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import signal
@@ -108,12 +109,19 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
     assert set(glob.glob("/tmp/strata-core-*")) <= sockets_before, "engine socket files left behind"
 
 
-def test_sigterm_while_idle_stops_engine(tiny_ckpt, tmp_path):
+def test_sigterm_with_a_stream_in_flight_stops_everything(tiny_ckpt, tmp_path):
     srv = launch(tiny_ckpt, tmp_path / "server.log", api_key=None)
     try:
         engine = _engine_pid(srv.proc.pid)
-        srv.proc.send_signal(signal.SIGTERM)
-        assert srv.proc.wait(timeout=30) == 0, srv.log_tail()
+        body = {"model": MODEL, "prompt": "keep going", "max_tokens": 480, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=60) as client, client.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            srv.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(httpx.HTTPError):
+                for _ in lines:  # the stream completes or is cut during the graceful shutdown
+                    pass
+        assert srv.proc.wait(timeout=60) == 0, srv.log_tail()
     finally:
         srv.stop()
     deadline = time.monotonic() + 10
