@@ -102,6 +102,8 @@ class TorchAttention:
         k_cache, v_cache = self.kv_caches[layer_idx]
         k_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k3)
         v_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v3)
+        if meta.num_decode_tokens and not meta.decode_groups:
+            raise ValueError("torch attention needs decode_groups: build the batch with torch_views=True")
         out = q.new_empty(t, hq, d)
         # Gathers go through 2-D views: index_select then copies whole blocks (memcpy) instead of elements.
         k_rows = k_cache.view(k_cache.shape[0], -1)
@@ -116,9 +118,12 @@ class TorchAttention:
             out[g.start:g.end] = o.squeeze(2)
         for seg in meta.prefills:
             s, e = seg.start, seg.start + seg.query_len
-            if seg.block_ids is None:
+            if seg.context_len == 0:
                 out[s:e] = self._causal(q3[s:e], k3[s:e], v3[s:e])
                 continue
+            if seg.block_ids is None or seg.mask is None:
+                raise ValueError("torch attention needs block ids + mask for a chunk after cached tokens: "
+                                 "build the batch with torch_views=True")
             total = seg.context_len + seg.query_len
             kc = k_rows.index_select(0, seg.block_ids).view(-1, hkv, d)[:total]
             vc = v_rows.index_select(0, seg.block_ids).view(-1, hkv, d)[:total]
