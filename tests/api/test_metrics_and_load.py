@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -90,7 +91,8 @@ def _used_blocks(server) -> float:
 def test_stream_disconnect_frees_blocks(server, http):
     idle = _used_blocks(server)
     aborts = value(scrape(server), "strata:request_success_total", finished_reason="abort")
-    body = {"model": MODEL, "prompt": "disconnect me", "max_tokens": 480, "ignore_eos": True, "stream": True}
+    body = {"model": MODEL, "prompt": "disconnect me", "max_tokens": 480, "ignore_eos": True, "stream": True,
+            "n": 4}  # 4 x 480 tokens: hundreds of steps, so the hang-up lands mid-generation
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as own:
         with own.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200
@@ -108,10 +110,14 @@ def test_stream_disconnect_frees_blocks(server, http):
 def test_non_stream_disconnect_aborts(server):
     idle = _used_blocks(server)
     aborts = value(scrape(server), "strata:request_success_total", finished_reason="abort")
-    body = {"model": MODEL, "prompt": "going away", "max_tokens": 480, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers, timeout=httpx.Timeout(
-            30, read=0.5))
+    body = json.dumps({"model": MODEL, "prompt": "going away", "max_tokens": 480, "ignore_eos": True,
+                       "n": 4}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.api_key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head + body)
+        # Hang up while the engine is generating (4 x 480 tokens take hundreds of steps).
+        assert wait_for(lambda: _used_blocks(server) > idle)
     assert wait_for(lambda: value(scrape(server), "strata:request_success_total", finished_reason="abort")
                     == aborts + 1)
     assert wait_for(lambda: _used_blocks(server) == idle)
