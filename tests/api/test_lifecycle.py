@@ -71,7 +71,7 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
         children = _children(srv.proc.pid)
         assert httpx.get(f"{url}/health").status_code == 200
 
-        body = {"model": MODEL, "prompt": "long story", "max_tokens": 480, "ignore_eos": True}
+        body = {"model": MODEL, "prompt": "long story", "max_tokens": 480, "ignore_eos": True, "n": 4}
         result: dict = {}
 
         def non_stream() -> None:
@@ -83,7 +83,7 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
                 next(line for line in lines if line.startswith("data:"))
                 waiter = threading.Thread(target=non_stream)
                 waiter.start()
-                time.sleep(0.3)
+                time.sleep(0.1)
                 os.kill(engine, signal.SIGKILL)
                 rest = [line for line in lines if line.startswith("data:")]
             waiter.join(30)
