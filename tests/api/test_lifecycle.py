@@ -1,5 +1,6 @@
-"""Process lifecycle on a server of its own: the engine process dying fails requests cleanly and turns /health
-to 503; SIGTERM stops every child and frees the HTTP and gRPC ports and the socket files; a bad model path fails
+"""Process lifecycle on servers of their own: `strata serve MODEL --model-repository DIR` serves both fronts; the
+engine process dying fails LLM requests cleanly and turns /health to 503 while the repository keeps serving;
+SIGTERM stops every child and frees the HTTP and gRPC ports and the socket files; a bad model path fails
 start-up with a clear message instead of hanging."""
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from _model_repos import add_onnx_mlp, mlp_reference
 from conftest import MODEL, ROOT, free_port, launch
 
 
@@ -59,14 +64,25 @@ def _port_free(port: int) -> bool:
 def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
     sockets_before = set(glob.glob("/tmp/strata-core-*"))
     repo = tmp_path / "repo"
-    repo.mkdir()
+    weights = add_onnx_mlp(repo, name="mlp")[1]
     grpc_port = free_port()
     srv = launch(tiny_ckpt, tmp_path / "server.log", "--model-repository", str(repo), "--grpc-port",
                  str(grpc_port), api_key=None)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+
+    def kserve_infer() -> None:  # the repository's model, over the same HTTP port and over gRPC
+        for mod, addr in ((httpclient, f"127.0.0.1:{srv.port}"), (grpcclient, f"127.0.0.1:{grpc_port}")):
+            client = mod.InferenceServerClient(addr)
+            inp = mod.InferInput("INPUT0", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            got = client.infer("mlp", [inp]).as_numpy("OUTPUT0")
+            np.testing.assert_allclose(got, mlp_reference(x, weights), rtol=1e-5, atol=1e-6)
+
     try:
         url = srv.url
-        assert httpx.get(f"{url}/v2/health/live").status_code == 200  # the KServe front shares the app
-        assert not _port_free(grpc_port)
+        kserve_infer()
+        metrics = httpx.get(f"{url}/metrics").text  # one registry: LLM and repository metrics together
+        assert "strata:num_requests_running" in metrics and 'model="mlp"' in metrics
         engine = _engine_pid(srv.proc.pid)
         children = _children(srv.proc.pid)
         assert httpx.get(f"{url}/health").status_code == 200
@@ -96,6 +112,7 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
         assert health.status_code == 503 and health.json()["error"]["code"] == "engine_dead"
         again = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 2})
         assert again.status_code == 503 and again.json()["error"]["type"] == "service_unavailable"
+        kserve_infer()  # the repository keeps serving without the LLM engine
 
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(timeout=30) == 0, srv.log_tail()
