@@ -12,8 +12,9 @@ from starlette.responses import Response, StreamingResponse
 from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import DONE, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
 from strataserve.api.protocol import CompletionRequest
-from strataserve.api.serving import (ServerState, check_token_ids, engine_abort_error, engine_stream, llm_state,
-                                     make_params, merge_streams, new_id, resolve_max_tokens, until_disconnect)
+from strataserve.api.serving import (ServerState, check_stream_options, check_token_ids, engine_abort_error,
+                                     engine_stream, llm_state, make_params, merge_streams, new_id,
+                                     resolve_max_tokens, until_disconnect)
 from strataserve.engine.sampling_params import SamplingParams
 
 router = APIRouter()
@@ -51,6 +52,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     state = llm_state(request)
     state.check_alive()
     state.check_model(body.model)
+    check_stream_options(body)
     if body.suffix:
         raise bad_request("suffix is not supported", param="suffix")
     if body.logit_bias:

@@ -80,6 +80,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def check_stream_options(body: Any) -> None:
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
+
+
 def check_token_ids(state: ServerState, ids: list[int], param: str = "prompt") -> None:
     vocab = state.vocab_size
     for t in ids:

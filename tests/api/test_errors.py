@@ -50,6 +50,8 @@ CASES = [
     ("seed beyond int64", "/v1/completions", {**GOOD, "seed": 2**70}, 400, "seed"),
     ("top_k beyond int64", "/v1/chat/completions", {**CHAT, "top_k": 2**70}, 400, "top_k"),
     ("stop token id beyond int64", "/v1/completions", {**GOOD, "stop_token_ids": [2**64]}, 400, None),
+    ("stream_options without stream", "/v1/completions", {**GOOD, "stream_options": {"include_usage": True}},
+     400, "stream_options"),
     ("stream wrong type", "/v1/completions", {**GOOD, "stream": "yes please"}, 400, "stream"),
     ("tokenize neither", "/tokenize", {"model": MODEL}, 400, None),
     ("detokenize bad id", "/detokenize", {"tokens": [1, 10**9]}, 400, "tokens"),
