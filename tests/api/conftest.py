@@ -1,89 +1,11 @@
-"""One real ``strata serve`` subprocess (tiny random Llama checkpoint, CPU) shared by every test in tests/api.
-
-``launch()`` is also used by tests that need a server of their own (to kill its engine or SIGTERM it).
-"""
+"""Fixtures: the tiny checkpoint and one ``strata serve`` subprocess shared by every test in tests/api."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from _tiny_models import make_tiny_checkpoint
-
-ROOT = Path(__file__).resolve().parents[2]
-API_KEY = "test-key"
-MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    port: int
-    log: Path
-    api_key: str | None = API_KEY
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
-def launch(ckpt: Path, log: Path, *extra: str, api_key: str | None = API_KEY, wait: bool = True) -> Server:
-    port = free_port()
-    cmd = [sys.executable, "-m", "strataserve", "serve", str(ckpt), "--host", "127.0.0.1", "--port", str(port),
-           "--device", "cpu", "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache-memory-gib", "0.01",
-           "--max-model-len", "512", "--uvicorn-log-level", "warning", *extra]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    server = Server(proc, port, log, api_key)
-    if not wait:
-        return server
-    deadline = time.monotonic() + 300  # generous: a shared, busy CI box can be slow to import torch
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log_tail()}")
-            try:
-                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                    return server
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not ready after 300 s:\n{server.log_tail()}")
-            time.sleep(0.2)
-    except BaseException:
-        server.stop()
-        raise
+from api_server import launch
 
 
 @pytest.fixture(scope="session")

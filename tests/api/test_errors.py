@@ -6,7 +6,7 @@ import json
 import httpx
 import openai
 import pytest
-from conftest import MODEL
+from api_server import MODEL
 
 GOOD = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

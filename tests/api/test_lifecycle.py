@@ -20,7 +20,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from _model_repos import add_onnx_mlp, mlp_reference
-from conftest import MODEL, ROOT, free_port, launch
+from api_server import MODEL, ROOT, free_port, launch
 
 
 def _children(pid: int) -> list[int]:

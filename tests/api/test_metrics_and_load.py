@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from conftest import MODEL, ROOT
+from api_server import MODEL, ROOT
 from prometheus_client.parser import text_string_to_metric_families
 
 LABEL = {"model_name": MODEL}

@@ -7,7 +7,7 @@ import math
 import httpx
 import openai
 import pytest
-from conftest import MODEL
+from api_server import MODEL
 
 
 @pytest.fixture(scope="module")
