@@ -31,6 +31,7 @@ class InputBatch:
     attn_meta: AttentionMetadata
     logits_indices: torch.Tensor  # long [S]: flat row of each sampling chunk's last token, in chunk order
     sample_chunk_ids: list[int]  # indices into the chunk list, same order as logits_indices
+    decode_chunk_ids: list[int]  # the chunk of each decode row (rows [0, num_decode_tokens))
 
 
 def _padded(rows: list[list[int]], width: int) -> np.ndarray:
@@ -39,6 +40,58 @@ def _padded(rows: list[list[int]], width: int) -> np.ndarray:
         r = r[:width]  # a table may own blocks beyond this step's need (allocated ahead)
         out[i, :len(r)] = r
     return out
+
+
+class BlockTableRows:
+    """Persistent block-table rows, one per request, updated with only the blocks added since the last step.
+
+    A decode step's table then costs one fancy-index gather instead of re-padding every request's whole list
+    (the scheduler's block lists only grow while a request runs; a preempted request is forgotten and gets a
+    fresh row when it resumes). Rows and columns grow on demand.
+    """
+
+    def __init__(self, max_rows: int, max_cols: int) -> None:
+        self.table = np.zeros((max(1, max_rows), max(1, max_cols)), dtype=np.int32)
+        self.filled = [0] * self.table.shape[0]
+        self._row: dict[str, int] = {}
+        self._free = list(range(self.table.shape[0] - 1, -1, -1))
+
+    def forget(self, req_id: str) -> None:
+        row = self._row.pop(req_id, None)
+        if row is not None:
+            self._free.append(row)
+
+    def rows(self, chunks: Sequence[ScheduledChunk], ids: Sequence[int]) -> np.ndarray:
+        """The row of each ``chunks[i]`` for i in ``ids``, after copying in the blocks each gained."""
+        row_of, filled = self._row, self.filled
+        out = np.empty(len(ids), dtype=np.int64)
+        for j, i in enumerate(ids):
+            c = chunks[i]
+            r = row_of.get(c.req_id)
+            if r is None:
+                r = row_of[c.req_id] = self._take()
+            bt = c.block_table
+            n, f = len(bt), filled[r]
+            if n != f:
+                if n > self.table.shape[1]:
+                    self.table = np.pad(self.table, ((0, 0), (0, n - self.table.shape[1])))
+                if n > f:
+                    self.table[r, f:n] = bt[f:n]
+                else:  # never expected (tables only grow); rewrite rather than trust the row
+                    self.table[r, :n] = bt
+                filled[r] = n
+            out[j] = r
+        return out
+
+    def _take(self) -> int:
+        if not self._free:
+            old = self.table.shape[0]
+            self.table = np.pad(self.table, ((0, old), (0, 0)))
+            self.filled.extend([0] * old)
+            self._free = list(range(2 * old - 1, old - 1, -1))
+        r = self._free.pop()
+        self.filled[r] = 0
+        return r
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -65,12 +118,19 @@ def _decode_groups(nblocks: np.ndarray, ctx: torch.Tensor, tables: torch.Tensor,
 
 
 def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
-                      mask_dtype: torch.dtype = torch.float32, torch_views: bool = True) -> InputBatch:
+                      mask_dtype: torch.dtype = torch.float32, torch_views: bool = True,
+                      rows: BlockTableRows | None = None) -> InputBatch:
     """``mask_dtype``: the model dtype (the torch backend's additive masks must match the queries').
     ``torch_views=False`` skips ``decode_groups`` and the prefill segments' block ids/masks, which only the torch
-    attention backend reads (kernel backends use the generic tensors)."""
-    dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
-    pre = [i for i, c in enumerate(chunks) if len(c.token_ids) != 1]
+    attention backend reads (kernel backends use the generic tensors). ``rows``: the runner's persistent block
+    tables (decode tables are gathered from it); without it they are padded from the chunks' lists.
+
+    Token ids < 0 (a token still being sampled by the step in flight) are passed through as they are; the
+    runner replaces them on the device."""
+    dec: list[int] = []
+    pre: list[int] = []
+    for i, c in enumerate(chunks):
+        (dec if len(c.token_ids) == 1 else pre).append(i)
     dec.sort(key=lambda i: chunks[i].start_pos)
     bs = block_size
     n_dec = len(dec)
@@ -80,8 +140,13 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
     d_ctx = d_pos + 1
     d_nb = (d_ctx + bs - 1) // bs
     width = int(d_nb.max()) if n_dec else 0
-    d_tables = _padded([chunks[i].block_table for i in dec], width) if n_dec else np.zeros((0, 0), np.int64)
-    d_slots = d_tables[np.arange(n_dec), d_pos // bs] * bs + d_pos % bs
+    if not n_dec:
+        d_tables = np.zeros((0, 0), np.int32)
+    elif rows is not None:
+        d_tables = rows.table[rows.rows(chunks, dec), :width]
+    else:
+        d_tables = _padded([chunks[i].block_table for i in dec], width).astype(np.int32)
+    d_slots = d_tables[np.arange(n_dec), d_pos // bs].astype(np.int64) * bs + d_pos % bs
     ids = [chunks[i].token_ids[0] for i in dec]
     pos_parts = [d_pos]
     slot_parts = [d_slots]
@@ -113,54 +178,63 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
         p_start_loc.append(offset)
 
     sample_chunk_ids = [i for i, c in enumerate(chunks) if c.sample]
-    dec_row = {ci: r for r, ci in enumerate(dec)}
-    logits_rows = []
-    seg_of = dict(zip(pre, segments))
-    for ci in sample_chunk_ids:
-        if ci in dec_row:
-            logits_rows.append(dec_row[ci])
-        else:
-            seg = seg_of[ci]
-            logits_rows.append(seg.start + seg.query_len - 1)
+    if pre:
+        dec_row = {ci: r for r, ci in enumerate(dec)}
+        seg_of = dict(zip(pre, segments))
+        logits_rows = [dec_row[ci] if ci in dec_row else seg_of[ci].start + seg_of[ci].query_len - 1
+                       for ci in sample_chunk_ids]
+    else:  # decode-only: row of chunk ci is its rank in ``dec``
+        rank = np.empty(len(chunks), dtype=np.int64)
+        rank[np.asarray(dec, dtype=np.int64)] = np.arange(n_dec)
+        logits_rows = rank[np.asarray(sample_chunk_ids, dtype=np.int64)]
 
-    d_tables_t = torch.from_numpy(d_tables)
-    d_ctx_t = torch.from_numpy(d_ctx)
     p_width = max((len(t) for t in p_tables), default=0)
+    i64 = [np.asarray(ids, dtype=np.int64), np.concatenate(pos_parts), np.concatenate(slot_parts),
+           np.asarray(logits_rows, dtype=np.int64)]
+    i32 = [d_tables, d_ctx.astype(np.int32), np.asarray(p_start_loc, dtype=np.int32),
+           np.asarray(p_ctx, dtype=np.int32), _padded(p_tables, p_width).astype(np.int32)]
+    (input_ids, positions, slots, logits_idx), (d_tab, d_ctx_t, p_qsl, p_ctx_t, p_tab) = _tensors(i64, i32, device)
+    groups: list[DecodeGroup] = []
+    if torch_views:
+        d_long = torch.from_numpy(d_tables.astype(np.int64))
+        groups = _decode_groups(d_nb, torch.from_numpy(d_ctx), d_long, bs, mask_dtype)
+        if device.type != "cpu":
+            groups = [DecodeGroup(g.start, g.end, _mv(g.block_tables, device), _mv(g.mask, device)) for g in groups]
+            segments = [PrefillSegment(s.start, s.query_len, s.context_len,
+                                       None if s.block_ids is None else _mv(s.block_ids, device),
+                                       None if s.mask is None else _mv(s.mask, device)) for s in segments]
     meta = AttentionMetadata(
-        slot_mapping=torch.from_numpy(np.concatenate(slot_parts)),
-        num_decode_tokens=n_dec,
-        decode_block_tables=d_tables_t.to(torch.int32),
-        decode_context_lens=d_ctx_t.to(torch.int32),
-        prefill_query_start_loc=torch.tensor(p_start_loc, dtype=torch.int32),
-        prefill_context_lens=torch.tensor(p_ctx, dtype=torch.int32),
-        prefill_block_tables=torch.from_numpy(_padded(p_tables, p_width)).to(torch.int32),
-        decode_groups=_decode_groups(d_nb, d_ctx_t, d_tables_t, bs, mask_dtype) if torch_views else [],
-        prefills=segments,
-    )
-    batch = InputBatch(
-        input_ids=torch.tensor(ids, dtype=torch.long),
-        positions=torch.from_numpy(np.concatenate(pos_parts)),
-        attn_meta=meta,
-        logits_indices=torch.tensor(logits_rows, dtype=torch.long),
-        sample_chunk_ids=sample_chunk_ids,
-    )
-    return batch if device.type == "cpu" else _to_device(batch, device)
+        slot_mapping=slots, num_decode_tokens=n_dec, decode_block_tables=d_tab, decode_context_lens=d_ctx_t,
+        prefill_query_start_loc=p_qsl, prefill_context_lens=p_ctx_t, prefill_block_tables=p_tab,
+        decode_groups=groups, prefills=segments)
+    return InputBatch(input_ids=input_ids, positions=positions, attn_meta=meta, logits_indices=logits_idx,
+                      sample_chunk_ids=sample_chunk_ids, decode_chunk_ids=dec)
 
 
-def _to_device(batch: InputBatch, device: torch.device) -> InputBatch:
-    def mv(t: torch.Tensor) -> torch.Tensor:
-        return t.to(device, non_blocking=True)
+def _mv(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t.to(device, non_blocking=True)
 
-    m = batch.attn_meta
-    meta = AttentionMetadata(
-        slot_mapping=mv(m.slot_mapping), num_decode_tokens=m.num_decode_tokens,
-        decode_block_tables=mv(m.decode_block_tables), decode_context_lens=mv(m.decode_context_lens),
-        prefill_query_start_loc=mv(m.prefill_query_start_loc), prefill_context_lens=mv(m.prefill_context_lens),
-        prefill_block_tables=mv(m.prefill_block_tables),
-        decode_groups=[DecodeGroup(g.start, g.end, mv(g.block_tables), mv(g.mask)) for g in m.decode_groups],
-        prefills=[PrefillSegment(s.start, s.query_len, s.context_len,
-                                 None if s.block_ids is None else mv(s.block_ids),
-                                 None if s.mask is None else mv(s.mask)) for s in m.prefills],
-    )
-    return InputBatch(mv(batch.input_ids), mv(batch.positions), meta, mv(batch.logits_indices),
-                      batch.sample_chunk_ids)
+
+def _tensors(i64: list[np.ndarray], i32: list[np.ndarray], device: torch.device):
+    """numpy arrays -> tensors on ``device`` (keeping each array's shape). On an accelerator each dtype group is
+    packed into one pinned host buffer and copied in one asynchronous transfer (pinned, so the copy never waits
+    for the GPU work in flight), then split into views."""
+    if device.type == "cpu":
+        return [torch.from_numpy(a) for a in i64], [torch.from_numpy(a) for a in i32]
+    return _packed(i64, torch.int64, device), _packed(i32, torch.int32, device)
+
+
+def _packed(arrays: list[np.ndarray], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    sizes = [a.size for a in arrays]
+    host = torch.empty(max(1, sum(sizes)), dtype=dtype, pin_memory=True)
+    flat = host.numpy()
+    o = 0
+    for a, n in zip(arrays, sizes):
+        flat[o:o + n] = a.reshape(-1)
+        o += n
+    dev = host.to(device, non_blocking=True)
+    out, o = [], 0
+    for a, n in zip(arrays, sizes):
+        out.append(dev[o:o + n].view(a.shape))
+        o += n
+    return out

@@ -39,6 +39,13 @@ class SamplingRequest:
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
     eos_token_id: int | None = None
+    #: greedy with nothing that reads the logits or past tokens otherwise: one argmax, no per-row host work
+    plain_greedy: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.plain_greedy = (p.greedy and not p.uses_penalties and p.logprobs is None
+                             and not (p.min_tokens and (p.stop_token_ids or not p.ignore_eos)))
 
 
 def row_seed(seed: int, step: int) -> int:
@@ -117,8 +124,16 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: [len(reqs), vocab] float. Returns one token id per row and its logprobs (None if not asked)."""
+        tokens, logprobs = self.sample(logits, reqs)
+        return tokens.tolist(), logprobs
+
+    def sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
+        """Like ``__call__`` but the token ids stay a tensor on the logits' device (no host sync when every row is
+        plain greedy), so the caller may copy them back asynchronously."""
         if logits.dim() != 2 or logits.shape[0] != len(reqs):
             raise ValueError(f"logits must be [len(reqs)={len(reqs)}, vocab], got {tuple(logits.shape)}")
+        if all(r.plain_greedy for r in reqs):  # argmax of bf16 and of its float32 copy agree: skip the copy
+            return logits.argmax(dim=-1), [None] * len(reqs)
         raw = logits.float()
         params = [r.params for r in reqs]
         x = self._processed(raw, reqs)
@@ -134,8 +149,7 @@ class Sampler:
                 tokens[rows_t] = self._sample(x[rows_t], [reqs[i] for i in sample_rows])
             else:
                 tokens = self._sample(x, reqs)
-        token_ids: list[int] = tokens.tolist()
-        return token_ids, self._logprobs(raw, tokens, params)
+        return tokens, self._logprobs(raw, tokens, params)
 
     # ------------------------------------------------------------------ logits processing
     @staticmethod
