@@ -128,8 +128,10 @@ class KVCacheManager:
                 self._num_registered[rid] = len(blocks)
             if need > 0:
                 blocks.extend(pool.allocate(need))
-        if self.enable_caching and total // bs > done // bs:
-            first, last = done // bs, total // bs
+        # Only blocks whose tokens are all known can be hashed (a token still being sampled is not).
+        last = min(total, len(request.all_token_ids)) // bs
+        if self.enable_caching and last > done // bs:
+            first = done // bs
             self._in_flight.update(self._hashes(request, last)[first:last])
         return blocks
 
@@ -144,7 +146,8 @@ class KVCacheManager:
         blocks = self._blocks.get(rid)
         if not blocks:
             return
-        n_full = min(request.num_computed_tokens // self.block_size, len(blocks))
+        # computed AND known: with async scheduling the step in flight may compute a token not yet known here
+        n_full = min(min(request.num_computed_tokens, len(request.all_token_ids)) // self.block_size, len(blocks))
         if n_full <= start:
             return
         hashes = self._hashes(request, n_full)

@@ -25,6 +25,8 @@ from strataserve.engine.protocol import EngineCoreOutput, SchedulerStats
 from strataserve.engine.request import Request, RequestStatus, check_prompt_length
 
 _RUNNING = RequestStatus.RUNNING
+#: token id of a chunk whose token is still being sampled on the device (async scheduling only)
+PENDING_TOKEN = -1
 
 
 class Scheduler:
@@ -39,6 +41,8 @@ class Scheduler:
         self._waiting: list[tuple[int, int, int, Request]] = []  # heap; aborted entries are skipped lazily
         self.num_waiting = 0
         self._forget: list[str] = []  # ids the runner must drop before the next step
+        self._step_reqs: dict[int, list[Request]] = {}  # id(SchedulerOutput) -> Request of each chunk
+        self._num_sync_only = 0  # unfinished requests whose sampling reads their past tokens on the host
         # Keep ~1% of blocks free when admitting, unless nothing runs (then a lone request may use them all).
         self._reserve = max(1, num_blocks // 100)
         self.num_preemptions = 0
@@ -59,6 +63,7 @@ class Scheduler:
             raise ValueError(f"request id {request.request_id!r} is already in use: use a unique id")
         self.check_prompt(request.num_prompt_tokens)
         self.requests[request.request_id] = request
+        self._num_sync_only += request.sync_only
         self._push_waiting(request)
 
     def _push_waiting(self, req: Request) -> None:
@@ -73,6 +78,7 @@ class Scheduler:
             req = self.requests.pop(rid, None)
             if req is None:
                 continue
+            self._num_sync_only -= req.sync_only
             if req.status == _RUNNING:
                 drop_running = True
                 self._forget.append(rid)
@@ -87,54 +93,77 @@ class Scheduler:
         return bool(self.requests)
 
     # ------------------------------------------------------------------ one step
+    def can_schedule_ahead(self) -> bool:
+        """True when the next step may be scheduled before the step in flight returns its tokens (async
+        scheduling): no unfinished request samples from its own past tokens on the host."""
+        return self._num_sync_only == 0
+
     def schedule(self) -> SchedulerOutput:
         kv = self.kv
         kv.begin_step()
+        allocate = kv.allocate_slots
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk | None] = []
+        reqs: list[Request | None] = []  # the Request of each chunk, so update_from_output needs no lookups
         running = self.running
         preempted = False
 
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = req.num_tokens - req.num_computed_tokens
+            known = len(req.all_token_ids)
+            pending = req.num_pending
+            if pending and known + pending >= req.max_len:
+                i += 1  # the token in flight ends it by length: nothing more to compute
+                continue
+            n = known + pending - req.num_computed_tokens
             if n > budget:
                 n = budget
-            blocks = kv.allocate_slots(req, n)
+            blocks = allocate(req, n)
             while blocks is None:
                 victim = max(running, key=_victim_key)
                 vi = running.index(victim)
                 del running[vi]
-                budget += self._preempt(victim, chunks)
+                budget += self._preempt(victim, chunks, reqs)
                 preempted = True
                 if victim is req:
                     break
                 if vi < i:
                     i -= 1
-                blocks = kv.allocate_slots(req, n)
+                blocks = allocate(req, n)
             if blocks is None:
                 continue  # req itself was preempted; running[i] is now the next request
             start = req.num_computed_tokens
             end = start + n
-            chunks.append(ScheduledChunk(req.request_id, req.all_token_ids[start:end], start, blocks[:],
-                                         end == req.num_tokens))
+            # A pending token's id is known only on the device: the runner takes it from the step in flight.
+            toks = [PENDING_TOKEN] if pending else req.all_token_ids[start:end]
+            # The block table is passed, not copied: the runner reads it before the scheduler runs again.
+            sample = end == known + pending
+            chunks.append(ScheduledChunk(req.request_id, toks, start, blocks, sample))
+            reqs.append(req)
             req.num_computed_tokens = end
+            if sample:
+                req.num_pending += 1
             budget -= n
             i += 1
 
         new_reqs: list[NewRequestData] = []
         if not preempted:
-            budget = self._admit(budget, chunks, new_reqs)
+            budget = self._admit(budget, chunks, reqs, new_reqs)
 
-        out_chunks = [c for c in chunks if c is not None] if preempted else chunks
+        if preempted:
+            chunks = [c for c in chunks if c is not None]
+            reqs = [r for r in reqs if r is not None]
         forget: list[str] = []
-        if out_chunks:  # with nothing to run, keep them for the next real step so the runner still drops them
+        if chunks:  # with nothing to run, keep them for the next real step so the runner still drops them
             forget, self._forget = self._forget, []
-        return SchedulerOutput(new_requests=new_reqs, chunks=out_chunks, finished_req_ids=forget,  # type: ignore
-                               total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget)
+        out = SchedulerOutput(new_requests=new_reqs, chunks=chunks, finished_req_ids=forget,  # type: ignore
+                              total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget)
+        if chunks:
+            self._step_reqs[id(out)] = reqs  # type: ignore[assignment]
+        return out
 
-    def _admit(self, budget: int, chunks: list, new_reqs: list[NewRequestData]) -> int:
+    def _admit(self, budget: int, chunks: list, reqs: list, new_reqs: list[NewRequestData]) -> int:
         kv, waiting, running = self.kv, self._waiting, self.running
         max_seqs = self.config.max_num_seqs
         chunked = self.config.enable_chunked_prefill
@@ -172,26 +201,34 @@ class Scheduler:
             new_reqs.append(NewRequestData(req.request_id, req.prompt_token_ids, list(req.output_token_ids),
                                            req.sampling_params))
             end = hit_tokens + n
-            chunks.append(ScheduledChunk(req.request_id, req.all_token_ids[hit_tokens:end], hit_tokens, blocks[:],
-                                         end == req.num_tokens))
+            sample = end == req.num_tokens
+            chunks.append(ScheduledChunk(req.request_id, req.all_token_ids[hit_tokens:end], hit_tokens, blocks,
+                                         sample))
+            reqs.append(req)
             req.num_computed_tokens = end
+            if sample:
+                req.num_pending += 1
             budget -= n
         for entry in deferred:
             heapq.heappush(waiting, entry)
         return budget
 
-    def _preempt(self, victim: Request, chunks: list) -> int:
-        """Preempt ``victim`` (already removed from running) by recompute; return the budget it gave back."""
+    def _preempt(self, victim: Request, chunks: list, reqs: list) -> int:
+        """Preempt ``victim`` (already removed from running) by recompute; return the budget it gave back.
+
+        A token it has in flight (async scheduling) is dropped when it arrives and recomputed after resumption.
+        """
         returned = 0
-        rid = victim.request_id
-        for idx, chunk in enumerate(chunks):  # O(batch), but only on preemption
-            if chunk is not None and chunk.req_id == rid:  # scheduled earlier in this step: undo that first
-                chunks[idx] = None
+        for idx, r in enumerate(reqs):  # O(batch), but only on preemption
+            if r is victim:  # scheduled earlier in this step: undo that first
+                chunk = chunks[idx]
+                chunks[idx] = reqs[idx] = None
                 returned = len(chunk.token_ids)
                 victim.num_computed_tokens -= returned
                 break
         self.kv.free(victim)
         victim.num_computed_tokens = 0
+        victim.num_pending = 0
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -203,22 +240,35 @@ class Scheduler:
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         requests = self.requests
         cache_computed = self.kv.cache_computed
+        reqs = self._step_reqs.pop(id(sched), None)
+        if reqs is None or len(reqs) != len(sched.chunks):  # an output this scheduler did not record
+            reqs = [requests.get(c.req_id) for c in sched.chunks]
         n_decodes = 0  # single-token sampling chunks; every other token counts as prefill (incl. recompute)
-        for c in sched.chunks:
-            req = requests.get(c.req_id)
+        sampled: list[Request | None] = []
+        for c, req in zip(sched.chunks, reqs):
             if req is not None and req.status == _RUNNING:
                 cache_computed(req)
-            if c.sample and len(c.token_ids) == 1:
-                n_decodes += 1
+            if c.sample:
+                sampled.append(req)
+                if len(c.token_ids) == 1:
+                    n_decodes += 1
         self.prompt_tokens += sched.total_num_scheduled_tokens - n_decodes
 
         outputs: list[EngineCoreOutput] = []
         logprobs = result.logprobs
         any_finished = False
+        if len(sampled) != len(result.req_ids):
+            raise RuntimeError(f"the runner sampled {len(result.req_ids)} tokens for {len(sampled)} sampling chunks")
         for j, (rid, tok) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
-            req = requests.get(rid)
-            if req is None or req.status != _RUNNING:
-                continue  # aborted or preempted after it was scheduled
+            req = sampled[j]
+            if req is None:
+                continue  # (unrecorded output only) aborted since it was scheduled
+            if req.request_id != rid:
+                raise RuntimeError(f"runner output {j} is for {rid!r}, not the sampling chunk's request: the runner "
+                                   "must return tokens in chunk order")
+            if req.status != _RUNNING:
+                continue  # aborted or preempted after it was scheduled (identity, not id: ids may be reused)
+            req.num_pending -= 1
             finished = req.append_token(tok)
             lp = logprobs[j] if logprobs else None
             out = EngineCoreOutput(request_id=rid, new_token_ids=[tok], new_logprobs=None if lp is None else [lp])
@@ -233,10 +283,11 @@ class Scheduler:
                 out.stop_reason = req.stop_reason
                 out.num_preemptions = req.num_preemptions
                 del requests[rid]
+                self._num_sync_only -= req.sync_only
                 self.kv.free(req)
                 self._forget.append(rid)
             outputs.append(out)
-        self.generation_tokens += len(result.sampled_token_ids)
+        self.generation_tokens += len(outputs)
         if any_finished:
             self.running = [r for r in self.running if r.status == _RUNNING]
         return outputs

@@ -12,6 +12,7 @@ import time
 
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from strataserve.engine.scheduler import PENDING_TOKEN
 from strataserve.runner.base import ModelRunnerBase
 
 VOCAB = 400  # = the test tokenizer's vocabulary, so fake outputs always decode
@@ -38,6 +39,8 @@ def reference_output(prompt: list[int], max_tokens: int, stop_ids: tuple[int, ..
 
 
 class FakeRunner(ModelRunnerBase):
+    supports_async = False
+
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, verify: bool = True,
                  logprobs: bool = False, delay_s: float = 0.0, fail_at_step: int | None = None) -> None:
         self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
@@ -51,6 +54,7 @@ class FakeRunner(ModelRunnerBase):
         self.delay_s = delay_s  # sleep per step, so async tests can act while a request is still running
         self.fail_at_step = fail_at_step  # raise inside execute at this step (engine-death tests)
         self.num_steps = 0
+        self.num_pending_chunks = 0  # chunks whose token was still being "sampled" (async scheduling)
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         self.num_steps += 1
@@ -71,7 +75,11 @@ class FakeRunner(ModelRunnerBase):
         for c in so.chunks:
             toks = state[c.req_id]
             n, start, bt = len(c.token_ids), c.start_pos, c.block_table
-            if self.verify:
+            if c.token_ids and c.token_ids[0] == PENDING_TOKEN:  # async scheduling: the token sampled last step
+                assert self.supports_async, f"{c.req_id}: pending token sent to a synchronous runner"
+                assert n == 1 and start == len(toks) - 1, f"{c.req_id}: pending token at the wrong position"
+                self.num_pending_chunks += 1
+            elif self.verify:
                 assert toks[start:start + n] == c.token_ids, f"{c.req_id}: chunk tokens disagree with the request"
                 assert len(bt) * bs >= start + n, f"{c.req_id}: block table too short"
                 assert c.sample == (start + n == len(toks)), f"{c.req_id}: wrong sample flag"
@@ -89,6 +97,24 @@ class FakeRunner(ModelRunnerBase):
 
     def shutdown(self) -> None:
         self.shut = True
+
+
+class _Done:
+    def __init__(self, out: ModelRunnerOutput) -> None:
+        self.out = out
+
+    def result(self) -> ModelRunnerOutput:
+        return self.out
+
+
+class AsyncFakeRunner(FakeRunner):
+    """A runner that lets the engine schedule ahead: ``launch`` "runs" the step at once (its own state is the
+    device's truth, so a pending token is whatever it sampled last) and ``result`` hands the tokens over later."""
+
+    supports_async = True
+
+    def launch(self, so: SchedulerOutput) -> _Done:
+        return _Done(self.execute(so))
 
 
 def engine_config(*, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, prefix: bool = True,
