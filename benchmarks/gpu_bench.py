@@ -120,8 +120,14 @@ def bench_throughput(modes, n: int = 256, profile: bool = False) -> None:
     outs = [rng.randint(100, 1024) for _ in range(n)]
     for mode in modes:
         def one(mode=mode):
-            eng, t_ready = make_engine(str(path), mode, "bfloat16", max_num_seqs=256, max_num_batched_tokens=16384,
-                                       max_model_len=2048)
+            # "<mode>-sync": the same runner mode with async scheduling off (host and device work serialised)
+            sync = mode.endswith("-sync")
+            os.environ["STRATA_ASYNC_SCHEDULING"] = "0" if sync else "1"
+            try:
+                eng, t_ready = make_engine(str(path), mode.removesuffix("-sync"), "bfloat16", max_num_seqs=256,
+                                           max_num_batched_tokens=16384, max_model_len=2048)
+            finally:
+                os.environ.pop("STRATA_ASYNC_SCHEDULING", None)
             generate(eng, prompts[:8], [16] * 8)  # warm-up
             torch.cuda.synchronize()
             prof = None
@@ -163,11 +169,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--budget-s", type=float, default=420.0, help="start nothing new after this many seconds")
     p.add_argument("--only", default="", help="comma-separated item names to run (default: all, in plan order)")
+    p.add_argument("--run", type=int, default=None, help="run number recorded in every JSON line")
     args = p.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     BASE.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 torch=torch.__version__, triton=triton.__version__, gpu=torch.cuda.get_device_name(0))
+    if args.run is not None:
+        BASE["run"] = args.run
     t_start = time.perf_counter()
     bw = guarded("ceilings", bench_ceilings) or 4.28e12
     cfg = mb.llama31_8b()
@@ -189,11 +198,16 @@ def main() -> None:
             ("decode1-hybrid-gemv", lambda: bench_decode(bw, 1, ["hybrid-gemv"])),
             ("gemv-sweep", lambda: [emit("kernel_sweep", **r) for r in kb.gemv_sweep(bw)]),
             ("attention-sweep", lambda: [emit("kernel_sweep", **r) for r in kb.attention_sweep(bw)]),
-            ("throughput-hybrid-profile", lambda: bench_throughput(["hybrid"], profile=True))]
-    only = set(filter(None, args.only.split(",")))
+            ("throughput-hybrid-profile", lambda: bench_throughput(["hybrid"], profile=True)),
+            # run 3: async scheduling (default on CUDA) against the synchronous loop, same host-side code
+            ("throughput-hybrid-sync", lambda: bench_throughput(["hybrid-sync"]))]
+    only = list(filter(None, args.only.split(",")))
+    if only:  # in the order given
+        unknown = set(only) - {name for name, _ in plan}
+        if unknown:
+            raise SystemExit(f"unknown items: {sorted(unknown)}")
+        plan = sorted((x for x in plan if x[0] in only), key=lambda x: only.index(x[0]))
     for name, fn in plan:
-        if only and name not in only:
-            continue
         if time.perf_counter() - t_start > args.budget_s:
             emit("skipped", what=name, reason=f"time budget {args.budget_s}s spent")
             continue

@@ -7,6 +7,7 @@ round differently and greedy paths may part after a near-tie. Exit status 1 on a
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import tempfile
@@ -20,7 +21,8 @@ import torch  # noqa: E402
 from _tiny_models import load_hf_model, make_tiny_checkpoint  # noqa: E402
 from gpu_engine import generate, make_engine  # noqa: E402
 
-MODES = ("eager", "triton", "graph", "hybrid")
+# "hybrid-sync": hybrid with async scheduling off, so the synchronous loop is checked on the GPU too
+MODES = ("eager", "triton", "graph", "hybrid", "hybrid-sync")
 
 
 def hf_greedy(path: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -38,6 +40,7 @@ def hf_greedy(path: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
 
 
 def main() -> int:
+    dtypes = tuple(sys.argv[1].split(",")) if len(sys.argv) > 1 else ("float32", "bfloat16")
     torch.backends.cuda.matmul.allow_tf32 = False
     rng = random.Random(0)
     failures, report = 0, []
@@ -48,11 +51,13 @@ def main() -> int:
             n = 24
             ref = hf_greedy(path, prompts, n)
             results = {}
-            for dtype in ("float32", "bfloat16"):
+            for dtype in dtypes:
                 for mode in MODES:
+                    os.environ["STRATA_ASYNC_SCHEDULING"] = "0" if mode.endswith("-sync") else "1"
                     try:
-                        eng, _ = make_engine(str(path), mode, dtype, max_num_seqs=16, max_model_len=256,
-                                             num_blocks=128, max_num_batched_tokens=64)  # 64: chunked prefill
+                        eng, _ = make_engine(str(path), mode.removesuffix("-sync"), dtype, max_num_seqs=16,
+                                             max_model_len=256, num_blocks=128,
+                                             max_num_batched_tokens=64)  # 64: chunked prefill
                         results[(dtype, mode)] = generate(eng, prompts, [n] * len(prompts))
                         eng.shutdown()
                     except Exception as exc:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 from strataserve.config import EngineConfig
+from strataserve.engine.outputs import SchedulerOutput
 from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from strataserve.engine.request import Request
 from strataserve.engine.scheduler import Scheduler
@@ -29,6 +31,11 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, num_blocks=self.num_blocks, block_size=self.block_size,
                                    max_model_len=self.max_model_len,
                                    enable_prefix_caching=config.cache.enable_prefix_caching)
+        # Async scheduling (runners that can ``launch`` a step and report ``supports_async``, i.e. CUDA): step N+1
+        # is scheduled and queued while step N runs on the device, and step N's tokens are applied after that,
+        # so the host work of a step overlaps the device work of the previous one.
+        self._async = bool(getattr(runner, "supports_async", False)) and hasattr(runner, "launch")
+        self._in_flight: tuple[SchedulerOutput, Any, float] | None = None
         self._seq = itertools.count()
         self._prefill_time = 0.0
         self._decode_time = 0.0
@@ -48,11 +55,16 @@ class EngineCore:
         self.scheduler.finish_requests(list(request_ids))
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> EngineCoreOutputs:
-        """Schedule, execute and account one step. With nothing schedulable it only reports stats."""
+        """Schedule, execute and account one step. With nothing schedulable it only reports stats.
+
+        With async scheduling the outputs returned are those of the step launched by the previous call (the
+        step launched now reports next time); callers loop while ``has_unfinished_requests()`` either way."""
+        if self._async:
+            return self._step_async()
         sched = self.scheduler.schedule()
         if not sched.chunks:
             return EngineCoreOutputs(outputs=[], stats=self.stats())
@@ -66,6 +78,35 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(sched, result)
         return EngineCoreOutputs(outputs=outputs, stats=self.stats())
 
+    def _step_async(self) -> EngineCoreOutputs:
+        sched = None
+        if self._in_flight is None or self.scheduler.can_schedule_ahead():
+            sched = self.scheduler.schedule()
+        launched = None
+        if sched is not None and sched.chunks:
+            launched = (sched, self.runner.launch(sched), time.perf_counter())  # type: ignore[attr-defined]
+        outputs = []
+        prev, self._in_flight = self._in_flight, launched
+        if prev is not None:
+            prev_sched, handle, t0 = prev
+            try:
+                result = handle.result()
+            except BaseException:
+                self._in_flight = None
+                raise
+            self._account(prev_sched, time.perf_counter() - t0)
+            outputs = self.scheduler.update_from_output(prev_sched, result)
+        return EngineCoreOutputs(outputs=outputs, stats=self.stats())
+
+    def _account(self, sched: SchedulerOutput, dt: float) -> None:
+        if sched.total_num_scheduled_tokens > len(sched.chunks):
+            self._prefill_time += dt
+        else:
+            self._decode_time += dt
+
+    def has_step_in_flight(self) -> bool:
+        return self._in_flight is not None
+
     def stats(self) -> SchedulerStats:
         s = self.scheduler.stats()
         s.step_prefill_time = self._prefill_time
@@ -78,4 +119,5 @@ class EngineCore:
     def shutdown(self) -> None:
         if not self._closed:
             self._closed = True
+            self._in_flight = None
             self.runner.shutdown()

@@ -12,6 +12,7 @@ request's ``SamplingRequest``.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from strataserve.models.hf_config import DecoderConfig, load_decoder_config
 from strataserve.models.loader import load_model, resolve_device, resolve_dtype
 from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_block, TorchAttention
 from strataserve.runner.base import ModelRunnerBase
-from strataserve.runner.input_batch import InputBatch, build_input_batch
+from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
 from strataserve.runner.ops import OpSet, TorchOps
 from strataserve.runner.sampler import Sampler, SamplingRequest
 
@@ -63,7 +64,8 @@ def select_ops(mode: str, cfg: DecoderConfig, device: torch.device) -> Execution
 
 
 class ModelRunner(ModelRunnerBase):
-    def __init__(self, config: EngineConfig, sampler: Sampler | None = None) -> None:
+    def __init__(self, config: EngineConfig, sampler: Sampler | None = None,
+                 async_scheduling: bool | None = None) -> None:
         mc = config.model
         self.config = config
         self.device = resolve_device(mc.device)
@@ -85,6 +87,15 @@ class ModelRunner(ModelRunnerBase):
         self.eos_token_ids: tuple[int, ...] = self.model_config.eos_token_ids
         self.sampler = sampler if sampler is not None else Sampler()
         self.requests: dict[str, SamplingRequest] = {}
+        self._rows = BlockTableRows(config.scheduler.max_num_seqs, -(-self.max_model_len // self.block_size))
+        #: the engine may schedule step N+1 before step N's tokens reach the host (EngineCore reads this).
+        #: Default: on CUDA unless STRATA_ASYNC_SCHEDULING=0; off on CPU, where no device work runs alongside
+        #: the host (tests turn it on there to check the same logic).
+        if async_scheduling is None:
+            async_scheduling = (self.device.type == "cuda"
+                                and os.environ.get("STRATA_ASYNC_SCHEDULING", "1") != "0")
+        self.supports_async = async_scheduling
+        self._last: tuple[torch.Tensor, dict[str, int]] | None = None  # last launch's token tensor, row per id
         self.graphs = self._capture_graphs() if self.plan.cuda_graphs else None
 
     # ------------------------------------------------------------------ start-up
@@ -161,27 +172,58 @@ class ModelRunner(ModelRunnerBase):
         return graphs
 
     # ------------------------------------------------------------------ per step
-    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.launch(scheduler_output).result()
+
+    @torch.inference_mode()
+    def launch(self, scheduler_output: SchedulerOutput) -> "LaunchedStep":
+        """Queue one step's device work and return at once; ``result()`` waits for its tokens.
+
+        Chunk token ids < 0 are tokens the previous launch is still sampling: they are taken from its token
+        tensor on the device, so step N+1 can be queued before step N's tokens reach the host."""
         for rid in scheduler_output.finished_req_ids:
             self.requests.pop(rid, None)
+            self._rows.forget(rid)
         eos = self.model_config.eos_primary()
         for nr in scheduler_output.new_requests:
             self.requests[nr.req_id] = SamplingRequest(nr.sampling_params, list(nr.prompt_token_ids),
                                                        list(nr.output_token_ids), eos)
         chunks = scheduler_output.chunks
         if not chunks:
-            return ModelRunnerOutput([], [], [])
-        batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views)
+            return LaunchedStep([], [], None, [], [])
+        batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views, self._rows)
+        self._fill_pending_tokens(batch, chunks)
         logits = self._logits(batch)
         if logits is None:
-            return ModelRunnerOutput([], [], [])
+            return LaunchedStep([], [], None, [], [])
         req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
         reqs = [self.requests[r] for r in req_ids]
-        tokens, logprobs = self.sampler(logits, reqs)
-        for req, tok in zip(reqs, tokens):
-            req.output_token_ids.append(tok)
-        return ModelRunnerOutput(req_ids, tokens, logprobs)
+        if not self.supports_async:  # synchronous: the sampler's host lists, as any Sampler subclass returns them
+            ids, logprobs = self.sampler(logits, reqs)
+            return LaunchedStep(req_ids, reqs, None, logprobs, ids)
+        tokens, logprobs = self.sampler.sample(logits, reqs)
+        self._last = (tokens, {rid: j for j, rid in enumerate(req_ids)})
+        step = LaunchedStep(req_ids, reqs, tokens, logprobs)
+        step.copy_to_host()
+        return step
+
+    def _fill_pending_tokens(self, batch: InputBatch, chunks) -> None:
+        """Replace the placeholder ids (< 0) of decode rows with the previous launch's sampled tokens."""
+        dst, src = [], []
+        row_of = self._last[1] if self._last is not None else {}
+        for r, ci in enumerate(batch.decode_chunk_ids):
+            c = chunks[ci]
+            if c.token_ids[0] < 0:
+                if c.req_id not in row_of:
+                    raise RuntimeError(f"{c.req_id}: its token is pending but the previous step did not sample it")
+                dst.append(r)
+                src.append(row_of[c.req_id])
+        if dst:
+            idx = torch.tensor(dst + src, dtype=torch.long)
+            if self.device.type == "cuda":
+                idx = idx.pin_memory().to(self.device, non_blocking=True)
+            n = len(dst)
+            batch.input_ids.index_copy_(0, idx[:n], self._last[0].index_select(0, idx[n:]))  # type: ignore[index]
 
     def _logits(self, batch: InputBatch) -> torch.Tensor | None:
         """float32 logits of the sampling chunks in chunk order (None if none samples; KV is written anyway).
@@ -208,7 +250,44 @@ class ModelRunner(ModelRunnerBase):
         self.plan.ops.attention.bind_kv_cache([])
         self.kv_caches = []
         self.requests.clear()
+        self._last = None
         if hasattr(self, "model"):
             del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+class LaunchedStep:
+    """One launched step: its sampled tokens (a device tensor until ``result``) and logprobs."""
+
+    __slots__ = ("req_ids", "reqs", "tokens", "logprobs", "ids", "_host", "_event")
+
+    def __init__(self, req_ids: list[str], reqs: list[SamplingRequest], tokens: torch.Tensor | None,
+                 logprobs: list, ids: list[int] | None = None) -> None:
+        self.req_ids, self.reqs, self.tokens, self.logprobs = req_ids, reqs, tokens, logprobs
+        self.ids = ids  # token ids already on the host (synchronous launch)
+        self._host: torch.Tensor | None = None
+        self._event = None
+
+    def copy_to_host(self) -> None:
+        """Start the device -> pinned host copy of the tokens (CUDA), so ``result`` only waits for an event."""
+        assert self.tokens is not None
+        if not self.tokens.is_cuda:
+            return  # ``result`` reads the tensor itself
+        self._host = torch.empty(self.tokens.shape, dtype=self.tokens.dtype, pin_memory=True)
+        self._host.copy_(self.tokens, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def result(self) -> ModelRunnerOutput:
+        """Wait for the tokens and append each to its request's sampling state (penalties, seeds read it)."""
+        if self.ids is not None:
+            ids = self.ids
+        elif self._event is not None:
+            self._event.synchronize()
+            ids = self._host.tolist()  # type: ignore[union-attr]
+        else:
+            ids = self.tokens.tolist()  # type: ignore[union-attr]
+        for req, tok in zip(self.reqs, ids):
+            req.output_token_ids.append(tok)
+        return ModelRunnerOutput(self.req_ids, ids, self.logprobs)
