@@ -12,6 +12,13 @@ One step = one ``SchedulerOutput``. Order of business in ``schedule``:
 ``update_from_output`` appends the sampled tokens, applies the stop rules (eos, stop token ids, max_tokens,
 max_model_len; never before min_tokens), frees finished requests and returns one ``EngineCoreOutput`` per sampled
 token. Cost per step is O(scheduled requests); nothing scans whole prompts after admission.
+
+Async scheduling (``EngineCore`` with a runner that supports it): ``schedule`` may run again before the previous
+step's tokens are applied. A request whose sampled token is still in flight (``num_pending``) gets a one-token
+chunk with ``PENDING_TOKEN`` as its id (the runner substitutes the real token on the device), or nothing when
+that token ends it by length. Tokens of requests that finished, were aborted or preempted meanwhile are dropped
+on arrival (matched by Request identity, not id); a request whose sampling reads its own past tokens on the host
+(``Request.sync_only``) turns scheduling-ahead off while it is unfinished.
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ Flat order: decode tokens first, sorted by context length (so ``DecodeGroup``s p
 chunks in scheduler order. A chunk of one token is a decode whatever its position (a 1-token prompt, or the
 last token after a cached prefix): its query attends over the cache after its own K/V was written.
 
-Per-step Python work is a loop over chunks (not tokens); token-level arrays are built with numpy.
+Per-step Python work is a loop over chunks (not tokens); token-level arrays are built with numpy, decode block
+tables are gathered from the runner's persistent ``BlockTableRows``, and on an accelerator all int64 arrays travel
+in one pinned transfer and all int32 arrays in another.
 """
 from __future__ import annotations
 
@@ -79,6 +81,7 @@ class BlockTableRows:
                     self.table[r, f:n] = bt[f:n]
                 else:  # never expected (tables only grow); rewrite rather than trust the row
                     self.table[r, :n] = bt
+                    self.table[r, n:f] = 0
                 filled[r] = n
             out[j] = r
         return out
@@ -90,7 +93,9 @@ class BlockTableRows:
             self.filled.extend([0] * old)
             self._free = list(range(2 * old - 1, old - 1, -1))
         r = self._free.pop()
-        self.filled[r] = 0
+        if self.filled[r]:  # padding past a row's table reads 0, as in the padded path, never a stale block id
+            self.table[r, :self.filled[r]] = 0
+            self.filled[r] = 0
         return r
 
 
@@ -143,7 +148,8 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
     if not n_dec:
         d_tables = np.zeros((0, 0), np.int32)
     elif rows is not None:
-        d_tables = rows.table[rows.rows(chunks, dec), :width]
+        idx = rows.rows(chunks, dec)  # first: it may grow (replace) rows.table
+        d_tables = rows.table[idx, :width]
     else:
         d_tables = _padded([chunks[i].block_table for i in dec], width).astype(np.int32)
     d_slots = d_tables[np.arange(n_dec), d_pos // bs].astype(np.int64) * bs + d_pos % bs

@@ -4,10 +4,14 @@ Start-up: resolve device/dtype -> pick the OpSet for the runner mode (``select_o
 decided) -> load weights -> size the KV pool (``num_blocks`` override, else a GiB budget on CPU, else a fraction
 of GPU memory minus weights and a profiled peak forward) -> preallocate it -> capture CUDA graphs (graph/hybrid).
 
-Per step (``execute``): forget finished requests, register new ones, build flat tensors + attention metadata
-(``runner/input_batch.py``), run the model over all chunks at once (decode-only steps replay a CUDA graph when
-one is captured), compute logits only for sampling chunks, sample, and append each sampled token to its
-request's ``SamplingRequest``.
+Per step (``launch``; ``execute`` = ``launch(...).result()``): forget finished requests, register new ones,
+build flat tensors + attention metadata (``runner/input_batch.py``, block tables kept in persistent rows), run the
+model over all chunks at once (decode-only steps replay a CUDA graph when one is captured), compute logits only for
+sampling chunks, sample; ``result`` hands the tokens back and appends each to its request's ``SamplingRequest``.
+
+Async scheduling (``supports_async``, the CUDA default): ``launch`` returns as soon as the step is queued, the
+tokens travel to pinned host memory behind an event, and the next step's chunks may carry placeholder token ids
+(< 0) for tokens still being sampled; they are filled on the device from the previous launch's token tensor.
 """
 from __future__ import annotations
 

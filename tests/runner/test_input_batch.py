@@ -7,7 +7,7 @@ import torch
 
 from strataserve.engine.outputs import ScheduledChunk
 from strataserve.runner.attention import TorchAttention
-from strataserve.runner.input_batch import build_input_batch
+from strataserve.runner.input_batch import BlockTableRows, build_input_batch
 
 BS = 4
 CPU = torch.device("cpu")
@@ -103,3 +103,32 @@ def test_torch_backend_matches_dense_attention():
     # the step's new K/V landed in their slots
     flat_k = k_cache.view(-1, hkv, d)
     torch.testing.assert_close(flat_k[b.attn_meta.slot_mapping], k_new)
+
+
+def test_persistent_block_table_rows_match_padding_over_steps_forgets_and_growth():
+    """Tables that grow step by step, requests that leave (rows reused) and come back with a new table, more
+    requests and longer tables than the rows were sized for: gathered rows always equal the padded lists."""
+    rng = random.Random(3)
+    rows = BlockTableRows(2, 1)
+    live: dict[str, tuple[list[int], int]] = {}  # rid -> (block table, position of its next decode)
+    n = 0
+    for step in range(60):
+        forget = [r for r in live if rng.random() < 0.1]
+        for r in forget:
+            del live[r]
+            rows.forget(r)
+        while len(live) < 5 or rng.random() < 0.2:
+            live[f"r{n}"] = ([rng.randrange(100) for _ in range(rng.randint(1, 3))], 0)
+            n += 1
+        chunks = []
+        for rid, (table, pos) in list(live.items()):
+            pos = min(pos + 1, len(table) * BS - 1) if rng.random() < 0.8 else pos
+            if rng.random() < 0.3:  # a new block (possibly ahead of need)
+                table.append(rng.randrange(100))
+            live[rid] = (table, pos)
+            chunks.append(ScheduledChunk(rid, [rng.randrange(50)], pos, table, sample=True))
+        got = build_input_batch(chunks, BS, CPU, torch_views=False, rows=rows).attn_meta
+        ref = build_input_batch(chunks, BS, CPU, torch_views=False).attn_meta
+        assert torch.equal(got.decode_block_tables, ref.decode_block_tables), step
+        assert torch.equal(got.slot_mapping, ref.slot_mapping), step
+    assert rows.table.shape[0] >= 5 and rows.table.shape[1] > 1  # grew both ways

@@ -312,3 +312,18 @@ def test_random_parameter_sweep_matches_reference() -> None:
     got = Sampler.filtered_logits(x, params).softmax(-1).double().numpy()
     for i, p in enumerate(params):
         np.testing.assert_allclose(got[i], ref_filtered_probs(x[i].numpy(), p), atol=1e-5, err_msg=str(p))
+
+
+def test_plain_greedy_fast_path_only_when_nothing_else_reads_the_row() -> None:
+    plain = [SP(temperature=0.0), SP(temperature=0.0, min_tokens=2, ignore_eos=True)]
+    not_plain = [SP(temperature=0.0, repetition_penalty=1.5), SP(temperature=0.0, logprobs=1),
+                 SP(temperature=0.0, min_tokens=2), SP(temperature=0.7)]
+    assert all(_req(p).plain_greedy for p in plain)
+    assert not any(_req(p).plain_greedy for p in not_plain)
+    # one penalised row in the batch: the whole batch takes the general path and the penalty applies
+    x = torch.zeros(2, 6)
+    x[:, 3] = 2.0
+    x[:, 4] = 1.9
+    reqs = [_req(SP(temperature=0.0)), _req(SP(temperature=0.0, repetition_penalty=2.0), prompt=[3])]
+    tokens, lps = Sampler().sample(x, reqs)
+    assert isinstance(tokens, torch.Tensor) and tokens.tolist() == [3, 4] and lps == [None, None]
