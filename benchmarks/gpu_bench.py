@@ -125,12 +125,9 @@ def bench_throughput(modes, n: int = 256, profile: bool = False) -> None:
         def one(mode=mode):
             # "<mode>-sync": the same runner mode with async scheduling off (host and device work serialised)
             sync = mode.endswith("-sync")
-            os.environ["STRATA_ASYNC_SCHEDULING"] = "0" if sync else "1"
-            try:
-                eng, t_ready = make_engine(str(path), mode.removesuffix("-sync"), "bfloat16", max_num_seqs=256,
-                                           max_num_batched_tokens=16384, max_model_len=2048)
-            finally:
-                os.environ.pop("STRATA_ASYNC_SCHEDULING", None)
+            eng, t_ready = make_engine(str(path), mode.removesuffix("-sync"), "bfloat16", max_num_seqs=256,
+                                       max_num_batched_tokens=16384, max_model_len=2048,
+                                       async_scheduling=False if sync else None)
             # Warm-up over the same shapes (256 other prompts, short outputs): Triton compiles each kernel variant
             # a mixed prefill/decode step needs on first use, which cost run 3's first timed pass ~3 s.
             generate(eng, warm_prompts, warm_outs)

@@ -7,7 +7,6 @@ round differently and greedy paths may part after a near-tie. Exit status 1 on a
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import tempfile
@@ -53,11 +52,10 @@ def main() -> int:
             results = {}
             for dtype in dtypes:
                 for mode in MODES:
-                    os.environ["STRATA_ASYNC_SCHEDULING"] = "0" if mode.endswith("-sync") else "1"
                     try:
                         eng, _ = make_engine(str(path), mode.removesuffix("-sync"), dtype, max_num_seqs=16,
-                                             max_model_len=256, num_blocks=128,
-                                             max_num_batched_tokens=64)  # 64: chunked prefill
+                                             max_model_len=256, num_blocks=128, max_num_batched_tokens=64,  # chunked
+                                             async_scheduling=False if mode.endswith("-sync") else None)
                         results[(dtype, mode)] = generate(eng, prompts, [n] * len(prompts))
                         eng.shutdown()
                     except Exception as exc:

@@ -11,6 +11,7 @@ import torch
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.llm_engine import LLMEngine
 from strataserve.engine.sampling_params import SamplingParams
+from strataserve.runner.model_runner import ModelRunner
 
 
 def _sync(device: str) -> None:
@@ -20,8 +21,11 @@ def _sync(device: str) -> None:
 
 def make_engine(path: str, mode: str, dtype: str, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                 max_model_len: int | None = None, num_blocks: int | None = None,
-                gpu_memory_utilization: float = 0.85, device: str = "cuda") -> tuple[LLMEngine, float]:
-    """The engine and its start-up seconds (weights, KV pool, graph capture: to ready)."""
+                gpu_memory_utilization: float = 0.85, device: str = "cuda",
+                async_scheduling: bool | None = None) -> tuple[LLMEngine, float]:
+    """The engine and its start-up seconds (weights, KV pool, graph capture: to ready).
+
+    ``async_scheduling``: None = the runner's default (on for CUDA); False = the synchronous loop."""
     cfg = EngineConfig(
         model=ModelConfig(model=path, dtype=dtype, device=device, max_model_len=max_model_len),
         cache=CacheConfig(num_blocks=num_blocks, gpu_memory_utilization=gpu_memory_utilization),
@@ -29,7 +33,8 @@ def make_engine(path: str, mode: str, dtype: str, max_num_seqs: int = 256, max_n
         runner=RunnerConfig(mode=mode, cuda_graph_max_bs=max_num_seqs))
     _sync(device)
     t0 = time.perf_counter()
-    eng = LLMEngine(cfg)
+    runner = None if async_scheduling is None else ModelRunner(cfg, async_scheduling=async_scheduling)
+    eng = LLMEngine(cfg, runner=runner)
     _sync(device)
     return eng, time.perf_counter() - t0
 
