@@ -83,6 +83,24 @@ def test_sync_only_requests_disable_scheduling_ahead_while_unfinished():
     assert runner.num_pending_chunks > 0
 
 
+def test_sync_only_request_arriving_mid_flight_stops_scheduling_ahead_until_it_finishes():
+    core, runner = make()
+    core.add_request(req("plain", [5, 6, 7], 12, ignore_eos=True))
+    outputs, finished = {}, {}
+    for _ in range(3):
+        collect(core, outputs, finished)
+    assert core.has_step_in_flight() and runner.num_pending_chunks > 0
+    core.add_request(req("pen", [8, 9], 4, ignore_eos=True, repetition_penalty=1.2))
+    before = runner.num_pending_chunks
+    while "pen" not in finished:
+        collect(core, outputs, finished)
+        if "pen" not in finished:
+            assert runner.num_pending_chunks == before  # nothing scheduled ahead while "pen" is unfinished
+    run(core, outputs, finished)
+    assert outputs["plain"] == reference_output([5, 6, 7], 12)
+    assert outputs["pen"] == reference_output([8, 9], 4)
+
+
 def test_abort_and_reuse_of_the_id_while_a_step_is_in_flight():
     core, runner = make()
     core.add_request(req("x", [9, 8, 7], 30, ignore_eos=True))
