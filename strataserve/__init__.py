@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from strataserve.envs import apply_process_defaults
+
+apply_process_defaults()
+
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "AsyncLLM"]
 __version__ = "0.1.0"
 

@@ -1,0 +1,25 @@
+"""Every environment variable strataserve reads, typed, in one place.
+
+Read once at start-up; nothing here changes afterwards. ``apply_process_defaults`` runs when the package is
+imported, before torch loads its OpenMP runtime (which reads OMP_* only once).
+"""
+from __future__ import annotations
+
+import os
+
+#: ``Authorization: Bearer`` key required by ``strata serve`` when no ``--api-key`` is given.
+STRATA_API_KEY: str | None = os.environ.get("STRATA_API_KEY")
+#: "0" turns off async scheduling on CUDA (step N+1 launched before step N's tokens reach the host).
+STRATA_ASYNC_SCHEDULING: bool = os.environ.get("STRATA_ASYNC_SCHEDULING", "1") != "0"
+
+# libgomp's default ACTIVE wait policy makes torch's CPU worker threads spin between parallel regions. When the
+# cores are shared (engine process, API process and clients on one small machine, or any other job) the spinning
+# threads steal the very cores the work needs: on the 2-core CI machine the offline benchmark fell from ~1,950 to
+# ~215 tok/s with one other busy process. PASSIVE costs little when the machine is idle (docs/performance.md).
+_PROCESS_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def apply_process_defaults() -> None:
+    """Set our defaults for variables the user has not set (theirs always win)."""
+    for key, value in _PROCESS_DEFAULTS.items():
+        os.environ.setdefault(key, value)
