@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import Sequence
 
+from strataserve import envs
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
 
 
@@ -70,7 +71,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=_port, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY"),
+    p.add_argument("--api-key", default=envs.STRATA_API_KEY,
                    help="require 'Authorization: Bearer KEY' (health, metrics and docs stay open)")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder path)")
     p.add_argument("--uvicorn-log-level", default="info",

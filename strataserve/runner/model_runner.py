@@ -16,11 +16,11 @@ tokens travel to pinned host memory behind an event, and the next step's chunks 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
 
+from strataserve import envs
 from strataserve.config import EngineConfig
 from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from strataserve.models.decoder import DecoderModel
@@ -96,8 +96,7 @@ class ModelRunner(ModelRunnerBase):
         #: Default: on CUDA unless STRATA_ASYNC_SCHEDULING=0; off on CPU, where no device work runs alongside
         #: the host (tests turn it on there to check the same logic).
         if async_scheduling is None:
-            async_scheduling = (self.device.type == "cuda"
-                                and os.environ.get("STRATA_ASYNC_SCHEDULING", "1") != "0")
+            async_scheduling = self.device.type == "cuda" and envs.STRATA_ASYNC_SCHEDULING
         self.supports_async = async_scheduling
         self._last: tuple[torch.Tensor, dict[str, int]] | None = None  # last launch's token tensor, row per id
         self.graphs = self._capture_graphs() if self.plan.cuda_graphs else None
