@@ -35,21 +35,25 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
 
 
 def decode_metadata(slot_mapping: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                    block_size: int) -> AttentionMetadata:
+                    block_size: int, torch_views: bool = True) -> AttentionMetadata:
     """Decode-only ``AttentionMetadata`` built with tensor ops alone (no host sync), so it can be captured.
 
-    Carries both the generic fields (Triton backend) and one ``DecodeGroup`` spanning the batch (torch backend).
+    Carries the generic fields (Triton backend) and, with ``torch_views``, one ``DecodeGroup`` spanning the batch
+    (torch backend; a Triton graph leaves it out, so no unused mask is built in every replay).
     """
     n, nb = block_tables.shape
-    cols = torch.arange(nb * block_size, device=block_tables.device)
-    mask = (cols[None, :] < context_lens[:, None]).view(n, 1, 1, nb * block_size)
     empty = torch.zeros(0, dtype=torch.int32, device=block_tables.device)
+    groups = []
+    if torch_views:
+        cols = torch.arange(nb * block_size, device=block_tables.device)
+        mask = (cols[None, :] < context_lens[:, None]).view(n, 1, 1, nb * block_size)
+        groups = [DecodeGroup(0, n, block_tables.long(), mask)]
     return AttentionMetadata(
         slot_mapping=slot_mapping, num_decode_tokens=n, decode_block_tables=block_tables,
         decode_context_lens=context_lens,
         prefill_query_start_loc=torch.full((1,), n, dtype=torch.int32, device=block_tables.device),
         prefill_context_lens=empty, prefill_block_tables=empty.view(0, 1),
-        decode_groups=[DecodeGroup(0, n, block_tables.long(), mask)], prefills=[])
+        decode_groups=groups, prefills=[])
 
 
 @dataclass
