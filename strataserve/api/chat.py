@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.errors import APIError, bad_request
-from strataserve.api.formatting import DONE, TokenNamer, chat_logprobs, json_bytes, sse, usage
+from strataserve.api.formatting import DONE, ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
 from strataserve.api.serving import (ServerState, check_stream_options, engine_abort_error, engine_stream,
                                      llm_state, make_params, new_id, resolve_max_tokens, until_disconnect)
@@ -120,6 +120,7 @@ async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, pro
             yield b"".join(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                      "logprobs": None, "finish_reason": None}]})
                            for i in range(body.n))
+            chunk = ChunkTemplate(head).delta
             async for out in engine_stream(state, rid, prompt_ids, params, body.priority):
                 events = []  # one write per engine output, however many choices it advanced
                 for c in out.outputs:
@@ -131,8 +132,7 @@ async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, pro
                     lp = ({"content": chat_logprobs(namer, c.token_ids, c.logprobs, top_n)}
                           if top_n is not None else None)
                     delta = {"content": c.text} if c.text or c.finish_reason is None else {}
-                    events.append(sse({**head, "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
-                                                            "finish_reason": c.finish_reason}]}))
+                    events.append(chunk(c.index, delta, lp, c.finish_reason))
                 if events:
                     yield b"".join(events)
             if with_usage:

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.errors import APIError, bad_request
-from strataserve.api.formatting import DONE, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
+from strataserve.api.formatting import DONE, ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
 from strataserve.api.protocol import CompletionRequest
 from strataserve.api.serving import (ServerState, check_stream_options, check_token_ids, engine_abort_error,
                                      engine_stream, llm_state, make_params, merge_streams, new_id,
@@ -146,7 +146,11 @@ async def _stream(state: ServerState, body: CompletionRequest, rid: str, prompts
                     if prefix:
                         yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
                                                         "finish_reason": None}]})
-            async for pi, out in merge_streams(_streams(state, body, rid, prompts, params)):
+            chunk = ChunkTemplate(head).text
+            streams = _streams(state, body, rid, prompts, params)
+            single = len(streams) == 1  # the usual case: no merge, one generator hop less per token
+            async for item in (streams[0] if single else merge_streams(streams)):
+                pi, out = (0, item) if single else item
                 events = []  # one write per engine output, however many choices it advanced
                 for c in out.outputs:
                     k = pi * n + c.index
@@ -157,8 +161,7 @@ async def _stream(state: ServerState, body: CompletionRequest, rid: str, prompts
                     lp_part = lp.add(c.token_ids, c.logprobs) if lp is not None else None
                     if not c.text and c.finish_reason is None and lp_part is None:
                         continue  # an incomplete multi-byte character: nothing to show yet
-                    events.append(sse({**head, "choices": [{"index": k, "text": c.text, "logprobs": lp_part,
-                                                            "finish_reason": c.finish_reason}]}))
+                    events.append(chunk(k, c.text, lp_part, c.finish_reason))
                 if events:
                     yield b"".join(events)
             if with_usage:

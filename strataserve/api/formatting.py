@@ -106,3 +106,26 @@ def chat_logprobs(namer: TokenNamer, token_ids: list[int], entries: list[dict[in
         items.append({"token": text, "logprob": chosen.logprob if chosen is not None else -9999.0,
                       "bytes": list(text.encode()), "top_logprobs": top})
     return items
+
+
+class ChunkTemplate:
+    """Pre-serialised SSE chunk ``{**head, "choices": [{"index": i, <key>: ..., "logprobs": ..., "finish_reason":
+    ...}]}``: only the per-token values are encoded per chunk (the hot path of a stream), byte-identical to
+    ``sse`` of the same dict."""
+
+    __slots__ = ("_start", "_end")
+
+    def __init__(self, head: dict[str, Any]) -> None:
+        body = _json.encode({**head, "choices": []})  # ...,"choices":[]}
+        self._start = b"data: " + body[:-2] + b'{"index":'
+        self._end = b"}]}\n\n"
+
+    def text(self, index: int, text: str, logprobs: Any, finish_reason: str | None) -> bytes:
+        """A completions chunk (``"text"``)."""
+        return b"".join((self._start, b"%d" % index, b',"text":', _json.encode(text), b',"logprobs":',
+                         _json.encode(logprobs), b',"finish_reason":', _json.encode(finish_reason), self._end))
+
+    def delta(self, index: int, delta: dict[str, Any], logprobs: Any, finish_reason: str | None) -> bytes:
+        """A chat chunk (``"delta"``)."""
+        return b"".join((self._start, b"%d" % index, b',"delta":', _json.encode(delta), b',"logprobs":',
+                         _json.encode(logprobs), b',"finish_reason":', _json.encode(finish_reason), self._end))

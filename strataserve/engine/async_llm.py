@@ -25,33 +25,46 @@ from strataserve.runner.base import ModelRunnerBase
 
 
 class _Collector:
-    """Latest undelivered output of one request; deltas that pile up while the consumer is slow are merged."""
+    """Latest undelivered output of one request; deltas that pile up while the consumer is slow are merged.
 
-    __slots__ = ("out", "err", "event", "n")
+    The consumer waits on a bare future (created only when it has to wait): this runs once per streamed token,
+    and an ``asyncio.Event`` costs a future plus a waiter list per wait."""
+
+    __slots__ = ("out", "err", "waiter", "n")
 
     def __init__(self, n: int) -> None:
         self.out: RequestOutput | None = None
         self.err: BaseException | None = None
-        self.event = asyncio.Event()
+        self.waiter: asyncio.Future | None = None
         self.n = n
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
 
     def put(self, out: RequestOutput) -> None:
         if self.out is None:
             self.out = out
         else:
             _merge(self.out, out)
-        self.event.set()
+        self._wake()
 
     def fail(self, exc: BaseException) -> None:
         self.err = exc
-        self.event.set()
+        self._wake()
 
     async def get(self) -> RequestOutput:
         while self.out is None:
             if self.err is not None:
                 raise self.err
-            self.event.clear()
-            await self.event.wait()
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
         out, self.out = self.out, None
         return out
 
