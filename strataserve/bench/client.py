@@ -3,15 +3,21 @@
 Works with ``/v1/completions`` (``choices[0].text``) and ``/v1/chat/completions`` (``choices[0].delta.content``).
 The output token count is the server's ``usage.completion_tokens`` (asked for with
 ``stream_options.include_usage``); servers that do not report usage fall back to one token per content chunk.
+
+The load generator shares the CPU with the server it measures, so the per-chunk path is kept lean: aiohttp reads
+whatever bytes have arrived, lines are split by hand, and each ``data:`` payload is decoded by msgspec straight
+into the few fields we use (everything else is skipped without building Python objects).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
+import msgspec
 
 from strataserve.bench.datasets import SampleRequest
 
@@ -60,61 +66,112 @@ def build_payload(endpoint: str, model: str, req: SampleRequest, ignore_eos: boo
     return body
 
 
-def _chunk_text(chunk: dict[str, Any], chat: bool) -> str:
-    choices = chunk.get("choices") or []
-    if not choices:
-        return ""
-    if chat:
-        return (choices[0].get("delta") or {}).get("content") or ""
-    return choices[0].get("text") or ""
+# Only the fields the benchmark reads; unknown ones (logprobs, finish_reason, ids...) are skipped by the decoder.
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Delta | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: msgspec.Raw = msgspec.Raw(b"")  # kept raw: only its presence matters, its text goes into the message
+
+
+_DECODE = msgspec.json.Decoder(_Chunk).decode
+_ENCODE = msgspec.json.Encoder().encode
+# msgspec.DecodeError covers malformed JSON and wrongly typed fields (ValidationError).
+_ERRORS = (aiohttp.ClientError, msgspec.DecodeError, OSError, asyncio.TimeoutError, UnicodeDecodeError)
+
+
+def _error_text(raw: msgspec.Raw) -> str:
+    try:  # normalise to json.dumps spacing so messages read the same whatever the server's formatting
+        return json.dumps(json.loads(bytes(raw)))
+    except ValueError:
+        return bytes(raw).decode("utf-8", "replace")
 
 
 async def send_request(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], prompt_len: int, headers: dict[str, str] | None = None
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], prompt_len: int, headers: dict[str, str] | None = None
 ) -> RequestResult:
     """POST ``body`` and consume its SSE stream. Never raises for server or network errors: they fill ``error``."""
     chat = "messages" in body
-    res = RequestResult(success=False, prompt_len=prompt_len, start_time=time.perf_counter())
+    data = _ENCODE(body)
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    clock = time.perf_counter
+    decode = _DECODE
+    res = RequestResult(success=False, prompt_len=prompt_len, start_time=clock())
     start = last = res.start_time
+    itl = res.itl
     chunks = 0
     usage_tokens: int | None = None
     text: list[str] = []
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                detail = (await resp.aread()).decode("utf-8", "replace")[:300]
-                res.error = f"HTTP {resp.status_code}: {detail}"
+        async with session.post(url, data=data, headers=hdrs) as resp:
+            if resp.status != 200:
+                detail = (await resp.read()).decode("utf-8", "replace")[:300]
+                res.error = f"HTTP {resp.status}: {detail}"
                 return res
             done = False
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators, ':' comments, 'event:' lines
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
+            pending = b""
+            stream = resp.content
+            while not done:
+                block = await stream.readany()
+                now = clock()  # arrival time of every event in this read
+                if not block:  # end of body: a last line without a newline still counts
+                    if not pending:
+                        break
+                    lines, pending = [pending], b""
+                    done_reading = True
+                else:
+                    lines = (pending + block).split(b"\n") if pending else block.split(b"\n")
+                    pending = lines.pop()
+                    done_reading = False
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators, ':' comments, 'event:' lines
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    chunk = decode(payload)
+                    if chunk.error:
+                        res.error = f"stream error: {_error_text(chunk.error)[:300]}"
+                        return res
+                    choices = chunk.choices
+                    if choices:
+                        c = choices[0]
+                        piece = (c.delta.content if c.delta is not None else None) if chat else c.text
+                        if piece:
+                            if chunks == 0:
+                                res.ttft = now - start
+                            else:
+                                itl.append(now - last)
+                            last = now
+                            chunks += 1
+                            text.append(piece)
+                    usage = chunk.usage
+                    if usage is not None:
+                        if usage.completion_tokens is not None:
+                            usage_tokens = usage.completion_tokens
+                        if usage.prompt_tokens is not None:
+                            res.prompt_len = usage.prompt_tokens
+                if done_reading:
                     break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    res.error = f"stream error: {json.dumps(chunk['error'])[:300]}"
-                    return res
-                now = time.perf_counter()
-                if piece := _chunk_text(chunk, chat):
-                    if chunks == 0:
-                        res.ttft = now - start
-                    else:
-                        res.itl.append(now - last)
-                    last = now
-                    chunks += 1
-                    text.append(piece)
-                usage = chunk.get("usage")
-                if usage:
-                    usage_tokens = usage.get("completion_tokens", usage_tokens)
-                    res.prompt_len = usage.get("prompt_tokens", res.prompt_len)
-            res.latency = time.perf_counter() - start
+            res.latency = clock() - start
             if not done:
                 res.error = "stream ended without data: [DONE]"
                 return res
-    except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
+    except _ERRORS as exc:
         res.error = f"{type(exc).__name__}: {exc}"
         return res
     res.output_tokens = usage_tokens if usage_tokens is not None else chunks

@@ -1,12 +1,15 @@
-"""The streaming client over httpx.MockTransport: SSE parsing, usage vs chunk counting, errors, payloads."""
+"""The streaming client against a canned aiohttp server: SSE parsing, usage vs chunk counting, errors, payloads."""
 from __future__ import annotations
 
 import asyncio
 import re
 import json
+import socket
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from strataserve.bench.client import build_payload, send_request
 from strataserve.bench.datasets import SampleRequest
@@ -19,20 +22,41 @@ def _sse(*events: object) -> bytes:
     return ("".join(lines)).encode()
 
 
+def _response(status: int = 200, content: bytes = b"", split: int = 0) -> tuple[int, bytes, int]:
+    """A canned response; ``split`` > 0 streams it in pieces of that many bytes, so lines straddle reads."""
+    return status, content, split
+
+
 def _send(handler, body: dict, prompt_len: int = 3):
+    async def endpoint(request: web.Request) -> web.StreamResponse:
+        seen = {"auth": request.headers.get("authorization"), "body": await request.json()}
+        status, content, split = handler(seen)
+        if not split:
+            return web.Response(status=status, body=content, content_type="text/event-stream")
+        resp = web.StreamResponse(status=status, headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(0, len(content), split):
+            await resp.write(content[i:i + split])
+            await asyncio.sleep(0.001)
+        await resp.write_eof()
+        return resp
+
     async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await send_request(client, "http://x/v1/completions", body, prompt_len, {"Authorization": "Bearer k"})
+        app = web.Application()
+        app.router.add_post("/v1/completions", endpoint)
+        async with TestServer(app) as server, aiohttp.ClientSession() as session:
+            url = str(server.make_url("/v1/completions"))
+            return await send_request(session, url, body, prompt_len, {"Authorization": "Bearer k"})
 
     return asyncio.run(go())
 
 
-def test_usage_counts_and_chunk_timing() -> None:
+@pytest.mark.parametrize("split", [0, 7])
+def test_usage_counts_and_chunk_timing(split: int) -> None:
     seen = {}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen["auth"] = request.headers["authorization"]
-        seen["body"] = json.loads(request.content)
+    def handler(request: dict) -> tuple[int, bytes, int]:
+        seen.update(request)
         body = _sse(
             {"choices": [{"index": 0, "text": "Hel"}]},
             {"choices": [{"index": 0, "text": ""}]},  # empty pieces are not tokens
@@ -41,7 +65,7 @@ def test_usage_counts_and_chunk_timing() -> None:
             {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}},
             "[DONE]",
         )
-        return httpx.Response(200, content=b": keep-alive\n\n" + body, headers={"content-type": "text/event-stream"})
+        return _response(200, b": keep-alive\n\n" + body, split)
 
     r = _send(handler, {"prompt": [1, 2, 3], "max_tokens": 5})
     assert r.success and r.error == ""
@@ -53,8 +77,8 @@ def test_usage_counts_and_chunk_timing() -> None:
 
 
 def test_chat_deltas_and_chunk_count_fallback() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=_sse(
+    def handler(request: dict) -> tuple[int, bytes, int]:
+        return _response(200, _sse(
             {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
             {"choices": [{"index": 0, "delta": {"content": "a"}}]},
             {"choices": [{"index": 0, "delta": {"content": "b"}}]},
@@ -69,24 +93,35 @@ def test_chat_deltas_and_chunk_count_fallback() -> None:
 @pytest.mark.parametrize(
     "response, error",
     [
-        (httpx.Response(400, json={"error": {"message": "max_tokens too big"}}), "HTTP 400: .*max_tokens too big"),
-        (httpx.Response(200, content=_sse({"choices": [{"text": "a"}]})), "without data: \\[DONE\\]"),
-        (httpx.Response(200, content=_sse({"error": {"message": "engine died"}}, "[DONE]")), "stream error: .*engine died"),
-        (httpx.Response(200, content=b"data: {broken\n\n"), "JSONDecodeError"),
+        ((400, json.dumps({"error": {"message": "max_tokens too big"}}).encode()), "HTTP 400: .*max_tokens too big"),
+        ((200, _sse({"choices": [{"text": "a"}]})), "without data: \\[DONE\\]"),
+        ((200, _sse({"error": {"message": "engine died"}}, "[DONE]")), 'stream error: {"message": "engine died"}'),
+        ((200, b"data: {broken\n\n"), "DecodeError: JSON is malformed"),
+        ((200, _sse({"choices": [{"text": 5}]}, "[DONE]")), "ValidationError: Expected `str"),
+        ((200, b"data: [DONE]"), None),  # a last line without its newline still ends the stream
     ],
 )
-def test_failures_are_reported_not_raised(response: httpx.Response, error: str) -> None:
-    r = _send(lambda request: response, {"prompt": "x", "max_tokens": 1})
+def test_failures_are_reported_not_raised(response: tuple[int, bytes], error: str | None) -> None:
+    r = _send(lambda request: _response(*response), {"prompt": "x", "max_tokens": 1})
+    if error is None:
+        assert r.success and r.output_tokens == 0, r.error
+        return
     assert not r.success
     assert re.search(error, r.error), r.error
 
 
 def test_connection_error_is_reported() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens on this port now
 
-    r = _send(handler, {"prompt": "x", "max_tokens": 1})
-    assert not r.success and r.error.startswith("ConnectError")
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            return await send_request(session, f"http://127.0.0.1:{port}/v1/completions", {"prompt": "x", "max_tokens": 1}, 1)
+
+    r = asyncio.run(go())
+    assert not r.success and r.error.startswith("ClientConnectorError"), r.error
 
 
 def test_build_payload() -> None:
