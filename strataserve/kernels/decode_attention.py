@@ -26,8 +26,7 @@ import triton
 import triton.language as tl
 
 from strataserve.kernels._common import dot as _dot
-from strataserve.kernels._common import (check, check_float, check_index, check_ndim, check_same_device,
-                                         next_pow2)
+from strataserve.kernels._common import (check, check_index, check_ndim, check_paged_qkv, check_same_device, next_pow2)
 
 
 @triton.jit
@@ -116,17 +115,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     Returns ``out`` [B, Hq, D] in q's dtype.
     """
-    check_ndim("q", q, 3, "[batch, q_heads, head_dim]")
-    check_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, kv_heads, head_dim]")
-    check(v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(),
-          "v_cache: must have k_cache's shape and strides")
-    check_float("q", q)
-    check(q.dtype == k_cache.dtype == v_cache.dtype, f"dtypes differ: q {q.dtype}, caches {k_cache.dtype}")
+    check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]")
     B, Hq, D = q.shape
-    _, block_size, Hkv, Dc = k_cache.shape
-    check(Dc == D, f"head_dim differs: q {D}, cache {Dc}")
-    check(Hq % Hkv == 0, f"q heads {Hq} must be a multiple of kv heads {Hkv}")
-    check(q.stride(2) == 1 and k_cache.stride(3) == 1, "head_dim must be contiguous in q and the caches")
+    _, block_size, Hkv, _ = k_cache.shape
     check_ndim("block_tables", block_tables, 2, "[batch, max_blocks]")
     check(block_tables.shape[0] == B and block_tables.stride(1) == 1,
           f"block_tables: expected {B} rows with contiguous columns, got {tuple(block_tables.shape)}")

@@ -18,8 +18,7 @@ import triton
 import triton.language as tl
 
 from strataserve.kernels._common import dot as _dot
-from strataserve.kernels._common import (check, check_float, check_index, check_ndim, check_same_device,
-                                         next_pow2)
+from strataserve.kernels._common import (check, check_index, check_paged_qkv, check_same_device, next_pow2)
 from strataserve.kernels.decode_attention import gather_kv_ref
 
 
@@ -77,16 +76,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       num_stages: int = 2) -> torch.Tensor:
     """``q`` [T, Hq, D] packed segments; ``cu_seqlens_q`` [S+1]; ``seq_lens`` [S] (prefix + new tokens);
     ``block_tables`` [S, max_blocks]; ``max_q_len`` the longest segment (host int, sizes the grid)."""
-    check_ndim("q", q, 3, "[tokens, q_heads, head_dim]")
-    check_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, kv_heads, head_dim]")
-    check(v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(),
-          "v_cache: must have k_cache's shape and strides")
-    check_float("q", q)
-    check(q.dtype == k_cache.dtype == v_cache.dtype, f"dtypes differ: q {q.dtype}, caches {k_cache.dtype}")
+    check_paged_qkv(q, k_cache, v_cache, "[tokens, q_heads, head_dim]")
     T, Hq, D = q.shape
-    _, block_size, Hkv, Dc = k_cache.shape
-    check(Dc == D and Hq % Hkv == 0, f"q {tuple(q.shape)} does not fit cache heads/head_dim {(Hkv, Dc)}")
-    check(q.stride(2) == 1 and k_cache.stride(3) == 1, "head_dim must be contiguous in q and the caches")
+    _, block_size, Hkv, _ = k_cache.shape
     check_index("cu_seqlens_q", cu_seqlens_q)
     check_index("seq_lens", seq_lens)
     check_index("block_tables", block_tables)
