@@ -12,8 +12,8 @@ from starlette.responses import Response, StreamingResponse
 from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import DONE, ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
-from strataserve.api.serving import (ServerState, check_stream_options, engine_abort_error, engine_stream,
-                                     llm_state, make_params, new_id, resolve_max_tokens, until_disconnect)
+from strataserve.api.serving import (ServerState, admit, engine_abort_error, engine_stream,
+                                     make_params, new_id, resolve_max_tokens, until_disconnect)
 from strataserve.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 router = APIRouter()
@@ -45,12 +45,7 @@ def _top_n(body: ChatCompletionRequest) -> int | None:
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    state = llm_state(request)
-    state.check_alive()
-    state.check_model(body.model)
-    check_stream_options(body)
-    if body.logit_bias:
-        raise bad_request("logit_bias is not supported", param="logit_bias")
+    state = admit(request, body)
     if body.tools:
         raise bad_request("tools are not supported by this server", param="tools")
     if body.response_format is not None and body.response_format.type != "text":

@@ -12,8 +12,8 @@ from starlette.responses import Response, StreamingResponse
 from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import DONE, ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
 from strataserve.api.protocol import CompletionRequest
-from strataserve.api.serving import (ServerState, check_stream_options, check_token_ids, engine_abort_error,
-                                     engine_stream, llm_state, make_params, merge_streams, new_id,
+from strataserve.api.serving import (ServerState, admit, check_token_ids, engine_abort_error,
+                                     engine_stream, make_params, merge_streams, new_id,
                                      resolve_max_tokens, until_disconnect)
 from strataserve.engine.sampling_params import SamplingParams
 
@@ -49,14 +49,9 @@ class _Choice:
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    state = llm_state(request)
-    state.check_alive()
-    state.check_model(body.model)
-    check_stream_options(body)
+    state = admit(request, body)
     if body.suffix:
         raise bad_request("suffix is not supported", param="suffix")
-    if body.logit_bias:
-        raise bad_request("logit_bias is not supported", param="logit_bias")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of different from n is not supported", param="best_of")
     prompts = _prompts(state, body.prompt)

@@ -85,6 +85,17 @@ def check_stream_options(body: Any) -> None:
         raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
 
 
+def admit(request: Request, body: Any) -> ServerState:
+    """Checks shared by the OpenAI generation routes, before any route-specific validation."""
+    state = llm_state(request)
+    state.check_alive()
+    state.check_model(body.model)
+    check_stream_options(body)
+    if body.logit_bias:
+        raise bad_request("logit_bias is not supported", param="logit_bias")
+    return state
+
+
 def check_token_ids(state: ServerState, ids: list[int], param: str = "prompt") -> None:
     vocab = state.vocab_size
     for t in ids:
