@@ -8,10 +8,15 @@ import argparse
 import os
 import signal
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from strataserve import envs
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from strataserve.api.server import ServeOptions
 
 
 def _positive_int(text: str) -> int:
@@ -83,16 +88,43 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="explicit mode: load this repository model at start (repeat; '*' = all)")
     p.add_argument("--grpc-port", type=_port, default=8001, help="KServe v2 gRPC port (0 = no gRPC)")
+    p.add_argument("--config", default=None, metavar="FILE.yaml",
+                   help="serve what this router config declares (local models, upstream OpenAI / KServe servers, "
+                        "a model repository, SLA classes); engine flags given here are every local model's defaults")
     add_engine_args(p)
     p.set_defaults(func=_cmd_serve)
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def _entry_engine(args: argparse.Namespace, entry) -> EngineConfig:
+    """A config entry's EngineConfig: the command line's engine flags, overridden by the entry's own keys."""
+    merged = argparse.Namespace(**{**vars(args), **entry.engine_overrides(), "served_model_name": entry.name})
+    try:
+        return engine_config(merged, entry.path)
+    except ValueError as exc:
+        raise ValueError(f"model {entry.name!r}: {exc}") from None
 
-    from strataserve.api.server import ServeOptions, serve
 
-    console = Console(stderr=True)
+def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions | None:
+    from strataserve.api.server import LocalLLMSpec, ServeOptions
+
+    server = dict(host=args.host, port=args.port, api_key=args.api_key,
+                  max_body_bytes=int(args.max_request_body_mib * 2**20), uvicorn_log_level=args.uvicorn_log_level,
+                  access_log=not args.disable_uvicorn_access_log, model_repository=args.model_repository,
+                  model_control_mode=args.model_control_mode, load_models=tuple(args.load_model),
+                  grpc_port=args.grpc_port or None)
+    if args.config is not None:
+        from strataserve.router.config import ConfigError, load_config
+
+        if args.model or args.model_flag:
+            console.print("[red]error:[/] give either a model folder or --config, not both (list the model in the "
+                          "config's `models`)")
+            return None
+        try:
+            config = load_config(args.config)
+            return ServeOptions.from_config(config, lambda e: _entry_engine(args, e), **server)
+        except (ConfigError, ValueError) as exc:
+            console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+            return None
     model = args.model or args.model_flag
     if model is None and args.model_repository is None:
         from strataserve.assets import DEMO_MODEL_DIR
@@ -101,22 +133,30 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if args.served_model_name is None:
             args.served_model_name = DEMO_MODEL_DIR.name
         console.print(f"No model given: serving the embedded demo model ({model})", soft_wrap=True)
-    try:
-        config = engine_config(args, model) if model is not None else None
-    except ValueError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 2
-    if model is not None and not os.path.isdir(model):
-        console.print(f"[red]error:[/] model folder {model!r} does not exist (give an HF checkpoint folder)")
-        return 2
-    options = ServeOptions(engine=config, host=args.host, port=args.port, api_key=args.api_key,
-                           served_model_name=args.served_model_name,
-                           max_body_bytes=int(args.max_request_body_mib * 2**20),
-                           uvicorn_log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
-                           model_repository=args.model_repository, model_control_mode=args.model_control_mode,
-                           load_models=tuple(args.load_model), grpc_port=args.grpc_port or None)
+    llms = ()
+    if model is not None:
+        try:
+            config = engine_config(args, model)
+        except ValueError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            return None
+        if not os.path.isdir(model):
+            console.print(f"[red]error:[/] model folder {model!r} does not exist (give an HF checkpoint folder)")
+            return None
+        llms = (LocalLLMSpec(args.served_model_name or model, config),)
+    return ServeOptions(llms=llms, **server)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from strataserve.api.server import serve
     from strataserve.engine.mp_client import EngineStartupError
 
+    console = Console(stderr=True)
+    options = _serve_options(args, console)
+    if options is None:
+        return 2
     try:
         serve(options, console)
     except EngineStartupError as exc:

@@ -1,8 +1,9 @@
-"""The FastAPI application: OpenAI routes for the LLM, small utility routes, and (when a model repository is
-served) the KServe v2 routes of ``strataserve.api.kserve_http``."""
+"""The FastAPI application: OpenAI routes, small utility routes, and (when the router fronts tensor models: a
+local repository or upstream KServe servers) the KServe v2 routes of ``strataserve.api.kserve_http``. Every
+route reaches its model through the router (``app.state.router``); none names an engine."""
 from __future__ import annotations
 
-from typing import Any
+import time
 
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -13,32 +14,35 @@ from strataserve.api import chat, completions
 from strataserve.api.errors import APIError, install_error_handlers
 from strataserve.api.middleware import GuardMiddleware
 from strataserve.api.protocol import DetokenizeRequest, TokenizeRequest
-from strataserve.api.serving import ServerState, check_token_ids, llm_state
+from strataserve.api.serving import check_token_ids, forward_plain, route
+from strataserve.router.router import Router
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+CREATED = int(time.time())
 
 
-def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, model_server: Any = None) -> FastAPI:
-    """``state`` is the LLM (None when only a model repository is served); ``registry`` backs ``/metrics``."""
+def build_app(router: Router, *, registry: CollectorRegistry, api_key: str | None = None,
+              extra_api_keys: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The HTTP front of everything ``router`` serves; ``registry`` backs ``/metrics``. With ``api_key`` (or
+    keys mapped to SLA classes in the config) set, every route but the probes needs one of the keys."""
     app = FastAPI(title="strataserve", version="0.1.0",
                   description="OpenAI-compatible LLM serving and KServe v2 inference.")
-    app.state.strata = state
-    app.state.model_server = model_server
+    app.state.router = router
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
+    keys = tuple(k for k in (api_key, *extra_api_keys) if k)
+    app.add_middleware(GuardMiddleware, api_keys=keys, max_body_bytes=max_body_bytes)
     app.include_router(completions.router)
     app.include_router(chat.router)
 
     @app.get("/health")
     async def health(request: Request) -> Response:
-        llm: ServerState | None = request.app.state.strata
-        if llm is not None:
-            try:
-                llm.check_alive()
-            except APIError as exc:
-                return exc.response()
-        ms = request.app.state.model_server
+        """200 when every local engine is alive (an upstream being down is reported, not fatal: the other
+        models keep serving); 503 naming the dead ones otherwise."""
+        dead = [b.name for b in router.local_text_backends() if not b.ready()]
+        if dead:
+            return APIError(503, f"the engine process of model(s) {', '.join(dead)} is not running",
+                            type="service_unavailable", code="engine_dead").response()
+        ms = router.tensors
         if ms is not None and not ms.live():
             return APIError(503, "model server is not live", type="service_unavailable").response()
         return Response(status_code=200)
@@ -49,36 +53,47 @@ def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
-        llm: ServerState | None = request.app.state.strata
+        """Every model the server fronts; ``payload`` says which routes serve it (text: the OpenAI routes)."""
         data = []
-        if llm is not None:
-            data.append({"id": llm.model_name, "object": "model", "created": llm.created, "owned_by": "strataserve",
-                         "root": llm.model_name, "max_model_len": llm.max_model_len})
+        for card in router.cards():
+            entry = {"id": card.name, "object": "model", "created": CREATED, "owned_by": "strataserve",
+                     "root": card.name, "payload": card.payload.value, "backend": card.backend, "ready": card.ready}
+            if card.max_model_len is not None:
+                entry["max_model_len"] = card.max_model_len
+            data.append(entry)
+        if router.tensors is not None and router.tensors.local is not None:
+            for m in router.tensors.local.repository_index(ready_only=True):
+                data.append({"id": m["name"], "object": "model", "created": CREATED, "owned_by": "strataserve",
+                             "root": m["name"], "payload": "tensors", "backend": "repository", "ready": True})
         return {"object": "list", "data": data}
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest, request: Request) -> dict:
-        llm = llm_state(request)
-        llm.check_model(body.model)
+    async def tokenize(body: TokenizeRequest, request: Request) -> Response:
+        routed = route(request, body.model)
+        if routed.upstream:
+            return await forward_plain(routed, request, "/tokenize")
+        llm = routed.state
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if body.messages is not None:
             ids = chat.render_chat(llm, body.messages, body.add_generation_prompt)
         else:
             ids = llm.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-        return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids}
+        return JSONResponse({"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids})
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
-        llm = llm_state(request)
-        llm.check_model(body.model)
+    async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
+        routed = route(request, body.model)
+        if routed.upstream:
+            return await forward_plain(routed, request, "/detokenize")
+        llm = routed.state
         check_token_ids(llm, body.tokens, param="tokens")
-        return {"prompt": llm.tokenizer.decode(body.tokens)}
+        return JSONResponse({"prompt": llm.tokenizer.decode(body.tokens)})
 
-    if model_server is not None:
+    if router.tensors is not None:
         from strataserve.api.kserve_http import make_kserve_router
 
-        app.include_router(make_kserve_router(model_server))
+        app.include_router(make_kserve_router(router.tensors))
 
     @app.get("/version")
     async def version() -> JSONResponse:

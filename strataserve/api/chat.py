@@ -3,17 +3,18 @@ top_logprobs, streaming with a role chunk first and ``stream_options.include_usa
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from strataserve.api.errors import APIError, bad_request
-from strataserve.api.formatting import DONE, ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage
+from strataserve.api.errors import bad_request
+from strataserve.api.formatting import ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
-from strataserve.api.serving import (ServerState, admit, engine_abort_error, engine_stream,
-                                     make_params, new_id, resolve_max_tokens, until_disconnect)
+from strataserve.api.serving import (ServerState, admit, engine_abort_error, engine_stream, forward, make_params,
+                                     new_id, resolve_max_tokens, sse_body, traced, until_disconnect)
+from strataserve.router.metrics import RouteTrace
 from strataserve.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 router = APIRouter()
@@ -43,9 +44,25 @@ def _top_n(body: ChatCompletionRequest) -> int | None:
     return top
 
 
+def _prefix(messages: list[ChatMessage]) -> str:
+    """What replica affinity hashes: the conversation's opening (system prompt, first turns)."""
+    out, size = [], 0
+    for m in messages:
+        text = m.text()
+        out.append(text)
+        size += len(text)
+        if size >= 1024:
+            break
+    return "\n".join(out)
+
+
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    state = admit(request, body)
+    routed = admit(request, body)
+    if routed.upstream:
+        return await forward(routed, request, "/v1/chat/completions", stream=body.stream,
+                             prefix=_prefix(body.messages), first_events=body.n)
+    state = routed.state
     if body.tools:
         raise bad_request("tools are not supported by this server", param="tools")
     if body.response_format is not None and body.response_format.type != "text":
@@ -63,17 +80,21 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                          skip_special_tokens=body.skip_special_tokens,
                          include_stop_str_in_output=body.include_stop_str_in_output)
     rid = new_id("chatcmpl")
+    work = float(len(prompt_ids))
+    routed.check(work)  # 429 when the queue ahead would make this request miss its class's TTFT
+    priority = routed.priority(body.priority)
     if body.stream:
         state.check_capacity(body.n)
-        return StreamingResponse(_stream(state, body, rid, prompt_ids, params, top_n),
-                                 media_type="text/event-stream")
-    with state.admit(body.n):
-        result = await until_disconnect(request, _collect(state, body, rid, prompt_ids, params, top_n))
+        events = _events(state, body, rid, prompt_ids, params, top_n, priority)
+        return StreamingResponse(sse_body(state, body.n, routed, work, events), media_type="text/event-stream")
+    with state.admit(body.n), traced(routed.trace(work)) as trace:
+        result = await until_disconnect(request, _collect(state, body, rid, prompt_ids, params, top_n,
+                                                          (priority, trace)))
     return Response(json_bytes(result), media_type="application/json")
 
 
 async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_ids: list[int],
-                   params: SamplingParams, top_n: int | None) -> dict[str, Any]:
+                   params: SamplingParams, top_n: int | None, job: tuple) -> dict[str, Any]:
     n = body.n
     namer = TokenNamer(state.tokenizer)
     parts: list[list[str]] = [[] for _ in range(n)]
@@ -81,7 +102,7 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
     finish: list[str | None] = [None] * n
     stop_reason: list[Any] = [None] * n
     completion_tokens = 0
-    async for out in engine_stream(state, rid, prompt_ids, params, body.priority):
+    async for out in engine_stream(state, rid, prompt_ids, params, *job):
         for c in out.outputs:
             parts[c.index].append(c.text)
             completion_tokens += len(c.token_ids)
@@ -101,37 +122,35 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
     }
 
 
-async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_ids: list[int],
-                  params: SamplingParams, top_n: int | None) -> AsyncIterator[bytes]:
-    with_usage = body.stream_options is not None and body.stream_options.include_usage
-    head: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
-                            "model": state.model_name}
-    if with_usage:
-        head["usage"] = None
-    namer = TokenNamer(state.tokenizer)
-    completion_tokens = 0
-    with state.hold(body.n):
-        try:
-            yield b"".join(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                     "logprobs": None, "finish_reason": None}]})
-                           for i in range(body.n))
-            chunk = ChunkTemplate(head).delta
-            async for out in engine_stream(state, rid, prompt_ids, params, body.priority):
-                events = []  # one write per engine output, however many choices it advanced
-                for c in out.outputs:
-                    completion_tokens += len(c.token_ids)
-                    if c.finish_reason == "abort":
-                        raise engine_abort_error(c.stop_reason)
-                    if not c.text and c.finish_reason is None and top_n is None:
-                        continue  # an incomplete multi-byte character: nothing to show yet
-                    lp = ({"content": chat_logprobs(namer, c.token_ids, c.logprobs, top_n)}
-                          if top_n is not None else None)
-                    delta = {"content": c.text} if c.text or c.finish_reason is None else {}
-                    events.append(chunk(c.index, delta, lp, c.finish_reason))
-                if events:
-                    yield b"".join(events)
-            if with_usage:
-                yield sse({**head, "choices": [], "usage": usage(len(prompt_ids), completion_tokens)})
-        except APIError as exc:
-            yield sse(exc.body())
-        yield DONE
+def _events(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_ids: list[int],
+            params: SamplingParams, top_n: int | None, priority: int) -> Callable[[RouteTrace], AsyncIterator[bytes]]:
+    async def events(trace: RouteTrace) -> AsyncIterator[bytes]:
+        with_usage = body.stream_options is not None and body.stream_options.include_usage
+        head: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+                                "model": state.model_name}
+        if with_usage:
+            head["usage"] = None
+        namer = TokenNamer(state.tokenizer)
+        completion_tokens = 0
+        yield b"".join(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]})
+                       for i in range(body.n))
+        chunk = ChunkTemplate(head).delta
+        async for out in engine_stream(state, rid, prompt_ids, params, priority, trace):
+            batch = []  # one write per engine output, however many choices it advanced
+            for c in out.outputs:
+                completion_tokens += len(c.token_ids)
+                if c.finish_reason == "abort":
+                    raise engine_abort_error(c.stop_reason)
+                if not c.text and c.finish_reason is None and top_n is None:
+                    continue  # an incomplete multi-byte character: nothing to show yet
+                lp = ({"content": chat_logprobs(namer, c.token_ids, c.logprobs, top_n)}
+                      if top_n is not None else None)
+                delta = {"content": c.text} if c.text or c.finish_reason is None else {}
+                batch.append(chunk(c.index, delta, lp, c.finish_reason))
+            if batch:
+                yield b"".join(batch)
+        if with_usage:
+            yield sse({**head, "choices": [], "usage": usage(len(prompt_ids), completion_tokens)})
+
+    return events

@@ -3,18 +3,19 @@ logprobs, streaming with ``stream_options.include_usage``."""
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from strataserve.api.errors import APIError, bad_request
-from strataserve.api.formatting import DONE, ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
+from strataserve.api.errors import bad_request
+from strataserve.api.formatting import ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
 from strataserve.api.protocol import CompletionRequest
-from strataserve.api.serving import (ServerState, admit, check_token_ids, engine_abort_error,
-                                     engine_stream, make_params, merge_streams, new_id,
-                                     resolve_max_tokens, until_disconnect)
+from strataserve.api.serving import (ServerState, admit, check_token_ids, engine_abort_error, engine_stream,
+                                     forward, make_params, merge_streams, new_id, resolve_max_tokens, sse_body,
+                                     traced, until_disconnect)
+from strataserve.router.metrics import RouteTrace
 from strataserve.engine.sampling_params import SamplingParams
 
 router = APIRouter()
@@ -49,7 +50,10 @@ class _Choice:
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    state = admit(request, body)
+    routed = admit(request, body)
+    if routed.upstream:
+        return await forward(routed, request, "/v1/completions", stream=body.stream, prefix=_prefix(body.prompt))
+    state = routed.state
     if body.suffix:
         raise bad_request("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
@@ -67,17 +71,30 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         params.append(make_params(max_tokens=max_tokens, **common))
     num_seqs = body.n * len(prompts)
     rid = new_id("cmpl")
+    work = float(sum(len(ids) for _, ids in prompts))  # prompt tokens to prefill (siblings share them)
+    routed.check(work)  # 429 when the queue ahead would make this request miss its class's TTFT
     if body.stream:
         state.check_capacity(num_seqs)  # refuse now (503) rather than after the 200 has gone out
-        return StreamingResponse(_stream(state, body, rid, prompts, params, num_seqs),
-                                 media_type="text/event-stream")
-    with state.admit(num_seqs):
-        result = await until_disconnect(request, _collect(state, body, rid, prompts, params))
+        events = _events(state, body, rid, prompts, params, routed.priority(body.priority))
+        return StreamingResponse(sse_body(state, num_seqs, routed, work, events), media_type="text/event-stream")
+    with state.admit(num_seqs), traced(routed.trace(work)) as trace:
+        result = await until_disconnect(request, _collect(state, body, rid, prompts, params,
+                                                          (routed.priority(body.priority), trace)))
     return Response(json_bytes(result), media_type="application/json")
 
 
-def _streams(state: ServerState, body: CompletionRequest, rid: str, prompts: list, params: list) -> list:
-    return [engine_stream(state, f"{rid}-{i}", ids, p, body.priority)
+def _prefix(prompt: Any) -> str | None:
+    """What replica affinity hashes: the (first) prompt's text."""
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and isinstance(prompt[0], str):
+        return prompt[0]
+    return None
+
+
+def _streams(state: ServerState, rid: str, prompts: list, params: list, job: tuple) -> list:
+    priority, trace = job
+    return [engine_stream(state, f"{rid}-{i}", ids, p, priority, trace)
             for i, ((_, ids), p) in enumerate(zip(prompts, params))]
 
 
@@ -86,7 +103,7 @@ def _echo_text(state: ServerState, text: str | None, ids: list[int]) -> str:
 
 
 async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompts: list,
-                   params: list) -> dict[str, Any]:
+                   params: list, job: tuple) -> dict[str, Any]:
     n = body.n
     namer = TokenNamer(state.tokenizer)
     choices: list[_Choice] = []
@@ -98,7 +115,7 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
             if prefix:
                 choice.parts.append(prefix)
             choices.append(choice)
-    async for pi, out in merge_streams(_streams(state, body, rid, prompts, params)):
+    async for pi, out in merge_streams(_streams(state, rid, prompts, params, job)):
         for c in out.outputs:
             ch = choices[pi * n + c.index]
             ch.parts.append(c.text)
@@ -120,48 +137,46 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
     }
 
 
-async def _stream(state: ServerState, body: CompletionRequest, rid: str, prompts: list, params: list,
-                  num_seqs: int) -> AsyncIterator[bytes]:
-    n = body.n
-    with_usage = body.stream_options is not None and body.stream_options.include_usage
-    head: dict[str, Any] = {"id": rid, "object": "text_completion", "created": int(time.time()),
-                            "model": state.model_name}
-    if with_usage:
-        head["usage"] = None
-    namer = TokenNamer(state.tokenizer)
-    logprobs: list[CompletionLogprobs | None] = []
-    completion_tokens = 0
-    with state.hold(num_seqs):
-        try:
-            for pi, (text, ids) in enumerate(prompts):
-                prefix = _echo_text(state, text, ids) if body.echo else ""
-                for i in range(n):
-                    logprobs.append(CompletionLogprobs(namer, body.logprobs, len(prefix))
-                                    if body.logprobs is not None else None)
-                    if prefix:
-                        yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
-                                                        "finish_reason": None}]})
-            chunk = ChunkTemplate(head).text
-            streams = _streams(state, body, rid, prompts, params)
-            single = len(streams) == 1  # the usual case: no merge, one generator hop less per token
-            async for item in (streams[0] if single else merge_streams(streams)):
-                pi, out = (0, item) if single else item
-                events = []  # one write per engine output, however many choices it advanced
-                for c in out.outputs:
-                    k = pi * n + c.index
-                    completion_tokens += len(c.token_ids)
-                    if c.finish_reason == "abort":
-                        raise engine_abort_error(c.stop_reason)
-                    lp = logprobs[k]
-                    lp_part = lp.add(c.token_ids, c.logprobs) if lp is not None else None
-                    if not c.text and c.finish_reason is None and lp_part is None:
-                        continue  # an incomplete multi-byte character: nothing to show yet
-                    events.append(chunk(k, c.text, lp_part, c.finish_reason))
-                if events:
-                    yield b"".join(events)
-            if with_usage:
-                total_prompt = sum(len(ids) for _, ids in prompts)
-                yield sse({**head, "choices": [], "usage": usage(total_prompt, completion_tokens)})
-        except APIError as exc:
-            yield sse(exc.body())
-        yield DONE
+def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list, params: list,
+            priority: int) -> Callable[[RouteTrace], AsyncIterator[bytes]]:
+    async def events(trace: RouteTrace) -> AsyncIterator[bytes]:
+        n = body.n
+        with_usage = body.stream_options is not None and body.stream_options.include_usage
+        head: dict[str, Any] = {"id": rid, "object": "text_completion", "created": int(time.time()),
+                                "model": state.model_name}
+        if with_usage:
+            head["usage"] = None
+        namer = TokenNamer(state.tokenizer)
+        logprobs: list[CompletionLogprobs | None] = []
+        completion_tokens = 0
+        for pi, (text, ids) in enumerate(prompts):
+            prefix = _echo_text(state, text, ids) if body.echo else ""
+            for i in range(n):
+                logprobs.append(CompletionLogprobs(namer, body.logprobs, len(prefix))
+                                if body.logprobs is not None else None)
+                if prefix:
+                    yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
+                                                    "finish_reason": None}]})
+        chunk = ChunkTemplate(head).text
+        streams = _streams(state, rid, prompts, params, (priority, trace))
+        single = len(streams) == 1  # the usual case: no merge, one generator hop less per token
+        async for item in (streams[0] if single else merge_streams(streams)):
+            pi, out = (0, item) if single else item
+            batch = []  # one write per engine output, however many choices it advanced
+            for c in out.outputs:
+                k = pi * n + c.index
+                completion_tokens += len(c.token_ids)
+                if c.finish_reason == "abort":
+                    raise engine_abort_error(c.stop_reason)
+                lp = logprobs[k]
+                lp_part = lp.add(c.token_ids, c.logprobs) if lp is not None else None
+                if not c.text and c.finish_reason is None and lp_part is None:
+                    continue  # an incomplete multi-byte character: nothing to show yet
+                batch.append(chunk(k, c.text, lp_part, c.finish_reason))
+            if batch:
+                yield b"".join(batch)
+        if with_usage:
+            total_prompt = sum(len(ids) for _, ids in prompts)
+            yield sse({**head, "choices": [], "usage": usage(total_prompt, completion_tokens)})
+
+    return events

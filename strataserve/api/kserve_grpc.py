@@ -16,6 +16,7 @@ Errors map from ModelServerError codes to INVALID_ARGUMENT / NOT_FOUND / UNAVAIL
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 from dataclasses import dataclass
@@ -173,36 +174,39 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=bool(self.ms.ready()))
 
     async def ModelReady(self, request, context):
-        return await self._call(
-            context, lambda: pb.ModelReadyResponse(ready=bool(self.ms.model_ready(request.name, request.version)))
-        )
+        async def run() -> Any:
+            return pb.ModelReadyResponse(ready=bool(await _maybe(self.ms.model_ready(request.name, request.version))))
+
+        return await self._call(context, run)
 
     async def ServerMetadata(self, request, context):
         return await self._call(context, lambda: _parse(self.ms.server_metadata(), pb.ServerMetadataResponse()))
 
     async def ModelMetadata(self, request, context):
-        return await self._call(
-            context,
-            lambda: _parse(self.ms.model_metadata(request.name, request.version), pb.ModelMetadataResponse()),
-        )
+        async def run() -> Any:
+            return _parse(await _maybe(self.ms.model_metadata(request.name, request.version)),
+                          pb.ModelMetadataResponse())
+
+        return await self._call(context, run)
 
     async def ModelConfig(self, request, context):
-        def run() -> Any:
-            cfg = _parse(self.ms.model_config(request.name, request.version), model_config_pb2.ModelConfig())
-            return pb.ModelConfigResponse(config=cfg)
+        async def run() -> Any:
+            doc = await _maybe(self.ms.model_config(request.name, request.version))
+            return pb.ModelConfigResponse(config=_parse(doc, model_config_pb2.ModelConfig()))
 
         return await self._call(context, run)
 
     async def ModelStatistics(self, request, context):
-        return await self._call(
-            context,
-            lambda: _parse(self.ms.statistics(request.name, request.version), pb.ModelStatisticsResponse()),
-        )
+        async def run() -> Any:
+            return _parse(await _maybe(self.ms.statistics(request.name, request.version)),
+                          pb.ModelStatisticsResponse())
+
+        return await self._call(context, run)
 
     async def RepositoryIndex(self, request, context):
-        def run() -> Any:
+        async def run() -> Any:
             out = pb.RepositoryIndexResponse()
-            for m in self.ms.repository_index(ready_only=request.ready):
+            for m in await _maybe(self.ms.repository_index(ready_only=request.ready)):
                 out.models.add(**{k: str(m.get(k, "") or "") for k in ("name", "version", "state", "reason")})
             return out
 
@@ -285,6 +289,11 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             reader_task.cancel()
             for task in list(tasks):
                 task.cancel()
+
+
+async def _maybe(value: Any) -> Any:
+    """Sync on a local ModelServer, async on the router's TensorRouter (upstream models answer over the net)."""
+    return await value if inspect.isawaitable(value) else value
 
 
 def _parse(doc: Any, message: Any) -> Any:

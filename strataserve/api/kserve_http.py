@@ -78,6 +78,15 @@ def _json(obj: Any, status: int = 200) -> Response:
     return Response(json_dumps(obj), status_code=status, media_type="application/json")
 
 
+async def _maybe(value: Any) -> Any:
+    """The model-server surface is sync on a local ModelServer and async on the router's TensorRouter."""
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _json_of(value: Any) -> Response:
+    return _json(await _maybe(value))
+
+
 def _sse(event: Any) -> bytes:
     return b"data: " + json_dumps(event) + b"\n\n"
 
@@ -143,7 +152,7 @@ def make_kserve_router(model_server: Any) -> APIRouter:
     # ------------------------------------------------------------------------ statistics (before {m})
     @router.get("/v2/models/stats")
     async def all_stats() -> Response:
-        return await _guard(lambda: _json(ms.statistics()))
+        return await _guard(lambda: _json_of(ms.statistics()))
 
     # ------------------------------------------------------------------------------------ per model
     def model_routes(prefix: str) -> None:
@@ -152,14 +161,14 @@ def make_kserve_router(model_server: Any) -> APIRouter:
         @router.get(prefix)
         async def metadata(request: Request) -> Response:
             m, v = _mv(request)
-            return await _guard(lambda: _json(ms.model_metadata(m, v)))
+            return await _guard(lambda: _json_of(ms.model_metadata(m, v)))
 
         @router.get(prefix + "/ready")
         async def ready(request: Request) -> Response:
             m, v = _mv(request)
 
             async def run() -> Response:
-                if ms.model_ready(m, v):
+                if await _maybe(ms.model_ready(m, v)):
                     return _json({"name": m, "ready": True})
                 label = f"'{m}'" + (f" version {v}" if v else "")
                 return _error(400, f"model {label} is not ready")
@@ -169,12 +178,12 @@ def make_kserve_router(model_server: Any) -> APIRouter:
         @router.get(prefix + "/config")
         async def config(request: Request) -> Response:
             m, v = _mv(request)
-            return await _guard(lambda: _json(ms.model_config(m, v)))
+            return await _guard(lambda: _json_of(ms.model_config(m, v)))
 
         @router.get(prefix + "/stats")
         async def stats(request: Request) -> Response:
             m, v = _mv(request)
-            return await _guard(lambda: _json(ms.statistics(m, v)))
+            return await _guard(lambda: _json_of(ms.statistics(m, v)))
 
         @router.post(prefix + "/generate")
         async def generate(request: Request) -> Response:
@@ -204,7 +213,7 @@ def make_kserve_router(model_server: Any) -> APIRouter:
     async def repository_index(request: Request) -> Response:
         async def run() -> Response:
             doc = await _json_body(request)
-            return _json(ms.repository_index(ready_only=bool(doc.get("ready", False))))
+            return _json(await _maybe(ms.repository_index(ready_only=bool(doc.get("ready", False)))))
 
         return await _guard(run)
 

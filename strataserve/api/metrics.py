@@ -56,21 +56,24 @@ class LoopHistogram:
         self.counts[bisect_left(self.bounds, value)] += 1  # first bucket whose bound is >= value ("le")
         self.sum += value
 
-    def family(self, label: list[str]) -> HistogramMetricFamily:
+    def family(self, label: list[str], labelnames: tuple[str, ...] = ("model_name",)) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(self.name, self.doc, labels=list(labelnames))
+        self.add_to(fam, label)
+        return fam
+
+    def add_to(self, fam: HistogramMetricFamily, label: list[str]) -> None:
         cumulative, total = [], 0
         for bound, count in zip(self.bounds, self.counts):
             total += count
             cumulative.append((floatToGoString(bound), total))
-        fam = HistogramMetricFamily(self.name, self.doc, labels=["model_name"])
         fam.add_metric(label, cumulative, self.sum)
-        return fam
 
 
 class ServerMetrics(Collector):
     """All metrics of one served LLM, registered in ``registry`` (what ``/metrics`` exposes)."""
 
     def __init__(self, model_name: str, max_model_len: int, stats_source: Callable[[], SchedulerStats | None],
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, *, register: bool = True) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
         self.stats_source = stats_source
@@ -92,7 +95,8 @@ class ServerMetrics(Collector):
         self.req_generation_tokens = h("strata:request_generation_tokens", "Generated tokens per request.", tokens)
         self._histograms = (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prefill, self.decode,
                             self.req_prompt_tokens, self.req_generation_tokens)
-        self.registry.register(self)
+        if register:  # several served models share one registry through a MetricsGroup instead
+            self.registry.register(self)
 
     def success(self, reason: str) -> None:
         self.finished[reason] = self.finished.get(reason, 0) + 1
@@ -137,6 +141,29 @@ class ServerMetrics(Collector):
         yield success
         for hist in self._histograms:
             yield hist.family(label)
+
+
+class MetricsGroup(Collector):
+    """Several collectors exposing the same metric names (one per served model) as one set of families: a
+    Prometheus registry refuses two collectors that both define ``strata:num_requests_running``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.members: list[Collector] = []
+        registry.register(self)
+
+    def add(self, member: Collector) -> None:
+        self.members.append(member)
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, Metric] = {}
+        for member in self.members:
+            for fam in member.collect():
+                have = merged.get(fam.name)
+                if have is None:
+                    merged[fam.name] = fam
+                else:
+                    have.samples.extend(fam.samples)
+        return list(merged.values())
 
 
 class RequestTimer:

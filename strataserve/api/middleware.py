@@ -2,7 +2,7 @@
 
 - Body limit: a declared Content-Length over the limit is refused before reading; otherwise the body is read
   (counting the actual bytes, so a lying or chunked upload is caught too) and replayed to the app.
-- API key: with ``api_key`` set, every route except the open ones needs ``Authorization: Bearer <key>``.
+- API keys: with any key set (``--api-key``, or keys mapped to SLA classes), every route except the open ones needs ``Authorization: Bearer <key>``.
   Open: health and metrics probes (``/health``, ``/metrics``, ``/v2/health/*``), ``/openapi.json`` and the docs,
   because orchestrators and scrapers probe them without credentials.
 """
@@ -32,9 +32,9 @@ async def _send_error(send: Callable, err: APIError) -> None:
 
 
 class GuardMiddleware:
-    def __init__(self, app: Callable, *, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: Callable, *, api_keys: tuple[str, ...] = (), max_body_bytes: int) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = [f"Bearer {k}".encode() for k in api_keys] or None
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
@@ -44,7 +44,11 @@ class GuardMiddleware:
         headers = dict(scope["headers"])
         if self.expected is not None and scope["path"] not in OPEN_PATHS:
             got = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(got, self.expected):
+            # Compare with every key (no early exit), each in constant time, so timing tells nothing.
+            ok = False
+            for key in self.expected:
+                ok |= hmac.compare_digest(got, key)
+            if not ok:
                 await _send_error(send, APIError(401, "missing or invalid API key: send 'Authorization: Bearer "
                                                  "<key>'", code="invalid_api_key"))
                 return

@@ -1,8 +1,10 @@
-"""Start-up and shutdown of ``strata serve``: engine process, optional model repository + gRPC, uvicorn.
+"""Start-up and shutdown of ``strata serve``: engine processes, the router and its backends, optional model
+repository + gRPC, uvicorn.
 
-Order: load the engine (child process, handshake) → start the model server → bind HTTP (and gRPC) → print the
-ready URL. On SIGINT/SIGTERM uvicorn drains, then gRPC, the model server and the engine process are stopped, in
-that order, so no port, socket file or child process outlives the server.
+Order: load each local engine (its own child process, handshake) → build the router (upstream backends start
+their health checks; the model server loads) → bind HTTP (and gRPC) → print the ready URLs. On SIGINT/SIGTERM
+uvicorn drains, then gRPC, the router's backends, the model server and the engine processes are stopped, in that
+order, so no port, socket file or child process outlives the server.
 """
 from __future__ import annotations
 
@@ -11,28 +13,47 @@ import contextlib
 import inspect
 import logging
 import signal
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 
 from strataserve.api.app import DEFAULT_MAX_BODY_BYTES, build_app
-from strataserve.api.metrics import ServerMetrics
+from strataserve.api.metrics import MetricsGroup, ServerMetrics
 from strataserve.api.serving import ServerState
 from strataserve.config import EngineConfig
+from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
+from strataserve.router.backends.local_llm import LocalLLMBackend
+from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
+from strataserve.router.config import KServeUpstream, LocalModel, OpenAIUpstream, RouterConfig
+from strataserve.router.metrics import RouterMetrics
+from strataserve.router.router import Router
+from strataserve.router.sla import SLA, SLAPolicy
+from strataserve.router.tensors import TensorRouter
 
 log = logging.getLogger("strataserve.server")
 
 
 @dataclass(frozen=True)
+class LocalLLMSpec:
+    """One local LLM: the name clients use, its engine config, and its GPU price (cost metrics)."""
+
+    name: str
+    engine: EngineConfig
+    gpu_cost_per_hour: float | None = None
+
+
+@dataclass(frozen=True)
 class ServeOptions:
-    engine: EngineConfig | None  # None: serve only the model repository
+    llms: tuple[LocalLLMSpec, ...] = ()
+    upstreams: tuple[OpenAIUpstream | KServeUpstream, ...] = ()
+    sla: SLAPolicy = field(default_factory=SLAPolicy.single)
     host: str = "0.0.0.0"
     port: int = 8000
     api_key: str | None = None
-    served_model_name: str | None = None
+    extra_api_keys: tuple[str, ...] = ()  # keys mapped to SLA classes in the config
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     uvicorn_log_level: str = "info"
     access_log: bool = True
@@ -42,6 +63,25 @@ class ServeOptions:
     grpc_port: int | None = 8001
     startup_timeout_s: float | None = None
     graceful_shutdown_s: int = 10
+    health_check_interval_s: float = 2.0
+    affinity_chars: int = 256
+    affinity_slack: int = 2
+
+    @classmethod
+    def from_config(cls, config: RouterConfig, base_engine: Callable[[LocalModel], EngineConfig],
+                    **server: Any) -> "ServeOptions":
+        """Options for a config file; ``base_engine`` builds an entry's EngineConfig (CLI defaults + its keys)."""
+        llms = tuple(LocalLLMSpec(m.name, base_engine(m), m.gpu_cost_per_hour)
+                     for m in config.models if isinstance(m, LocalModel))
+        ups = tuple(m for m in config.models if not isinstance(m, LocalModel))
+        classes = {k: SLA(k, v.priority, v.ttft_ms, v.tpot_ms) for k, v in config.sla_classes.items()}
+        keys = config.key_classes()
+        if config.model_repository:  # the file's repository wins over --model-repository
+            server["model_repository"] = config.model_repository
+            server["model_control_mode"] = config.model_control_mode
+        return cls(llms=llms, upstreams=ups, sla=SLAPolicy(classes, config.default_sla or "", keys),
+                   extra_api_keys=tuple(keys), health_check_interval_s=config.health_check_interval_s,
+                   affinity_chars=config.prefix_affinity_chars, affinity_slack=config.affinity_slack, **server)
 
 
 class _Server(uvicorn.Server):
@@ -56,12 +96,14 @@ def _fmt_gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.3f} GiB" if num_bytes else "unknown size"
 
 
-def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float | None = None) -> Any:
+def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float | None = None,
+                name: str | None = None) -> Any:
     """The AsyncLLM front end over an engine-core child process; raises with the child's error if loading fails."""
     from strataserve.engine.async_llm import AsyncLLM
     from strataserve.engine.mp_client import MPCoreClient
 
-    with console.status(f"[bold]Loading model[/] {config.model.model} (engine process)…"):
+    label = f"[bold]{name}[/] " if name else ""
+    with console.status(f"[bold]Loading model[/] {label}{config.model.model} (engine process)…"):
         client = MPCoreClient(config, startup_timeout_s=startup_timeout_s)
         try:
             engine = AsyncLLM(config, core_client=client)
@@ -69,17 +111,11 @@ def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float
             client.shutdown()
             raise
     info = client.ready_info
-    console.print(f"[green]✓[/] model loaded on {info.device} ({info.dtype}); max_model_len {info.max_model_len}")
+    console.print(f"[green]✓[/] model {label}loaded on {info.device} ({info.dtype}); max_model_len "
+                  f"{info.max_model_len}")
     console.print(f"[green]✓[/] KV cache: {info.num_blocks} blocks × {info.block_size} tokens = "
                   f"{info.num_blocks * info.block_size} tokens, {_fmt_gib(info.kv_cache_bytes)}")
     return engine
-
-
-def _served_name(options: ServeOptions) -> str:
-    if options.served_model_name:
-        return options.served_model_name
-    assert options.engine is not None
-    return options.engine.model.served_model_name or options.engine.model.model
 
 
 def _vocab_size(tokenizer: Any) -> int | None:
@@ -96,13 +132,12 @@ def _vocab_size(tokenizer: Any) -> int | None:
         return None
 
 
-def build_state(engine: Any, options: ServeOptions, registry: CollectorRegistry) -> ServerState:
-    assert options.engine is not None
-    name = _served_name(options)
+def build_state(engine: Any, spec: LocalLLMSpec, metrics_group: MetricsGroup) -> ServerState:
     max_len = int(engine.max_model_len)
-    metrics = ServerMetrics(name, max_len, lambda: getattr(engine, "stats", None), registry)
-    sched = options.engine.scheduler
-    return ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=name, max_model_len=max_len,
+    metrics = ServerMetrics(spec.name, max_len, lambda: getattr(engine, "stats", None), register=False)
+    metrics_group.add(metrics)
+    sched = spec.engine.scheduler
+    return ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=spec.name, max_model_len=max_len,
                        metrics=metrics, max_inflight_seqs=sched.max_num_seqs + sched.max_waiting_requests,
                        vocab_size=_vocab_size(engine.tokenizer))
 
@@ -111,10 +146,23 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> None:
-    registry = CollectorRegistry()
-    state = build_state(engine, options, registry) if engine is not None else None
-    model_server = grpc_handle = None
+async def build_router(options: ServeOptions, engines: dict[str, Any], registry: CollectorRegistry,
+                       console: Console) -> Router:
+    """Every backend the options declare, registered with one router (the model repository is started here)."""
+    router = Router(options.sla, RouterMetrics(registry))
+    group = MetricsGroup(registry)
+    for spec in options.llms:
+        router.add(LocalLLMBackend(build_state(engines[spec.name], spec, group), spec.gpu_cost_per_hour))
+    kserve: dict[str, KServeUpstreamBackend] = {}
+    for up in options.upstreams:
+        if isinstance(up, OpenAIUpstream):
+            router.add(OpenAIUpstreamBackend(up, affinity_chars=options.affinity_chars, slack=options.affinity_slack,
+                                             health_interval_s=options.health_check_interval_s))
+        else:
+            backend = KServeUpstreamBackend(up, health_interval_s=options.health_check_interval_s)
+            router.add(backend)
+            kserve[up.name] = backend
+    model_server = None
     if options.model_repository:
         from strataserve.modelserver.server import ModelServer
 
@@ -124,8 +172,18 @@ async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> 
             await model_server.start()
         console.print(f"[green]✓[/] model repository {options.model_repository} "
                       f"(control mode {options.model_control_mode})")
-    app = build_app(state, registry=registry, api_key=options.api_key, max_body_bytes=options.max_body_bytes,
-                    model_server=model_server)
+    if model_server is not None or kserve:
+        router.tensors = TensorRouter(model_server, kserve, router.non_tensor_cards)
+    await router.start()
+    return router
+
+
+async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: Console) -> None:
+    registry = CollectorRegistry()
+    router = await build_router(options, engines, registry, console)
+    grpc_handle = None
+    app = build_app(router, registry=registry, api_key=options.api_key, extra_api_keys=options.extra_api_keys,
+                    max_body_bytes=options.max_body_bytes)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.uvicorn_log_level,
                             access_log=options.access_log, timeout_keep_alive=30, lifespan="off",
                             # On SIGTERM, let in-flight generations finish for a while, then cancel them (the
@@ -142,34 +200,37 @@ async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop, sig)
     try:
-        if model_server is not None and options.grpc_port:
+        if router.tensors is not None and options.grpc_port:
             from strataserve.api.kserve_grpc import start_grpc_server
 
-            grpc_handle = await _maybe_await(start_grpc_server(model_server, options.host, options.grpc_port))
+            grpc_handle = await _maybe_await(start_grpc_server(router.tensors, options.host, options.grpc_port))
         serving = asyncio.ensure_future(server.serve())
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         if server.started:
-            _banner(console, options, state, getattr(grpc_handle, "port", None))
+            _banner(console, options, router, getattr(grpc_handle, "port", None))
         await serving
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         if grpc_handle is not None:
             await _maybe_await(grpc_handle.stop())
-        if model_server is not None:
-            await model_server.stop()
+        await router.stop()
+        if router.tensors is not None and router.tensors.local is not None:
+            await router.tensors.local.stop()
 
 
-def _banner(console: Console, options: ServeOptions, state: ServerState | None, grpc_port: int | None) -> None:
+def _banner(console: Console, options: ServeOptions, router: Router, grpc_port: int | None) -> None:
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
     url = f"http://{host}:{options.port}"
-    if state is not None:
-        console.print(f"[bold green]Ready[/]: serving [bold]{state.model_name}[/] at {url}/v1 "
-                      f"(metrics {url}/metrics)", soft_wrap=True)
-    if options.model_repository:
+    for card in router.cards():
+        where = {"text": f"{url}/v1", "speech": f"{url}/v1/audio/speech", "tensors": f"{url}/v2"}[card.payload.value]
+        note = "" if card.ready else " [yellow](not ready: see /v1/models)[/]"
+        console.print(f"[bold green]Ready[/]: [bold]{card.name}[/] ({card.backend}) at {where}{note}", soft_wrap=True)
+    if router.tensors is not None:
         grpc = f", gRPC {host}:{grpc_port}" if grpc_port else ""
         console.print(f"[bold green]Ready[/]: KServe v2 at {url}/v2{grpc}", soft_wrap=True)
+    console.print(f"metrics at {url}/metrics", soft_wrap=True)
 
 
 def _run_loop(coro: Any) -> None:
@@ -185,12 +246,12 @@ def _run_loop(coro: Any) -> None:
 def serve(options: ServeOptions, console: Console | None = None) -> None:
     """Blocking: run the server until SIGINT/SIGTERM, then release everything."""
     console = console or Console(stderr=True)
-    engine = None
-    if options.engine is not None:
-        engine = load_engine(options.engine, console, options.startup_timeout_s)
+    engines: dict[str, Any] = {}
     try:
-        _run_loop(_serve_async(options, engine, console))
+        for spec in options.llms:  # each in its own engine-core process
+            engines[spec.name] = load_engine(spec.engine, console, options.startup_timeout_s, spec.name)
+        _run_loop(_serve_async(options, engines, console))
     finally:
-        if engine is not None:
+        for engine in engines.values():
             engine.shutdown()
         console.print("strataserve stopped")

@@ -7,15 +7,22 @@ import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
+import msgspec
 from starlette.requests import Request
+from starlette.responses import Response
 
 from strataserve.api.errors import APIError, bad_request, engine_dead, from_value_error
+from strataserve.api.formatting import DONE, sse
 from strataserve.api.metrics import ServerMetrics
 from strataserve.engine.core_client import EngineDeadError
 from strataserve.engine.outputs import RequestOutput
 from strataserve.engine.sampling_params import SamplingParams
+from strataserve.router.metrics import RouteTrace
+from strataserve.router.router import Router, outcome_of
+from strataserve.router.sla import SLA
+from strataserve.router.types import Backend, Payload
 
 T = TypeVar("T")
 
@@ -33,11 +40,6 @@ class ServerState:
     vocab_size: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     inflight_seqs: int = 0
-
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
-                           param="model", code="model_not_found")
 
     def check_alive(self) -> None:
         try:
@@ -67,12 +69,80 @@ class ServerState:
             yield
 
 
-def llm_state(request: Request) -> ServerState:
-    """The served LLM's state; 404 when this server only hosts a model repository."""
-    state: ServerState | None = request.app.state.strata
-    if state is None:
-        raise APIError(404, "this server has no LLM loaded; start it with a model folder", param="model",
-                       code="model_not_found")
+@dataclass
+class Routed:
+    """A request's route, as the router decided it: the backend serving its model and its SLA class."""
+
+    router: Router
+    backend: Backend
+    sla: SLA
+
+    @property
+    def upstream(self) -> bool:
+        return self.backend.upstream
+
+    @property
+    def state(self) -> ServerState:
+        return self.backend.state  # type: ignore[attr-defined]  # local LLM backends only
+
+    def priority(self, requested: int) -> int:
+        """The engine priority: the class's, plus the request's own (vLLM's ``priority`` field) within it."""
+        return self.sla.priority + requested
+
+    def check(self, work: float) -> None:
+        self.router.check_admission(self.backend, self.sla, work)
+
+    def trace(self, work: float) -> RouteTrace:
+        return self.router.trace(self.backend, self.sla, work)
+
+
+@contextlib.contextmanager
+def traced(trace: RouteTrace):
+    """Finish ``trace`` with the outcome of the block (ok, or what its exception means)."""
+    try:
+        yield trace
+    except BaseException as exc:
+        trace.finish(outcome_of(exc))
+        raise
+    trace.finish("ok")
+
+
+async def sse_body(state: ServerState, num_seqs: int, routed: Routed, work: float,
+                   events: Callable[[RouteTrace], AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+    """The body of a streamed OpenAI response: the route's ``events`` (which raise APIError on failure) framed
+    by the in-flight count and the router's trace, an error event on failure, then ``[DONE]``."""
+    outcome = "aborted"  # unless it ends below: the client hung up
+    with state.hold(num_seqs):
+        trace = routed.trace(work)
+        inner = events(trace)
+        try:
+            try:
+                async for data in inner:
+                    yield data
+                outcome = "ok"
+            except APIError as exc:
+                outcome = outcome_of(exc)
+                yield sse(exc.body())
+            yield DONE
+        finally:
+            await inner.aclose()  # aborts its engine requests now if the client hung up mid-stream
+            trace.finish(outcome)
+
+
+def router_of(request: Request) -> Router:
+    return request.app.state.router
+
+
+def route(request: Request, model: str | None, payload: Payload = Payload.TEXT) -> Routed:
+    router = router_of(request)
+    backend = router.resolve(model, payload)
+    return Routed(router, backend, router.sla(request))
+
+
+def local_state(routed: Routed) -> ServerState:
+    """The local engine's state after the liveness check (503 when its engine process is gone)."""
+    state = routed.state
+    state.check_alive()
     return state
 
 
@@ -85,15 +155,32 @@ def check_stream_options(body: Any) -> None:
         raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
 
 
-def admit(request: Request, body: Any) -> ServerState:
-    """Checks shared by the OpenAI generation routes, before any route-specific validation."""
-    state = llm_state(request)
-    state.check_alive()
-    state.check_model(body.model)
+def admit(request: Request, body: Any) -> Routed:
+    """Checks shared by the OpenAI generation routes, before any route-specific validation: the route (404 for
+    an unknown model, 400 for a non-text one), the SLA class, and the checks every backend needs."""
+    routed = route(request, body.model)
     check_stream_options(body)
-    if body.logit_bias:
-        raise bad_request("logit_bias is not supported", param="logit_bias")
-    return state
+    if not routed.upstream:
+        local_state(routed)
+        if body.logit_bias:
+            raise bad_request("logit_bias is not supported", param="logit_bias")
+    return routed
+
+
+async def forward_plain(routed: Routed, request: Request, path: str) -> Response:
+    """A small non-generating request (tokenize, detokenize) answered by the upstream serving the model."""
+    body = msgspec.json.decode(await request.body())
+    return await routed.backend.forward(path, body, stream=False, prefix=None, trace=None)  # type: ignore
+
+
+async def forward(routed: Routed, request: Request, path: str, *, stream: bool, prefix: str | None,
+                  first_events: int = 0) -> Response:
+    """Send the request's own JSON (unknown fields included) to the upstream serving its model."""
+    routed.check(1.0)
+    body = msgspec.json.decode(await request.body())
+    trace = routed.trace(1.0)
+    return await routed.backend.forward(path, body, stream=stream, prefix=prefix, trace=trace,  # type: ignore
+                                        first_events=first_events)
 
 
 def check_token_ids(state: ServerState, ids: list[int], param: str = "prompt") -> None:
@@ -138,8 +225,9 @@ def engine_abort_error(stop_reason: Any) -> APIError:
 
 
 async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                        priority: int = 0) -> AsyncIterator[RequestOutput]:
-    """Delta outputs of one engine request. Records metrics; aborts the request if not iterated to the end."""
+                        priority: int = 0, trace: RouteTrace | None = None) -> AsyncIterator[RequestOutput]:
+    """Delta outputs of one engine request. Records metrics (the engine's, and the router's per-class ``trace``
+    when given); aborts the request if not iterated to the end."""
     timer = state.metrics.track(len(prompt_ids))
     metrics = state.metrics
     finished = False
@@ -153,6 +241,8 @@ async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[in
                 if c.finish_reason is not None:
                     metrics.success(c.finish_reason)
             timer.on_tokens(n)
+            if trace is not None:
+                trace.on_tokens(n)
             last = out
             if out.finished:
                 finished = True
@@ -169,6 +259,9 @@ async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[in
         with contextlib.suppress(RuntimeError):
             await agen.aclose()
         timer.finish(last.metrics if last is not None else None)
+        em = last.metrics if last is not None else None
+        if trace is not None and em is not None and em.first_scheduled_time is not None:
+            trace.queue_time(em.first_scheduled_time - em.arrival_time)
 
 
 async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

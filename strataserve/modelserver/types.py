@@ -97,6 +97,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "deadline_exceeded": (504, "DEADLINE_EXCEEDED"),
     "internal": (500, "INTERNAL"),
     "failed_precondition": (400, "FAILED_PRECONDITION"),
+    "bad_gateway": (502, "INTERNAL"),  # an upstream server (behind the router) failed
 }
 
 

@@ -1,0 +1,1 @@
+"""Router backends: one class per kind of thing a model name can be served by."""

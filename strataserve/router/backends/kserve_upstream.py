@@ -1,0 +1,135 @@
+"""An upstream KServe v2 server (NVIDIA Triton, another strata) behind the router, with replicas.
+
+Both of our KServe fronts (HTTP and gRPC) decode a request into an ``InferRequest``; this backend sends it
+upstream over HTTP with every tensor in the binary extension and decodes the answer, so ``tritonclient`` sees
+an upstream model exactly as it sees a local one. Metadata, config and statistics are fetched from the upstream
+with the model renamed to the name this server gives it. Connection errors mark the replica down and retry
+another; no replica left is UNAVAILABLE (503) naming the model.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from strataserve.modelserver.types import InferRequest, InferResponse, ModelServerError
+from strataserve.router.config import KServeUpstream
+from strataserve.router.kserve_client import HEADER_LENGTH, decode_response, encode_request, error_from_status
+from strataserve.router.replicas import Replica, ReplicaSet
+from strataserve.router.types import Backend, ModelCard, Payload
+
+
+class KServeUpstreamBackend(Backend):
+    payload = Payload.TENSORS
+    upstream = True
+
+    def __init__(self, spec: KServeUpstream, *, health_interval_s: float = 2.0) -> None:
+        super().__init__(spec.name, spec.gpu_cost_per_hour)
+        self.spec = spec
+        self.replicas = ReplicaSet(spec.name, spec.url, affinity_chars=0)
+        self.health_interval_s = health_interval_s
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    async def start(self) -> None:
+        self.replicas.start(self._probe, self.health_interval_s)
+
+    async def stop(self) -> None:
+        await self.replicas.stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _probe(self, r: Replica) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(2.0, self.spec.connect_timeout_s))
+        async with self.session.get(f"{r.url}/v2/models/{self.spec.remote_name}/ready", timeout=timeout) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"model ready answered {resp.status}")
+
+    def ready(self) -> bool:
+        return bool(self.replicas.healthy())
+
+    def card(self) -> ModelCard:
+        ok = self.ready()
+        return ModelCard(self.name, Payload.TENSORS, "upstream-kserve", ok,
+                         "" if ok else self.replicas.unavailable_message(),
+                         extra={"upstream_model": self.spec.remote_name})
+
+    # ------------------------------------------------------------------ wire
+    def _path(self, version: str, tail: str = "") -> str:
+        v = f"/versions/{version}" if version else ""
+        return f"/v2/models/{self.spec.remote_name}{v}{tail}"
+
+    async def _call(self, method: str, path: str, body: bytes | None = None,
+                    headers: dict[str, str] | None = None) -> tuple[int, bytes, Any]:
+        tried: list[Replica] = []
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.spec.connect_timeout_s,
+                                        sock_read=self.spec.timeout_s)
+        while True:
+            r = self.replicas.choose(None, exclude=tuple(tried))
+            if r is None:
+                raise ModelServerError("unavailable", self.replicas.unavailable_message())
+            r.outstanding += 1
+            try:
+                async with self.session.request(method, r.url + path, data=body, headers=headers,
+                                                timeout=timeout) as resp:
+                    return resp.status, await resp.read(), resp.headers
+            except aiohttp.ServerTimeoutError:
+                raise self._timeout() from None
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                r.mark_down(f"{type(exc).__name__}: {exc}")
+                tried.append(r)
+            except asyncio.TimeoutError:
+                raise self._timeout() from None
+            finally:
+                r.outstanding -= 1
+
+    def _timeout(self) -> ModelServerError:
+        return ModelServerError("deadline_exceeded", f"model '{self.name}': the upstream server did not answer "
+                                f"within {self.spec.timeout_s:g} s")
+
+    async def _get_json(self, path: str) -> Any:
+        status, body, _ = await self._call("GET", path)
+        if status != 200:
+            raise error_from_status(status, body, self.name)
+        return msgspec.json.decode(body)
+
+    # ------------------------------------------------------------------ the model-server surface
+    async def model_metadata(self, version: str = "") -> dict:
+        doc = await self._get_json(self._path(version))
+        doc["name"] = self.name
+        return doc
+
+    async def model_config(self, version: str = "") -> dict:
+        doc = await self._get_json(self._path(version, "/config"))
+        if isinstance(doc, dict):
+            doc["name"] = self.name
+        return doc
+
+    async def model_ready(self, version: str = "") -> bool:
+        try:
+            status, _, _ = await self._call("GET", self._path(version, "/ready"))
+        except ModelServerError:
+            return False
+        return status == 200
+
+    async def statistics(self, version: str = "") -> dict:
+        doc = await self._get_json(self._path(version, "/stats"))
+        for entry in doc.get("model_stats", []):
+            entry["name"] = self.name
+        return doc
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        body, hlen = encode_request(request)
+        status, data, headers = await self._call("POST", self._path(request.model_version, "/infer"), body,
+                                                 {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(hlen)})
+        if status != 200:
+            raise error_from_status(status, data, self.name)
+        return decode_response(data, headers.get(HEADER_LENGTH), self.name)

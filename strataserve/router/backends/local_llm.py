@@ -1,0 +1,36 @@
+"""A local LLM engine (its own engine-core process, driven by ``AsyncLLM``) behind the router."""
+from __future__ import annotations
+
+from typing import Any
+
+from strataserve.api.serving import ServerState
+from strataserve.engine.core_client import EngineDeadError
+from strataserve.router.admission import AdmissionController
+from strataserve.router.types import Backend, ModelCard, Payload
+
+
+class LocalLLMBackend(Backend):
+    """The engine process is owned by whoever started it (``api/server.py`` stops it after the event loop)."""
+
+    payload = Payload.TEXT
+
+    def __init__(self, state: ServerState, gpu_cost_per_hour: float | None = None) -> None:
+        super().__init__(state.model_name, gpu_cost_per_hour)
+        self.state = state
+        self.admission = AdmissionController(state.model_name)
+
+    @property
+    def engine(self) -> Any:
+        return self.state.engine
+
+    def ready(self) -> bool:
+        try:
+            self.state.engine.check_health()
+        except EngineDeadError:
+            return False
+        return True
+
+    def card(self) -> ModelCard:
+        ok = self.ready()
+        return ModelCard(self.name, Payload.TEXT, "local-llm", ok, "" if ok else "engine process is not running",
+                         max_model_len=self.state.max_model_len)

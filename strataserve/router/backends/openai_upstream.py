@@ -1,0 +1,221 @@
+"""An upstream OpenAI-compatible server (vLLM, SGLang, another strata) behind the router, with replicas.
+
+Requests are forwarded as the client sent them (unknown fields included) with ``model`` renamed to the upstream's
+name; answers come back byte for byte, streams event by event as they arrive (never buffered whole), with the
+model renamed back. Errors: a connection failure marks the replica down and retries the request on another
+replica (nothing was generated yet, so it is safe); no replica left is 503 naming the model; no first byte
+within ``timeout_s`` is 504; an upstream 4xx that is the client's doing (400, 413, 422, 429) passes through, and
+anything else the upstream answers becomes 502 with the upstream's message.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+import aiohttp
+import msgspec
+from starlette.responses import Response, StreamingResponse
+
+from strataserve.api.errors import APIError
+from strataserve.router.config import OpenAIUpstream
+from strataserve.router.metrics import NullTrace, RouteTrace
+from strataserve.router.replicas import Replica, ReplicaSet
+from strataserve.router.types import Backend, ModelCard, Payload
+
+_PASS_THROUGH = (400, 413, 422, 429)
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _upstream_message(body: bytes) -> str:
+    try:
+        doc = msgspec.json.decode(body)
+        err = doc.get("error", doc) if isinstance(doc, dict) else doc
+        msg = err.get("message") if isinstance(err, dict) else err
+        return str(msg)[:500]
+    except (msgspec.DecodeError, AttributeError):
+        return body[:500].decode(errors="replace")
+
+
+class OpenAIUpstreamBackend(Backend):
+    payload = Payload.TEXT
+    upstream = True
+
+    def __init__(self, spec: OpenAIUpstream, *, affinity_chars: int = 256, slack: int = 2,
+                 health_interval_s: float = 2.0) -> None:
+        super().__init__(spec.name, spec.gpu_cost_per_hour)
+        self.spec = spec
+        self.replicas = ReplicaSet(spec.name, spec.url, affinity_chars=affinity_chars, slack=slack)
+        self.health_interval_s = health_interval_s
+        self._session: aiohttp.ClientSession | None = None
+        key = spec.api_key()
+        self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        remote = spec.remote_name
+        self._renames = ([(f'"model":"{remote}"'.encode(), f'"model":"{spec.name}"'.encode()),
+                          (f'"model": "{remote}"'.encode(), f'"model": "{spec.name}"'.encode())]
+                         if remote != spec.name else [])
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # No per-host cap: concurrency is the clients', and the upstream does its own admission.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                                                  auto_decompress=False)
+        return self._session
+
+    async def start(self) -> None:
+        self.replicas.start(self._probe, self.health_interval_s)
+
+    async def stop(self) -> None:
+        await self.replicas.stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _probe(self, r: Replica) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(2.0, self.spec.connect_timeout_s))
+        async with self.session.get(f"{r.url}/health", timeout=timeout) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"/health answered {resp.status}")
+
+    def ready(self) -> bool:
+        return bool(self.replicas.healthy())
+
+    def card(self) -> ModelCard:
+        ok = self.ready()
+        return ModelCard(self.name, Payload.TEXT, "upstream-openai", ok,
+                         "" if ok else self.replicas.unavailable_message(),
+                         extra={"upstream_model": self.spec.remote_name,
+                                "replicas": [{"url": r.url, "healthy": r.healthy, "outstanding": r.outstanding}
+                                             for r in self.replicas.replicas]})
+
+    # ------------------------------------------------------------------ requests
+    def _rename(self, data: bytes) -> bytes:
+        for old, new in self._renames:
+            data = data.replace(old, new)
+        return data
+
+    async def _send(self, path: str, payload: bytes, prefix: str | None) -> tuple[Replica, aiohttp.ClientResponse]:
+        tried: list[Replica] = []
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.spec.connect_timeout_s,
+                                        sock_read=self.spec.timeout_s)
+        while True:
+            replica = self.replicas.choose(prefix, exclude=tuple(tried))
+            if replica is None:
+                raise APIError(503, self.replicas.unavailable_message(), code="model_unavailable",
+                               type="service_unavailable", headers={"Retry-After": "2"})
+            replica.outstanding += 1
+            try:
+                resp = await self.session.post(replica.url + path, data=payload, headers=self._headers,
+                                               timeout=timeout)
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                replica.outstanding -= 1
+                if isinstance(exc, aiohttp.ServerTimeoutError):
+                    raise self._timeout() from None
+                replica.mark_down(f"{type(exc).__name__}: {exc}")
+                tried.append(replica)
+                continue
+            except asyncio.TimeoutError:
+                replica.outstanding -= 1
+                raise self._timeout() from None
+            except BaseException:
+                replica.outstanding -= 1
+                raise
+            replica.served += 1
+            return replica, resp
+
+    def _timeout(self) -> APIError:
+        return APIError(504, f"model `{self.name}`: the upstream server did not answer within "
+                        f"{self.spec.timeout_s:g} s", code="upstream_timeout", type="upstream_error")
+
+    async def _error(self, resp: aiohttp.ClientResponse) -> APIError:
+        body = await resp.read()
+        msg = _upstream_message(body)
+        if resp.status in _PASS_THROUGH:
+            headers = {"Retry-After": resp.headers["Retry-After"]} if "Retry-After" in resp.headers else None
+            return APIError(resp.status, msg, code="upstream_" + str(resp.status), headers=headers)
+        if resp.status == 503:
+            return APIError(503, f"model `{self.name}`: the upstream server is unavailable: {msg}",
+                            code="upstream_unavailable", type="service_unavailable",
+                            headers={"Retry-After": resp.headers.get("Retry-After", "1")})
+        return APIError(502, f"model `{self.name}`: the upstream server answered {resp.status}: {msg}",
+                        code="upstream_error", type="upstream_error")
+
+    async def forward(self, path: str, body: dict[str, Any], *, stream: bool, prefix: str | None,
+                      trace: RouteTrace | None, first_events: int = 1) -> Response:
+        """Send one OpenAI request upstream; ``first_events`` is how many SSE events precede the first token
+        (chat streams open with a role-only event)."""
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        trace = trace if trace is not None else NullTrace()  # type: ignore[assignment]
+        payload = msgspec.json.encode({**body, "model": self.spec.remote_name})
+        try:
+            replica, resp = await self._send(path, payload, prefix)
+        except APIError as exc:
+            trace.finish("unavailable" if exc.status in (503, 504) else "upstream_error")
+            raise
+        try:
+            if resp.status != 200:
+                err = await self._error(resp)
+                trace.finish("client_error" if err.status in _PASS_THROUGH else "upstream_error")
+                raise err
+            if not stream:
+                data = await resp.read()
+                trace.on_tokens(1)
+                trace.finish("ok", _completion_tokens(data))
+                return Response(self._rename(data), media_type=resp.headers.get("Content-Type", "application/json"))
+        except BaseException:
+            replica.outstanding -= 1
+            resp.release()
+            if not trace.finished:
+                trace.finish("upstream_error")
+            raise
+        return StreamingResponse(self._relay(replica, resp, trace, first_events), media_type="text/event-stream",
+                                 headers=_SSE_HEADERS)
+
+    async def _relay(self, replica: Replica, resp: aiohttp.ClientResponse, trace: RouteTrace,
+                     first_events: int) -> AsyncIterator[bytes]:
+        buf = b""
+        events = 0
+        outcome = "aborted"
+        try:
+            try:
+                async for data in resp.content.iter_any():
+                    buf += data
+                    cut = buf.rfind(b"\n\n")
+                    if cut < 0:
+                        continue
+                    out, buf = buf[: cut + 2], buf[cut + 2:]
+                    n = out.count(b"data:")
+                    if b"[DONE]" in out:
+                        n -= 1
+                    new = max(0, events + n - first_events) - max(0, events - first_events)
+                    events += n
+                    trace.on_tokens(new)
+                    yield self._rename(out) if self._renames else out
+                if buf:
+                    yield self._rename(buf)
+                outcome = "ok"
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                outcome = "upstream_error"
+                if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError)):
+                    replica.mark_down(f"{type(exc).__name__} mid-stream")
+                err = (self._timeout() if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError))
+                       else APIError(502, f"model `{self.name}`: the upstream stream broke: {type(exc).__name__}",
+                                     code="upstream_error", type="upstream_error"))
+                yield b"data: " + msgspec.json.encode(err.body()) + b"\n\n"
+        finally:
+            replica.outstanding -= 1
+            if outcome == "ok":
+                resp.release()  # read to the end: the connection goes back to the pool
+            else:
+                resp.close()  # client gone or stream broken: drop the connection so the upstream aborts too
+            trace.finish(outcome)
+
+
+def _completion_tokens(data: bytes) -> int | None:
+    try:
+        usage = msgspec.json.decode(data).get("usage") or {}
+        return int(usage.get("completion_tokens"))
+    except (msgspec.DecodeError, AttributeError, TypeError, ValueError):
+        return None

@@ -1,0 +1,159 @@
+"""The router's face to the KServe v2 fronts (HTTP and gRPC): one model-server surface over the local model
+repository and every upstream KServe server, dispatching by model name.
+
+The fronts call the same methods they would call on a ``ModelServer``; the per-model ones are coroutines here
+because an upstream answers over the network. The repository index lists every model the server fronts: the
+repository's, the upstream ones (READY or UNAVAILABLE by health) and the text / speech models (READY, with a
+reason naming the routes that serve them; asking KServe to infer on one is a 400 that says so).
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Callable
+
+from strataserve.modelserver.types import InferRequest, InferResponse, ModelServerError
+from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
+from strataserve.router.types import ModelCard, Payload
+
+_ROUTES = {Payload.TEXT: "/v1/completions and /v1/chat/completions", Payload.SPEECH: "/v1/audio/speech"}
+
+
+class TensorRouter:
+    def __init__(self, local: Any | None, upstreams: dict[str, KServeUpstreamBackend],
+                 other_models: Callable[[], list[ModelCard]] = list) -> None:
+        self.local = local  # strataserve.modelserver.server.ModelServer or None
+        self.upstreams = upstreams
+        self.other_models = other_models
+
+    # ------------------------------------------------------------------ server level
+    def live(self) -> bool:
+        return self.local.live() if self.local is not None else True
+
+    def ready(self) -> bool:
+        return self.local.ready() if self.local is not None else True
+
+    def server_metadata(self) -> dict:
+        if self.local is not None:
+            return self.local.server_metadata()
+        from strataserve.modelserver.server import EXTENSIONS
+
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("strataserve")
+        except PackageNotFoundError:
+            v = "0.0.0"
+        return {"name": "strataserve", "version": v, "extensions": list(EXTENSIONS)}
+
+    # ------------------------------------------------------------------ dispatch
+    def _upstream(self, name: str) -> KServeUpstreamBackend | None:
+        return self.upstreams.get(name)
+
+    def _not_tensor(self, name: str) -> None:
+        for card in self.other_models():
+            if card.name == name:
+                raise ModelServerError("invalid_argument", f"model '{name}' serves {card.payload.value}, not "
+                                       f"tensors: use {_ROUTES.get(card.payload, 'its own routes')}")
+
+    def _local(self, name: str) -> Any:
+        if self.local is None:
+            self._not_tensor(name)
+            raise ModelServerError("not_found", f"unknown model '{name}'")
+        return self.local
+
+    def _check_local(self, name: str) -> Any:
+        """The local server, after turning 'unknown model' into a clearer error for text / speech names."""
+        ms = self._local(name)
+        if name not in set(ms.repository.model_names() if ms.repository else ()) and not ms.model_ready(name):
+            self._not_tensor(name)
+        return ms
+
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        up = self._upstream(name)
+        if up is not None:
+            return await up.model_ready(version)
+        return self.local is not None and self.local.model_ready(name, version)
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        if self._upstream(name) is not None:
+            return False  # forwarded over plain HTTP infer: one response per request
+        return self._check_local(name).is_decoupled(name, version)
+
+    async def model_metadata(self, name: str, version: str = "") -> dict:
+        up = self._upstream(name)
+        if up is not None:
+            return await up.model_metadata(version)
+        return self._check_local(name).model_metadata(name, version)
+
+    async def model_config(self, name: str, version: str = "") -> dict:
+        up = self._upstream(name)
+        if up is not None:
+            return await up.model_config(version)
+        return self._check_local(name).model_config(name, version)
+
+    async def statistics(self, name: str = "", version: str = "") -> dict:
+        if not name:
+            stats = list(self.local.statistics()["model_stats"]) if self.local is not None else []
+            for up in self.upstreams.values():
+                if up.ready():
+                    try:
+                        stats.extend((await up.statistics())["model_stats"])
+                    except ModelServerError:
+                        pass  # one unreachable upstream must not hide the others' statistics
+            return {"model_stats": stats}
+        up = self._upstream(name)
+        if up is not None:
+            return await up.statistics(version)
+        return self._check_local(name).statistics(name, version)
+
+    async def repository_index(self, ready_only: bool = False) -> list[dict]:
+        out = list(self.local.repository_index(ready_only)) if self.local is not None else []
+        for name, up in sorted(self.upstreams.items()):
+            ok = up.ready()
+            if ok or not ready_only:
+                out.append({"name": name, "version": "", "state": "READY" if ok else "UNAVAILABLE",
+                            "reason": "upstream KServe server" if ok else up.replicas.unavailable_message()})
+        for card in self.other_models():
+            if card.ready or not ready_only:
+                out.append({"name": card.name, "version": "", "state": "READY" if card.ready else "UNAVAILABLE",
+                            "reason": f"{card.payload.value} model: served on {_ROUTES.get(card.payload, '')}"})
+        return out
+
+    async def load(self, name: str, parameters: dict | None = None) -> None:
+        self._refuse_control(name, "load")
+        await self._local(name).load(name, parameters)
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        self._refuse_control(name, "unload")
+        await self._local(name).unload(name, unload_dependents=unload_dependents)
+
+    def _refuse_control(self, name: str, verb: str) -> None:
+        if name in self.upstreams:
+            raise ModelServerError("invalid_argument", f"model '{name}' is served by an upstream KServe server: "
+                                   f"{verb} it there")
+        if self.local is None or name not in set(self.local.repository.model_names() if self.local.repository
+                                                 else ()):
+            self._not_tensor(name)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        up = self._upstream(request.model_name)
+        if up is not None:
+            return await up.infer(request)
+        return await self._check_local(request.model_name).infer(request)
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        async for r in self._check_local(request.model_name).infer_stream(request):
+            yield r
+
+    def _no_generate(self, name: str) -> None:
+        if name in self.upstreams:
+            raise ModelServerError("invalid_argument", f"model '{name}' is served by an upstream KServe server; "
+                                   "the generate extension is not forwarded: use infer")
+
+    async def generate(self, name: str, version: str, inputs: dict, parameters: dict) -> dict:
+        self._no_generate(name)
+        return await self._check_local(name).generate(name, version, inputs, parameters)
+
+    async def generate_stream(self, name: str, version: str, inputs: dict, parameters: dict) -> AsyncIterator[dict]:
+        self._no_generate(name)
+        async for d in self._check_local(name).generate_stream(name, version, inputs, parameters):
+            yield d
