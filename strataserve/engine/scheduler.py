@@ -7,7 +7,9 @@ One step = one ``SchedulerOutput``. Order of business in ``schedule``:
    (full computed blocks stay in the prefix cache) and returns to the waiting queue ahead of its priority peers.
 2. Waiting requests by (priority, preempted-first, arrival), skipped entirely in a step that preempted. Each takes
    its prefix-cache hit, then as much of the rest as the token budget allows (chunked prefill), subject to
-   ``max_num_seqs`` and a small free-block reserve that keeps decodes from thrashing.
+   ``max_num_seqs`` and a small free-block reserve that keeps decodes from thrashing. When the batch is full or
+   the pool is out of blocks, a waiting request of strictly higher priority (smaller value) preempts the running
+   request of the lowest priority, so a higher SLA class never waits behind a lower one.
 
 ``update_from_output`` appends the sampled tokens, applies the stop rules (eos, stop token ids, max_tokens,
 max_model_len; never before min_tokens), frees finished requests and returns one ``EngineCoreOutput`` per sampled
@@ -156,7 +158,7 @@ class Scheduler:
 
         new_reqs: list[NewRequestData] = []
         if not preempted:
-            budget = self._admit(budget, chunks, reqs, new_reqs)
+            budget, preempted = self._admit(budget, chunks, reqs, new_reqs)
 
         if preempted:
             chunks = [c for c in chunks if c is not None]
@@ -170,17 +172,26 @@ class Scheduler:
             self._step_reqs[id(out)] = reqs  # type: ignore[assignment]
         return out
 
-    def _admit(self, budget: int, chunks: list, reqs: list, new_reqs: list[NewRequestData]) -> int:
+    def _admit(self, budget: int, chunks: list, reqs: list, new_reqs: list[NewRequestData]) -> tuple[int, bool]:
+        """Admit waiting requests in priority order; returns the budget left and whether it preempted."""
         kv, waiting, running = self.kv, self._waiting, self.running
+        preempted = False
         max_seqs = self.config.max_num_seqs
         chunked = self.config.enable_chunked_prefill
         full_budget = self.config.max_num_batched_tokens
         deferred = []
         now = 0.0
-        while waiting and budget > 0 and len(running) < max_seqs:
+        while waiting and budget > 0:
             req = waiting[0][3]
             if req.status.is_finished:  # aborted while waiting
                 heapq.heappop(waiting)
+                continue
+            if len(running) >= max_seqs:
+                freed = self._preempt_for(req, chunks, reqs)
+                if freed is None:
+                    break
+                budget += freed
+                preempted = True
                 continue
             hit_blocks, hit_tokens = kv.get_computed_blocks(req)
             if kv.prefix_in_flight(req, len(hit_blocks)):
@@ -195,7 +206,12 @@ class Scheduler:
             reserve = self._reserve if running else 0
             blocks = kv.allocate_slots(req, n, hit_blocks, reserve)
             if blocks is None:
-                break
+                freed = self._preempt_for(req, chunks, reqs)
+                if freed is None:
+                    break
+                budget += freed
+                preempted = True
+                continue
             heapq.heappop(waiting)
             self.num_waiting -= 1
             kv.record_lookup(req.num_tokens, hit_tokens)
@@ -218,7 +234,19 @@ class Scheduler:
             budget -= n
         for entry in deferred:
             heapq.heappush(waiting, entry)
-        return budget
+        return budget, preempted
+
+    def _preempt_for(self, req: Request, chunks: list, reqs: list) -> int | None:
+        """Make room for ``req`` by preempting the running request of the lowest priority, if that is strictly
+        lower than ``req``'s (a higher class never waits behind a lower one for a slot or for blocks). Returns the
+        token budget given back, or None when nothing may be preempted."""
+        if not self.running:
+            return None
+        victim = max(self.running, key=_victim_key)
+        if victim.priority <= req.priority:
+            return None
+        self.running.remove(victim)
+        return self._preempt(victim, chunks, reqs)
 
     def _preempt(self, victim: Request, chunks: list, reqs: list) -> int:
         """Preempt ``victim`` (already removed from running) by recompute; return the budget it gave back.

@@ -282,3 +282,46 @@ def test_victim_already_scheduled_in_this_step_is_unscheduled():
     assert first + done["low"][0] == reference_output(list(range(3, 10)), 12)
     assert done["high"][0] == reference_output(list(range(20, 27)), 12)
     assert_all_blocks_free(core)
+
+
+def test_higher_priority_request_preempts_a_lower_one_when_the_batch_is_full():
+    """SLA classes: a batch-class flood fills every slot; an interactive request arriving later is admitted in
+    the very next step (the lowest-priority running request is preempted), and everything still finishes with
+    the reference output and no leaked block."""
+    core, runner = make_core(max_num_seqs=2, max_num_batched_tokens=64)
+    toks: dict[str, list[int]] = {}
+
+    def step() -> set[str]:
+        outs = core.step().outputs
+        for o in outs:
+            toks.setdefault(o.request_id, []).extend(o.new_token_ids)
+        return {o.request_id for o in outs}
+
+    for i in range(2):
+        core.add_request(req(f"batch{i}", list(range(10 + i, 20 + i)), 40, priority=10, arrival=float(i + 1),
+                             ignore_eos=True))
+    for _ in range(3):
+        step()
+    assert {r.request_id for r in core.scheduler.running} == {"batch0", "batch1"}
+    core.add_request(req("inter", list(range(50, 58)), 4, priority=0, arrival=9.0, ignore_eos=True))
+    assert "inter" in step(), "the interactive request was not scheduled in the step after it arrived"
+    assert "batch1" not in {r.request_id for r in core.scheduler.running}  # newest of the lowest class
+    assert core.scheduler.num_preemptions == 1
+    for rid, (rest, *_) in run_all(core).items():
+        toks[rid] = toks.get(rid, []) + rest
+    assert toks["inter"] == reference_output(list(range(50, 58)), 4)
+    for i in range(2):
+        assert toks[f"batch{i}"] == reference_output(list(range(10 + i, 20 + i)), 40)
+    assert_all_blocks_free(core)
+
+
+def test_equal_priority_never_preempts_for_a_slot():
+    core, _ = make_core(max_num_seqs=1, max_num_batched_tokens=64)
+    core.add_request(req("a", list(range(10, 20)), 10, priority=3, arrival=0.5, ignore_eos=True))
+    core.step()
+    core.add_request(req("b", list(range(30, 40)), 10, priority=3, arrival=1.0, ignore_eos=True))
+    core.step()
+    assert [r.request_id for r in core.scheduler.running] == ["a"]
+    assert core.scheduler.num_preemptions == 0
+    run_all(core)
+    assert_all_blocks_free(core)
