@@ -55,7 +55,7 @@ Probe = Callable[[Replica], Awaitable[None]]  # raises when the replica is not r
 class ReplicaSet:
     def __init__(self, model: str, urls: list[str], *, affinity_chars: int = 256, slack: int = 2) -> None:
         self.model = model
-        self.replicas = [Replica(u, key=xxhash.xxh64_intdigest(u)) for u in urls]
+        self.replicas = [Replica(u, key=xxhash.xxh64_intdigest(u.encode())) for u in urls]
         self.affinity_chars = affinity_chars
         self.slack = slack
         self._task: asyncio.Task | None = None
@@ -70,7 +70,7 @@ class ReplicaSet:
             return None
         least = min(live, key=lambda r: r.outstanding)
         if prefix and self.affinity_chars and len(live) > 1 and len(prefix) >= min(64, self.affinity_chars):
-            h = xxhash.xxh64_intdigest(prefix[: self.affinity_chars])
+            h = xxhash.xxh64_intdigest(prefix[: self.affinity_chars].encode())
             affine = max(live, key=lambda r: xxhash.xxh64_intdigest(h.to_bytes(8, "little"), seed=r.key & 0xFFFFFFFF))
             if affine.outstanding <= least.outstanding + self.slack:
                 return affine

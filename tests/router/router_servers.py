@@ -1,0 +1,116 @@
+"""Real `strata serve` subprocesses for the router tests: an upstream (OpenAI + KServe) and routers configured by
+YAML files. A uniquely named module, so imports never pick up another folder's helpers."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proc:
+    args: list[str]
+    port: int
+    log: Path
+    grpc_port: int | None = None
+    proc: subprocess.Popen | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def http(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def start(self, ready_path: str = "/health", timeout: float = 300) -> "Proc":
+        cmd = [sys.executable, "-m", "strataserve", "serve", *self.args, "--host", "127.0.0.1", "--port",
+               str(self.port), "--grpc-port", str(self.grpc_port or 0), "--uvicorn-log-level", "warning",
+               "--disable-uvicorn-access-log"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+        with open(self.log, "a") as fh:
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + ready_path, timeout=2, headers=self.headers).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"server not ready after {timeout} s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        p = self.proc
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def write_config(path: Path, doc: dict) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def local_entry(name: str, model: Path, **extra) -> dict:
+    return {"name": name, "path": str(model), "device": "cpu", "dtype": "float32", "kv_cache_memory_gib": 0.01,
+            **extra}
+
+
+class Blackhole:
+    """A TCP server that accepts connections and never answers: an upstream that hangs."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
+        for c in self.conns:
+            c.close()
