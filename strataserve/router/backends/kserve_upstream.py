@@ -17,49 +17,22 @@ import msgspec
 from strataserve.modelserver.types import InferRequest, InferResponse, ModelServerError
 from strataserve.router.config import KServeUpstream
 from strataserve.router.kserve_client import HEADER_LENGTH, decode_response, encode_request, error_from_status
-from strataserve.router.replicas import Replica, ReplicaSet
-from strataserve.router.types import Backend, ModelCard, Payload
+from strataserve.router.backends.upstream import UpstreamBackend
+from strataserve.router.replicas import Replica
+from strataserve.router.types import ModelCard, Payload
 
 
-class KServeUpstreamBackend(Backend):
+class KServeUpstreamBackend(UpstreamBackend):
     payload = Payload.TENSORS
-    upstream = True
 
     def __init__(self, spec: KServeUpstream, *, health_interval_s: float = 2.0) -> None:
-        super().__init__(spec.name, spec.gpu_cost_per_hour)
+        super().__init__(spec.name, spec.url, gpu_cost_per_hour=spec.gpu_cost_per_hour,
+                         connect_timeout_s=spec.connect_timeout_s, health_interval_s=health_interval_s)
         self.spec = spec
-        self.replicas = ReplicaSet(spec.name, spec.url, affinity_chars=0)
-        self.health_interval_s = health_interval_s
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        return self._session
-
-    async def start(self) -> None:
-        self.replicas.start(self._probe, self.health_interval_s)
-
-    async def stop(self) -> None:
-        await self.replicas.stop()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def _probe(self, r: Replica) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(2.0, self.spec.connect_timeout_s))
-        async with self.session.get(f"{r.url}/v2/models/{self.spec.remote_name}/ready", timeout=timeout) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"model ready answered {resp.status}")
-
-    def ready(self) -> bool:
-        return bool(self.replicas.healthy())
+        self.health_path = f"/v2/models/{spec.remote_name}/ready"
 
     def card(self) -> ModelCard:
-        ok = self.ready()
-        return ModelCard(self.name, Payload.TENSORS, "upstream-kserve", ok,
-                         "" if ok else self.replicas.unavailable_message(),
+        return ModelCard(self.name, Payload.TENSORS, "upstream-kserve", self.ready(), self.unavailable_reason(),
                          extra={"upstream_model": self.spec.remote_name})
 
     # ------------------------------------------------------------------ wire

@@ -19,8 +19,9 @@ from starlette.responses import Response, StreamingResponse
 from strataserve.api.errors import APIError
 from strataserve.router.config import OpenAIUpstream
 from strataserve.router.metrics import NullTrace, RouteTrace
-from strataserve.router.replicas import Replica, ReplicaSet
-from strataserve.router.types import Backend, ModelCard, Payload
+from strataserve.router.backends.upstream import UpstreamBackend
+from strataserve.router.replicas import Replica
+from strataserve.router.types import ModelCard, Payload
 
 _PASS_THROUGH = (400, 413, 422, 429)
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -36,17 +37,15 @@ def _upstream_message(body: bytes) -> str:
         return body[:500].decode(errors="replace")
 
 
-class OpenAIUpstreamBackend(Backend):
+class OpenAIUpstreamBackend(UpstreamBackend):
     payload = Payload.TEXT
-    upstream = True
 
     def __init__(self, spec: OpenAIUpstream, *, affinity_chars: int = 256, slack: int = 2,
                  health_interval_s: float = 2.0) -> None:
-        super().__init__(spec.name, spec.gpu_cost_per_hour)
+        super().__init__(spec.name, spec.url, gpu_cost_per_hour=spec.gpu_cost_per_hour,
+                         connect_timeout_s=spec.connect_timeout_s, health_interval_s=health_interval_s,
+                         affinity_chars=affinity_chars, slack=slack)
         self.spec = spec
-        self.replicas = ReplicaSet(spec.name, spec.url, affinity_chars=affinity_chars, slack=slack)
-        self.health_interval_s = health_interval_s
-        self._session: aiohttp.ClientSession | None = None
         key = spec.api_key()
         self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         remote = spec.remote_name
@@ -54,37 +53,8 @@ class OpenAIUpstreamBackend(Backend):
                           (f'"model": "{remote}"'.encode(), f'"model": "{spec.name}"'.encode())]
                          if remote != spec.name else [])
 
-    # ------------------------------------------------------------------ lifecycle
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            # No per-host cap: concurrency is the clients', and the upstream does its own admission.
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                                                  auto_decompress=False)
-        return self._session
-
-    async def start(self) -> None:
-        self.replicas.start(self._probe, self.health_interval_s)
-
-    async def stop(self) -> None:
-        await self.replicas.stop()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def _probe(self, r: Replica) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(2.0, self.spec.connect_timeout_s))
-        async with self.session.get(f"{r.url}/health", timeout=timeout) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"/health answered {resp.status}")
-
-    def ready(self) -> bool:
-        return bool(self.replicas.healthy())
-
     def card(self) -> ModelCard:
-        ok = self.ready()
-        return ModelCard(self.name, Payload.TEXT, "upstream-openai", ok,
-                         "" if ok else self.replicas.unavailable_message(),
+        return ModelCard(self.name, Payload.TEXT, "upstream-openai", self.ready(), self.unavailable_reason(),
                          extra={"upstream_model": self.spec.remote_name,
                                 "replicas": [{"url": r.url, "healthy": r.healthy, "outstanding": r.outstanding}
                                              for r in self.replicas.replicas]})
