@@ -9,7 +9,9 @@ One step = one ``SchedulerOutput``. Order of business in ``schedule``:
    its prefix-cache hit, then as much of the rest as the token budget allows (chunked prefill), subject to
    ``max_num_seqs`` and a small free-block reserve that keeps decodes from thrashing. When the batch is full or
    the pool is out of blocks, a waiting request of strictly higher priority (smaller value) preempts the running
-   request of the lowest priority, so a higher SLA class never waits behind a lower one.
+   request of the lowest priority, so a higher SLA class never waits behind a lower one. A step that admits a
+   request of a strictly higher priority than every running request runs only that priority level (step 1 is
+   skipped): its first token is not slowed by a lower class's batch.
 
 ``update_from_output`` appends the sampled tokens, applies the stop rules (eos, stop token ids, max_tokens,
 max_model_len; never before min_tokens), frees finished requests and returns one ``EngineCoreOutput`` per sampled
@@ -116,8 +118,11 @@ class Scheduler:
         reqs: list[Request | None] = []  # the Request of each chunk, so update_from_output needs no lookups
         running = self.running
         preempted = False
+        # A request of a strictly higher class than everything running gets a step to itself (and its peers):
+        # its first token then waits for no lower-class batch. Lower classes keep their KV and resume next step.
+        solo = self._solo_priority()
 
-        i = 0
+        i = 0 if solo is None else len(running)
         while i < len(running) and budget > 0:
             req = running[i]
             known = len(req.all_token_ids)
@@ -158,7 +163,7 @@ class Scheduler:
 
         new_reqs: list[NewRequestData] = []
         if not preempted:
-            budget, preempted = self._admit(budget, chunks, reqs, new_reqs)
+            budget, preempted = self._admit(budget, chunks, reqs, new_reqs, solo)
 
         if preempted:
             chunks = [c for c in chunks if c is not None]
@@ -172,8 +177,20 @@ class Scheduler:
             self._step_reqs[id(out)] = reqs  # type: ignore[assignment]
         return out
 
-    def _admit(self, budget: int, chunks: list, reqs: list, new_reqs: list[NewRequestData]) -> tuple[int, bool]:
-        """Admit waiting requests in priority order; returns the budget left and whether it preempted."""
+    def _solo_priority(self) -> int | None:
+        """The priority of the best waiting request if it beats every running request, else None."""
+        waiting, running = self._waiting, self.running
+        while waiting and waiting[0][3].status.is_finished:  # aborted while waiting: drop lazily
+            heapq.heappop(waiting)
+        if not waiting or not running:
+            return None
+        top = waiting[0][0]
+        return top if top < min(r.priority for r in running) else None
+
+    def _admit(self, budget: int, chunks: list, reqs: list, new_reqs: list[NewRequestData],
+               max_priority: int | None = None) -> tuple[int, bool]:
+        """Admit waiting requests in priority order (none above ``max_priority``); returns the budget left and
+        whether it preempted."""
         kv, waiting, running = self.kv, self._waiting, self.running
         preempted = False
         max_seqs = self.config.max_num_seqs
@@ -186,6 +203,8 @@ class Scheduler:
             if req.status.is_finished:  # aborted while waiting
                 heapq.heappop(waiting)
                 continue
+            if max_priority is not None and req.priority > max_priority:
+                break
             if len(running) >= max_seqs:
                 freed = self._preempt_for(req, chunks, reqs)
                 if freed is None:
