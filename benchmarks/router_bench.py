@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,44 +30,11 @@ import time
 from pathlib import Path
 
 import aiohttp
-import httpx
 import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "strataserve", "serve", *args, "--host", "127.0.0.1",
-                                      "--port", str(self.port), "--grpc-port", "0", "--disable-uvicorn-access-log",
-                                      "--uvicorn-log-level", "warning"], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited: {Path(log).read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("server did not start")
-            time.sleep(0.3)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
-        self.log.close()
+from _server import Server  # noqa: E402
 
 
 def bench_serve(url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path) -> dict:
@@ -146,10 +112,10 @@ def main(argv: list[str] | None = None) -> dict:
               "--kv-cache-memory-gib", "2.0"]
     res: dict = {}
     if not args.skip_overhead:
-        upstream = Server([model, "--served-model-name", "tiny", *engine], tmp / "upstream.log")
+        upstream = Server([model, "--served-model-name", "tiny", "--grpc-port", "0", *engine], tmp / "upstream.log")
         cfg = tmp / "router.yaml"
         cfg.write_text(yaml.safe_dump({"models": [{"name": "tiny", "upstream": "openai", "url": upstream.url}]}))
-        router = Server(["--config", str(cfg)], tmp / "router.log")
+        router = Server(["--config", str(cfg), "--grpc-port", "0"], tmp / "router.log")
         ratios = []
         try:
             for rnd in range(args.rounds):
@@ -172,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
             "models": [{"name": "chat", "path": model, "device": "cpu", "dtype": "float32", "max_num_seqs": 16,
                         "max_num_batched_tokens": 512, "kv_cache_memory_gib": 1.0}],
             "sla_classes": {"interactive": {"priority": 0}, "batch": {"priority": 10}}}))
-        router = Server(["--config", str(cfg)], tmp / "sla.log")
+        router = Server(["--config", str(cfg), "--grpc-port", "0"], tmp / "sla.log")
         sla_ratios = []
         try:
             asyncio.run(_probe(router.url, "interactive", 5))  # warm-up

@@ -16,23 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _server import Server  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -67,25 +59,9 @@ def main(argv: list[str] | None = None) -> dict:
         # The same engine with its batch capped at the server run's concurrency: isolates the process/HTTP cost.
         capped = offline_throughput.main([*workload, "--max-num-seqs", str(args.max_concurrency)])
 
-    port = _free_port()
-    log = open(Path(tmp.name) / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "strataserve", "serve", model, "--host", "127.0.0.1",
-                               "--port", str(port), "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",
-                               *common], stdout=log, stderr=subprocess.STDOUT)
+    server = Server([model, *common], Path(tmp.name) / "server.log")
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 600
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"server exited: {(Path(tmp.name) / 'server.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("server did not start")
-            time.sleep(0.3)
+        url = server.url
         mean = (args.min_len + args.max_len) / 2
         ratio = (args.max_len - args.min_len) / (args.max_len + args.min_len)
         out_file = Path(tmp.name) / "bench.json"
@@ -97,9 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
         subprocess.run(bench, check=True, stdout=subprocess.DEVNULL)
         result = json.loads(out_file.read_text())
     finally:
-        server.terminate()
-        server.wait(timeout=60)
-        log.close()
+        server.stop()
     served = result["output_throughput"]
     res = {"offline_tok_per_s": offline["tok_per_s"] if offline else None,
            "offline_capped_tok_per_s": capped["tok_per_s"] if capped else None,
