@@ -205,26 +205,21 @@ class Scheduler:
                 continue
             if max_priority is not None and req.priority > max_priority:
                 break
-            if len(running) >= max_seqs:
-                freed = self._preempt_for(req, chunks, reqs)
-                if freed is None:
-                    break
-                budget += freed
-                preempted = True
-                continue
-            hit_blocks, hit_tokens = kv.get_computed_blocks(req)
-            if kv.prefix_in_flight(req, len(hit_blocks)):
-                deferred.append(heapq.heappop(waiting))  # its next block is being computed right now
-                continue
-            n = req.num_tokens - hit_tokens
-            if n > budget:
-                if chunked:
-                    n = budget
-                elif budget < full_budget:
-                    break  # no chunking: wait for a step with room for the whole prompt
-            reserve = self._reserve if running else 0
-            blocks = kv.allocate_slots(req, n, hit_blocks, reserve)
-            if blocks is None:
+            blocks = None
+            if len(running) < max_seqs:
+                hit_blocks, hit_tokens = kv.get_computed_blocks(req)
+                if kv.prefix_in_flight(req, len(hit_blocks)):
+                    deferred.append(heapq.heappop(waiting))  # its next block is being computed right now
+                    continue
+                n = req.num_tokens - hit_tokens
+                if n > budget:
+                    if chunked:
+                        n = budget
+                    elif budget < full_budget:
+                        break  # no chunking: wait for a step with room for the whole prompt
+                reserve = self._reserve if running else 0
+                blocks = kv.allocate_slots(req, n, hit_blocks, reserve)
+            if blocks is None:  # no slot or no blocks: a lower class may make room
                 freed = self._preempt_for(req, chunks, reqs)
                 if freed is None:
                     break
