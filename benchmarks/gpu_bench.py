@@ -107,7 +107,7 @@ def write_random_qwen3(path: Path) -> Path:
 _CKPT: dict = {}  # the random Qwen3-0.6B checkpoint, written once per run
 
 
-def bench_throughput(modes, n: int = 256, profile: bool = False) -> None:
+def bench_throughput(modes, n: int = 256, profile: bool = False, label: str = "throughput") -> None:
     """nano-vllm's workload: 256 sequences, input and output lengths uniform in [100, 1024], greedy, ignore_eos,
     through the real engine (scheduler, runner, sampler). Start-up (weights + KV + graphs) is timed too."""
     from gpu_engine import generate, make_engine
@@ -158,15 +158,14 @@ def bench_throughput(modes, n: int = 256, profile: bool = False) -> None:
                     "startup_s": round(t_ready, 2)}
         r = guarded(f"throughput {mode}", one)
         if r:
-            emit("throughput_profiled" if profile else "throughput", model="qwen3-0.6b-shape", batch=n, mode=mode,
-                 **r)
+            emit("throughput_profiled" if profile else label, model="qwen3-0.6b-shape", batch=n, mode=mode, **r)
 
 
 @contextlib.contextmanager
 def run6_features(on: bool):
     """Turn the run-6 switches of ``strataserve.envs`` on or off for engines built inside the block."""
     from strataserve import envs
-    names = ("STRATA_FUSED_ROPE_KV", "STRATA_GEMV_TUNE", "STRATA_GRAPH_ARGMAX")
+    names = ("STRATA_FUSED_ROPE_KV", "STRATA_GEMV_TUNE", "STRATA_GRAPH_ARGMAX", "STRATA_DECODE_LONG_FIRST")
     saved = {n: getattr(envs, n) for n in names}
     for n in names:
         setattr(envs, n, on)
@@ -194,6 +193,11 @@ def profile_throughput(n: int = 256) -> None:
     torch.cuda.empty_cache()
     (OUT / "profile_throughput.txt").write_text(text)
     print(text, flush=True)
+
+
+def sweeps6(bw: float) -> list[dict]:
+    import gpu_sweeps6 as sw
+    return sw.small_kernel_sweep() + sw.decode_mixed_sweep(bw) + sw.gemv_sweep6(bw)
 
 
 def profile_decodes() -> None:
@@ -259,7 +263,17 @@ def main() -> None:
             ("decode64-ab", lambda: bench_decode(bw, 64, ["hybrid-r5", "hybrid"])),
             ("decode64-ba", lambda: bench_decode(bw, 64, ["hybrid", "hybrid-r5"])),
             ("throughput-ab", lambda: bench_throughput(["hybrid-r5", "hybrid"])),
-            ("throughput-ba", lambda: bench_throughput(["hybrid", "hybrid-r5"]))]
+            ("throughput-ba", lambda: bench_throughput(["hybrid", "hybrid-r5"])),
+            # the first engine of a process runs its timed pass slow (runs 6a/6b: ~19k whichever mode came
+            # first), so each mode gets a discarded engine first, then three rounds in alternating order
+            ("throughput-rounds", lambda: (bench_throughput(["hybrid-r5", "hybrid"], label="throughput_warmup"),
+                                           bench_throughput(["hybrid-r5", "hybrid", "hybrid", "hybrid-r5",
+                                                             "hybrid-r5", "hybrid"]))),
+            ("decode1-rounds", lambda: bench_decode(bw, 1, ["hybrid-r5", "hybrid", "hybrid", "hybrid-r5",
+                                                            "hybrid-r5", "hybrid"])),
+            ("decode64-rounds", lambda: bench_decode(bw, 64, ["hybrid-r5", "hybrid", "hybrid", "hybrid-r5",
+                                                              "hybrid-r5", "hybrid"])),
+            ("sweeps6", lambda: [emit("kernel_sweep", **r) for r in sweeps6(bw)])]
     only = list(filter(None, args.only.split(",")))
     if only:  # in the order given
         unknown = set(only) - {name for name, _ in plan}

@@ -166,13 +166,13 @@ def _graph_t(fns, reps: int = 20) -> float:
     return s.elapsed_time(e) / 1e3 / reps / len(fns)
 
 
-def gemv_sweep(bw: float) -> list[dict]:
+def gemv_sweep(bw: float, shapes: dict | None = None, configs: list | None = None) -> list[dict]:
     """GEMV kernel configs vs cuBLAS (F.linear) at batch 1 on each 8B weight shape."""
     from strataserve.kernels.gemv import GemvConfig, gemv
-    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-              "lm_head": (128256, 4096)}
+    shapes = shapes or {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+                        "lm_head": (128256, 4096)}
     # (block_n, block_k, split_k, warps, stages); run 6 adds split-K
-    configs = [(16, 512, 1, 4, 3), (8, 512, 1, 4, 3), (32, 256, 1, 4, 3), (16, 512, 1, 4, 5), (4, 1024, 1, 4, 4),
+    configs = configs or [(16, 512, 1, 4, 3), (8, 512, 1, 4, 3), (32, 256, 1, 4, 3), (16, 512, 1, 4, 5), (4, 1024, 1, 4, 4),
                (16, 512, 2, 4, 3), (16, 512, 4, 4, 3), (8, 512, 2, 4, 4), (32, 256, 2, 4, 4), (8, 256, 4, 4, 4),
                (64, 128, 2, 4, 4), (32, 128, 4, 4, 4)]
     rows = []

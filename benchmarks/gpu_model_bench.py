@@ -59,11 +59,12 @@ def _empty_cache() -> None:
 def make_ops(mode: str, cfg: DecoderConfig):
     """Like runner/model_runner.select_ops, plus "hybrid-gemv": hybrid with the default GEMV kernel on every
     batch-1 matmul (run 2 of docs/gpu_notes.md), and "hybrid-r5": hybrid as of run 5 (rotary, q/k norm and KV
-    store as separate kernels, cuBLAS for every matmul: the "before" of run 6). "hybrid" itself tunes the GEMV
+    store as separate kernels, run 5's decode-attention launch, cuBLAS for every matmul: the "before" of run 6). "hybrid" itself tunes the GEMV
     choice per shape in ``_Setup``, as the runner does at start-up."""
     if mode in ("triton", "hybrid", "hybrid-gemv", "hybrid-r5"):
-        return TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
-                         use_gemv=mode == "hybrid-gemv", fused_rope_kv=mode != "hybrid-r5")
+        r5 = mode == "hybrid-r5"
+        return TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, long_first=not r5),
+                         use_gemv=mode == "hybrid-gemv", fused_rope_kv=not r5)
     return TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
 
 

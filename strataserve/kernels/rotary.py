@@ -28,13 +28,13 @@ from strataserve.kernels._common import (check, check_float, check_index, check_
 
 
 @triton.jit
-def rope_heads(x_ptr, x_off, x_sh, o_ptr, o_off, o_sh, n_heads, cos, sin, w1, w2, eps, D, HALF, offs_h, offs_r,
-               HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Heads [0, n_heads) of one token: read at x_ptr + x_off + h * x_sh, (norm,) rotate, write at o_ptr + o_off +
-    h * o_sh (the same place for the in-place rotary; a KV-cache slot for the fused store)."""
-    for h0 in range(0, n_heads, BLOCK_H):
+def rope_heads(x_ptr, x_off, x_sh, o_ptr, o_off, o_sh, h_start, h_end, cos, sin, w1, w2, eps, D, HALF, offs_h,
+               offs_r, HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Heads [h_start, h_end) of one token: read at x_ptr + x_off + h * x_sh, (norm,) rotate, write at o_ptr +
+    o_off + h * o_sh (the same place for the in-place rotary; a KV-cache slot for the fused store)."""
+    for h0 in range(h_start, h_end, BLOCK_H):
         heads = h0 + offs_h
-        hmask = heads < n_heads
+        hmask = heads < h_end
         src = x_ptr + x_off + heads[:, None] * x_sh
         dst = o_ptr + o_off + heads[:, None] * o_sh
         m = hmask[:, None] & (offs_r[None, :] < HALF)
@@ -83,9 +83,9 @@ def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr,
     offs_h = tl.arange(0, BLOCK_H)
     cos, sin, qw1, qw2, kw1, kw2 = rope_constants(pos_ptr, cache_ptr, qw_ptr, kw_ptr, tok, cache_stride, HALF,
                                                   offs_r, HAS_NORM)
-    rope_heads(q_ptr, tok * q_stride_t, q_stride_h, q_ptr, tok * q_stride_t, q_stride_h, n_q_heads, cos, sin,
+    rope_heads(q_ptr, tok * q_stride_t, q_stride_h, q_ptr, tok * q_stride_t, q_stride_h, 0, n_q_heads, cos, sin,
                qw1, qw2, eps, D, HALF, offs_h, offs_r, HAS_NORM, BLOCK_H)
-    rope_heads(k_ptr, tok * k_stride_t, k_stride_h, k_ptr, tok * k_stride_t, k_stride_h, n_k_heads, cos, sin,
+    rope_heads(k_ptr, tok * k_stride_t, k_stride_h, k_ptr, tok * k_stride_t, k_stride_h, 0, n_k_heads, cos, sin,
                kw1, kw2, eps, D, HALF, offs_h, offs_r, HAS_NORM, BLOCK_H)
 
 

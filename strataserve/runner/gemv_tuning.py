@@ -18,9 +18,10 @@ from strataserve.kernels.gemv import GemvConfig, gemv
 
 log = logging.getLogger(__name__)
 
-# Split-K for shapes with few rows; plain row blocks for the tall ones (run 2's sweep, docs/gpu_notes.md).
-CANDIDATES = (GemvConfig(16, 512, 1, 4, 3), GemvConfig(8, 512, 1, 4, 4), GemvConfig(16, 512, 2, 4, 3),
-              GemvConfig(8, 512, 2, 4, 4), GemvConfig(16, 256, 4, 4, 4), GemvConfig(32, 256, 2, 4, 4))
+# The configurations that won some shape in the run-6 sweep of 16 (8B and 0.6B projections, docs/gpu_notes.md):
+# split-K for the shapes with few rows, plain row blocks for the tall ones.
+CANDIDATES = (GemvConfig(16, 512, 1, 4, 3), GemvConfig(16, 512, 2, 4, 3), GemvConfig(4, 512, 1, 4, 4),
+              GemvConfig(16, 1024, 2, 8, 3), GemvConfig(8, 1024, 1, 8, 3), GemvConfig(16, 512, 3, 4, 4))
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,8 @@ def select_ops(mode: str, cfg: DecoderConfig, device: torch.device) -> Execution
         from strataserve.runner.triton_ops import TritonAttention, TritonOps
     except ImportError as exc:
         raise ValueError(f"runner mode {mode!r} needs triton ({exc}); install triton or use mode='eager'") from None
-    ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+    ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                    long_first=envs.STRATA_DECODE_LONG_FIRST),
                     fused_rope_kv=envs.STRATA_FUSED_ROPE_KV)
     return ExecutionPlan(mode, ops, mode == "hybrid")
 

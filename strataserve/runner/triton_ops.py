@@ -23,7 +23,11 @@ from strataserve.runner.ops import unfused_attend
 class TritonAttention:
     """Paged attention with Triton kernels: KV store, split-KV decode, prefill over cached prefixes."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, num_sms: int | None = None) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, num_sms: int | None = None,
+                 long_first: bool = True) -> None:
+        """``long_first`` (default): decode rows launch longest first with ~16 programs per SM (more splits);
+        off: run 5's launch (rows in order, ~2 programs per SM), the benchmarks' "before"."""
+        self.reverse, self.programs_per_sm = (True, 16) if long_first else (False, 2)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -50,9 +54,9 @@ class TritonAttention:
         out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
         nd = meta.num_decode_tokens
         if nd:
-            splits = default_num_splits(nd, hkv, self.num_sms)
+            splits = default_num_splits(nd, hkv, self.num_sms, programs_per_sm=self.programs_per_sm)
             paged_decode_attention(q3[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                   self.scale, num_splits=splits, out=out[:nd])
+                                   self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse)
         if meta.prefills:
             qsl = meta.prefill_query_start_loc
             seq_lens = meta.prefill_context_lens + (qsl[1:] - qsl[:-1])

@@ -101,9 +101,10 @@ def test_store_kv_bad_inputs(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,Hq,Hk,D,bs,norm", [(5, 4, 2, 32, 16, False), (11, 3, 3, 24, 8, True),
-                                                 (1, 6, 2, 64, 4, True)])
-def test_rotary_store_kv_fused(device, dtype, T, Hq, Hk, D, bs, norm):
+@pytest.mark.parametrize("T,Hq,Hk,D,bs,norm,hpp", [(5, 4, 2, 32, 16, False, None), (11, 3, 3, 24, 8, True, None),
+                                                     (1, 6, 2, 64, 4, True, None), (3, 12, 4, 16, 8, True, 8),
+                                                     (2, 5, 3, 32, 4, False, 1)])
+def test_rotary_store_kv_fused(device, dtype, T, Hq, Hk, D, bs, norm, hpp):
     """q rotated in place; rotated k and v land in their cache slots; k and padding slots (-1) untouched."""
     qkv = torch.randn(T, (Hq + 2 * Hk) * D, device=device, dtype=dtype)
     q, k, v = qkv.split([Hq * D, Hk * D, Hk * D], dim=-1)  # strided views, as the decoder passes them
@@ -120,7 +121,8 @@ def test_rotary_store_kv_fused(device, dtype, T, Hq, Hk, D, bs, norm):
     ekc, evc = kc.clone(), vc.clone()
     eq = rotary_store_kv_ref(q.reshape(T, Hq, D), k.reshape(T, Hk, D), v.reshape(T, Hk, D), pos, cache, ekc, evc,
                              slots, qw, kw, 1e-6)
-    rotary_store_kv(q, k, v, pos, cache, kc, vc, slots, head_dim=D, q_norm_weight=qw, k_norm_weight=kw, eps=1e-6)
+    rotary_store_kv(q, k, v, pos, cache, kc, vc, slots, head_dim=D, q_norm_weight=qw, k_norm_weight=kw, eps=1e-6,
+                    heads_per_program=hpp)
     tol = (2 if norm else 1) * TOL[dtype]
     assert_close(q.reshape(T, Hq, D), eq, tol, "q")
     assert_close(kc, ekc, tol, "k cache")
@@ -142,3 +144,5 @@ def test_rotary_store_kv_bad_inputs(device):
         rotary_store_kv(q, k, k.clone(), pos, cache, kc, kc.clone(), slots[:2])
     with pytest.raises(ValueError, match="dtypes differ"):
         rotary_store_kv(q, k, k.clone(), pos, cache, kc.half(), kc.half(), slots)
+    with pytest.raises(ValueError, match="must be a power of two"):
+        rotary_store_kv(q, k, k.clone(), pos, cache, kc, kc.clone(), slots, heads_per_program=3)
