@@ -2,7 +2,8 @@
 
 Start-up: resolve device/dtype -> pick the OpSet for the runner mode (``select_ops``, the one place modes are
 decided) -> load weights -> size the KV pool (``num_blocks`` override, else a GiB budget on CPU, else a fraction
-of GPU memory minus weights and a profiled peak forward) -> preallocate it -> capture CUDA graphs (graph/hybrid).
+of GPU memory minus weights and a profiled peak forward) -> preallocate it -> (hybrid) time cuBLAS against the
+Triton GEMV per batch-1 weight shape -> capture CUDA graphs (graph/hybrid).
 
 Per step (``launch``; ``execute`` = ``launch(...).result()``): forget finished requests, register new ones,
 build flat tensors + attention metadata (``runner/input_batch.py``, block tables kept in persistent rows), run the
@@ -167,19 +168,24 @@ class ModelRunner(ModelRunnerBase):
         self.plan.ops.gemv_plan = {c.shape: c.config for c in choices if c.config is not None}  # type: ignore
         return choices
 
+    def _graph_step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor):
+        """The decode step the CUDA graphs capture (capturable: no host sync, value-independent launches)."""
+        from strataserve.runner.cuda_graph import decode_metadata
+
+        model = self.model
+        meta = decode_metadata(slot_mapping, block_tables, context_lens, self.block_size,
+                               torch_views=self._torch_views)
+        # the lm_head's output in the model dtype: ``compute_logits`` minus its float32 copy, which ``_logits``
+        # makes only for the rows that need it; plus every row's argmax (the greedy token), read while the logits
+        # are fresh in L2, so an all-greedy step needs nothing after the replay but a gather
+        logits = model.ops.linear(model(input_ids, positions, meta), model.lm_head)
+        return (logits, logits.argmax(dim=-1)) if self._graph_argmax else logits
+
     def _capture_graphs(self):  # -> CudaGraphDecoder
-        from strataserve.runner.cuda_graph import CudaGraphDecoder, decode_metadata
+        from strataserve.runner.cuda_graph import CudaGraphDecoder
 
-        model, bs, views, argmax = self.model, self.block_size, self._torch_views, self._graph_argmax
-
-        def step(input_ids, positions, slot_mapping, block_tables, context_lens):
-            meta = decode_metadata(slot_mapping, block_tables, context_lens, bs, torch_views=views)
-            # the lm_head's output in the model dtype: ``compute_logits`` minus its float32 copy, which
-            # ``_logits`` makes only for the rows that need it; plus every row's argmax (the greedy token), read
-            # while the logits are fresh in L2, so an all-greedy step needs nothing after the replay but a gather
-            logits = model.ops.linear(model(input_ids, positions, meta), model.lm_head)
-            return (logits, logits.argmax(dim=-1)) if argmax else logits
-
+        bs = self.block_size
         triton = self.plan.mode == "hybrid"
         pad_slot = -1 if triton else self.num_blocks * bs  # the spare block
         max_bs = min(self.config.runner.cuda_graph_max_bs, self.config.scheduler.max_num_seqs)
@@ -188,7 +194,7 @@ class ModelRunner(ModelRunnerBase):
             # torch attention gathers every column of the captured width for every row; beyond
             # _GRAPH_TORCH_MAX_TOKENS of context the decode step runs eagerly instead (can_run says no)
             cols = min(cols, -(-_GRAPH_TORCH_MAX_TOKENS // bs))
-        graphs = CudaGraphDecoder(step, max_bs, cols, self.device, pad_slot=pad_slot)
+        graphs = CudaGraphDecoder(self._graph_step, max_bs, cols, self.device, pad_slot=pad_slot)
         seconds = graphs.capture()
         log.info("captured %d CUDA graphs (batch <= %d) in %.2f s", len(graphs.sizes), graphs.max_bs, seconds)
         return graphs
