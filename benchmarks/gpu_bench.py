@@ -9,6 +9,7 @@ Every figure in every runner mode; each one JSON line appended to ``$OUT/h200.js
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -106,7 +107,7 @@ def write_random_qwen3(path: Path) -> Path:
 _CKPT: dict = {}  # the random Qwen3-0.6B checkpoint, written once per run
 
 
-def bench_throughput(modes, n: int = 256, profile: bool = False) -> None:
+def bench_throughput(modes, n: int = 256, profile: bool = False, label: str = "throughput") -> None:
     """nano-vllm's workload: 256 sequences, input and output lengths uniform in [100, 1024], greedy, ignore_eos,
     through the real engine (scheduler, runner, sampler). Start-up (weights + KV + graphs) is timed too."""
     from gpu_engine import generate, make_engine
@@ -123,11 +124,15 @@ def bench_throughput(modes, n: int = 256, profile: bool = False) -> None:
     warm_outs = [wrng.randint(8, 64) for _ in range(n)]
     for mode in modes:
         def one(mode=mode):
-            # "<mode>-sync": the same runner mode with async scheduling off (host and device work serialised)
+            # "<mode>-sync": the same runner mode with async scheduling off (host and device work serialised);
+            # "<mode>-r5": the run-6 GPU switches off (separate rotary/norm/store kernels, no GEMV tuning, no
+            # in-graph argmax), i.e. the code path of run 5: the "before" of run 6 in the same process
             sync = mode.endswith("-sync")
-            eng, t_ready = make_engine(str(path), mode.removesuffix("-sync"), "bfloat16", max_num_seqs=256,
-                                       max_num_batched_tokens=16384, max_model_len=2048,
-                                       async_scheduling=False if sync else None)
+            base = mode.removesuffix("-sync").removesuffix("-r5")
+            with run6_features(not mode.removesuffix("-sync").endswith("-r5")):
+                eng, t_ready = make_engine(str(path), base, "bfloat16", max_num_seqs=256,
+                                           max_num_batched_tokens=16384, max_model_len=2048,
+                                           async_scheduling=False if sync else None)
             # Warm-up over the same shapes (256 other prompts, short outputs): Triton compiles each kernel variant
             # a mixed prefill/decode step needs on first use, which cost run 3's first timed pass ~3 s.
             generate(eng, warm_prompts, warm_outs)
@@ -153,8 +158,55 @@ def bench_throughput(modes, n: int = 256, profile: bool = False) -> None:
                     "startup_s": round(t_ready, 2)}
         r = guarded(f"throughput {mode}", one)
         if r:
-            emit("throughput_profiled" if profile else "throughput", model="qwen3-0.6b-shape", batch=n, mode=mode,
-                 **r)
+            emit("throughput_profiled" if profile else label, model="qwen3-0.6b-shape", batch=n, mode=mode, **r)
+
+
+@contextlib.contextmanager
+def run6_features(on: bool):
+    """Turn the run-6 switches of ``strataserve.envs`` on or off for engines built inside the block."""
+    from strataserve import envs
+    names = ("STRATA_FUSED_ROPE_KV", "STRATA_GEMV_TUNE", "STRATA_GRAPH_ARGMAX", "STRATA_DECODE_LONG_FIRST")
+    saved = {n: getattr(envs, n) for n in names}
+    for n in names:
+        setattr(envs, n, on)
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(envs, n, v)
+
+
+def profile_throughput(n: int = 256) -> None:
+    """Kernel tables of engine-step windows of the throughput workload (hybrid, run-6 features on)."""
+    from gpu_engine import make_engine
+    from gpu_profile import profile_engine_windows
+
+    bench_throughput([], n)  # writes the checkpoint only
+    rng = random.Random(0)
+    prompts = [[rng.randint(3, 151000) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
+    outs = [rng.randint(100, 1024) for _ in range(n)]
+    eng, _ = make_engine(str(_CKPT["qwen3"]), "hybrid", "bfloat16", max_num_seqs=256,
+                         max_num_batched_tokens=16384, max_model_len=2048)
+    text = profile_engine_windows(eng, prompts, outs, ((2, 8), (60, 80), (400, 420), (800, 820)))
+    eng.shutdown()
+    del eng
+    torch.cuda.empty_cache()
+    (OUT / "profile_throughput.txt").write_text(text)
+    print(text, flush=True)
+
+
+def sweeps6(bw: float) -> list[dict]:
+    import gpu_sweeps6 as sw
+    return sw.small_kernel_sweep() + sw.decode_mixed_sweep(bw) + sw.gemv_sweep6(bw)
+
+
+def profile_decodes() -> None:
+    from gpu_profile import profile_decode
+    texts = [profile_decode(mb.llama31_8b(), m, 1, 512) for m in ("hybrid-r5", "hybrid")]
+    texts += [profile_decode(mb.qwen3_06b(), m, b, 800) for m in ("hybrid-r5", "hybrid") for b in (256,)]
+    text = "\n\n".join(texts)
+    (OUT / "profile_decode.txt").write_text(text)
+    print(text, flush=True)
 
 
 def _write_profile(prof, path: Path) -> None:
@@ -202,7 +254,26 @@ def main() -> None:
             ("attention-sweep", lambda: [emit("kernel_sweep", **r) for r in kb.attention_sweep(bw)]),
             ("throughput-hybrid-profile", lambda: bench_throughput(["hybrid"], profile=True)),
             # run 3: async scheduling (default on CUDA) against the synchronous loop, same host-side code
-            ("throughput-hybrid-sync", lambda: bench_throughput(["hybrid-sync"]))]
+            ("throughput-hybrid-sync", lambda: bench_throughput(["hybrid-sync"])),
+            # run 6: per-kernel profiles; before (-r5: the run-5 code path) / after, alternating
+            ("profile-decode", profile_decodes),
+            ("profile-throughput", profile_throughput),
+            ("decode1-ab", lambda: bench_decode(bw, 1, ["hybrid-r5", "hybrid"])),
+            ("decode1-ba", lambda: bench_decode(bw, 1, ["hybrid", "hybrid-r5"])),
+            ("decode64-ab", lambda: bench_decode(bw, 64, ["hybrid-r5", "hybrid"])),
+            ("decode64-ba", lambda: bench_decode(bw, 64, ["hybrid", "hybrid-r5"])),
+            ("throughput-ab", lambda: bench_throughput(["hybrid-r5", "hybrid"])),
+            ("throughput-ba", lambda: bench_throughput(["hybrid", "hybrid-r5"])),
+            # the first engine of a process runs its timed pass slow (runs 6a/6b: ~19k whichever mode came
+            # first), so each mode gets a discarded engine first, then three rounds in alternating order
+            ("throughput-rounds", lambda: (bench_throughput(["hybrid-r5", "hybrid"], label="throughput_warmup"),
+                                           bench_throughput(["hybrid-r5", "hybrid", "hybrid", "hybrid-r5",
+                                                             "hybrid-r5", "hybrid"]))),
+            ("decode1-rounds", lambda: bench_decode(bw, 1, ["hybrid-r5", "hybrid", "hybrid", "hybrid-r5",
+                                                            "hybrid-r5", "hybrid"])),
+            ("decode64-rounds", lambda: bench_decode(bw, 64, ["hybrid-r5", "hybrid", "hybrid", "hybrid-r5",
+                                                              "hybrid-r5", "hybrid"])),
+            ("sweeps6", lambda: [emit("kernel_sweep", **r) for r in sweeps6(bw)])]
     only = list(filter(None, args.only.split(",")))
     if only:  # in the order given
         unknown = set(only) - {name for name, _ in plan}

@@ -49,6 +49,7 @@ def main() -> int:
             prompts = [[rng.randint(5, 500) for _ in range(rng.randint(3, 90))] for _ in range(10)]
             n = 24
             ref = hf_greedy(path, prompts, n)
+            ref = ref + ref[:2]  # the two single-prompt runs (see below)
             results = {}
             for dtype in dtypes:
                 for mode in MODES:
@@ -56,7 +57,10 @@ def main() -> int:
                         eng, _ = make_engine(str(path), mode.removesuffix("-sync"), dtype, max_num_seqs=16,
                                              max_model_len=256, num_blocks=128, max_num_batched_tokens=64,  # chunked
                                              async_scheduling=False if mode.endswith("-sync") else None)
-                        results[(dtype, mode)] = generate(eng, prompts, [n] * len(prompts))
+                        # the batch plus two prompts alone afterwards: their decode steps replay the batch-1 graph
+                        # (GEMV-tuned matmuls, run 6), which a batch of 10 equal-length requests never reaches
+                        results[(dtype, mode)] = generate(eng, prompts, [n] * len(prompts)) + \
+                            [generate(eng, [p], [n])[0] for p in prompts[:2]]
                         eng.shutdown()
                     except Exception as exc:
                         results[(dtype, mode)] = None
@@ -67,8 +71,8 @@ def main() -> int:
                     got = results[(dtype, mode)]
                     if got is None or base is None:
                         continue
-                    same = sum(a == b for x, y in zip(got, base) for a, b in zip(x, y)) / (n * len(prompts))
-                    vs_hf = sum(a == b for x, y in zip(got, ref) for a, b in zip(x, y)) / (n * len(prompts))
+                    same = sum(a == b for x, y in zip(got, base) for a, b in zip(x, y)) / (n * len(ref))
+                    vs_hf = sum(a == b for x, y in zip(got, ref) for a, b in zip(x, y)) / (n * len(ref))
                     ok = got == base and (got == ref or dtype != "float32")
                     report.append({"family": family, "dtype": dtype, "mode": mode, "same_as_eager": round(same, 4),
                                    "same_as_hf_fp32": round(vs_hf, 4), "ok": ok})

@@ -166,13 +166,15 @@ def _graph_t(fns, reps: int = 20) -> float:
     return s.elapsed_time(e) / 1e3 / reps / len(fns)
 
 
-def gemv_sweep(bw: float) -> list[dict]:
+def gemv_sweep(bw: float, shapes: dict | None = None, configs: list | None = None) -> list[dict]:
     """GEMV kernel configs vs cuBLAS (F.linear) at batch 1 on each 8B weight shape."""
-    from strataserve.kernels.gemv import gemv
-    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-              "lm_head": (128256, 4096)}
-    configs = [(16, 512, 4, 3), (8, 512, 4, 3), (32, 256, 4, 3), (16, 1024, 8, 3), (16, 512, 4, 5), (4, 1024, 4, 4),
-               (32, 512, 8, 4)]
+    from strataserve.kernels.gemv import GemvConfig, gemv
+    shapes = shapes or {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+                        "lm_head": (128256, 4096)}
+    # (block_n, block_k, split_k, warps, stages); run 6 adds split-K
+    configs = configs or [(16, 512, 1, 4, 3), (8, 512, 1, 4, 3), (32, 256, 1, 4, 3), (16, 512, 1, 4, 5), (4, 1024, 1, 4, 4),
+               (16, 512, 2, 4, 3), (16, 512, 4, 4, 3), (8, 512, 2, 4, 4), (32, 256, 2, 4, 4), (8, 256, 4, 4, 4),
+               (64, 128, 2, 4, 4), (32, 128, 4, 4, 4)]
     rows = []
     for name, (N, K) in shapes.items():
         ws = _rotating(lambda: torch.randn(N, K, dtype=DT, device="cuda"), 512 << 20, N * K * 2)
@@ -182,16 +184,17 @@ def gemv_sweep(bw: float) -> list[dict]:
         t = _graph_t([lambda w=w: torch.nn.functional.linear(x, w) for w in ws])
         row["cublas_frac_copy_bw"] = round(nbytes / t / bw, 3)
         best = None
-        for bn, bk, nw, ns in configs:
+        for bn, bk, sk, nw, ns in configs:
+            name_c = f"bn{bn}_bk{bk}_sk{sk}_w{nw}_s{ns}"
             try:
-                t = _graph_t([lambda w=w: gemv(x, w, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns)
-                              for w in ws])
+                c = GemvConfig(bn, bk, sk, nw, ns)
+                t = _graph_t([lambda w=w, c=c: gemv(x, w, config=c) for w in ws])
                 frac = round(nbytes / t / bw, 3)
-                row[f"bn{bn}_bk{bk}_w{nw}_s{ns}"] = frac
+                row[name_c] = frac
                 if best is None or frac > best[0]:
-                    best = (frac, f"bn{bn}_bk{bk}_w{nw}_s{ns}")
+                    best = (frac, name_c)
             except Exception as exc:
-                row[f"bn{bn}_bk{bk}_w{nw}_s{ns}"] = repr(exc)[:80]
+                row[name_c] = repr(exc)[:80]
         row["best"] = best
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -19,6 +19,7 @@ from strataserve.models.hf_config import DecoderConfig, RopeScaling
 from strataserve.models.loader import build_random_model
 from strataserve.runner.attention import TorchAttention, allocate_kv_cache
 from strataserve.runner.cuda_graph import CudaGraphDecoder, decode_metadata
+from strataserve.runner.gemv_tuning import one_row_weights, tune_gemv
 from strataserve.runner.ops import TorchOps
 from strataserve.runner.triton_ops import TritonAttention, TritonOps
 
@@ -56,12 +57,14 @@ def _empty_cache() -> None:
 
 
 def make_ops(mode: str, cfg: DecoderConfig):
-    """Like runner/model_runner.select_ops, plus "hybrid-gemv": hybrid with the batch-1 GEMV kernel instead of
-    cuBLAS (run 2 of docs/gpu_notes.md measured it as "hybrid", when it was the default, and cuBLAS as
-    "hybrid-cublas")."""
-    if mode in ("triton", "hybrid", "hybrid-gemv"):
-        return TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
-                         use_gemv=mode == "hybrid-gemv")
+    """Like runner/model_runner.select_ops, plus "hybrid-gemv": hybrid with the default GEMV kernel on every
+    batch-1 matmul (run 2 of docs/gpu_notes.md), and "hybrid-r5": hybrid as of run 5 (rotary, q/k norm and KV
+    store as separate kernels, run 5's decode-attention launch, cuBLAS for every matmul: the "before" of run 6). "hybrid" itself tunes the GEMV
+    choice per shape in ``_Setup``, as the runner does at start-up."""
+    if mode in ("triton", "hybrid", "hybrid-gemv", "hybrid-r5"):
+        r5 = mode == "hybrid-r5"
+        return TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, long_first=not r5),
+                         use_gemv=mode == "hybrid-gemv", fused_rope_kv=not r5)
     return TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
 
 
@@ -96,7 +99,11 @@ class _Setup:
         self.tables = perm.view(batch, self.bps).to(torch.int32)
         self.block_size = block_size
         self.graphs = None
-        if mode in ("graph", "hybrid", "hybrid-gemv"):
+        self.gemv_choices = []
+        if mode == "hybrid" and DEV == "cuda":
+            self.gemv_choices = tune_gemv(one_row_weights(self.model))
+            self.model.ops.gemv_plan = {c.shape: c.config for c in self.gemv_choices if c.config is not None}
+        if mode in ("graph", "hybrid", "hybrid-gemv", "hybrid-r5"):
             pad = -1 if mode.startswith("hybrid") else (num_blocks - 1) * block_size
             self.graphs = CudaGraphDecoder(self._step, max_bs_graph or batch, self.bps, dev, pad_slot=pad)
 
@@ -137,7 +144,9 @@ def decode_bench(cfg: DecoderConfig, mode: str, batch: int, bw: float, prompt: i
     floor_ms = step_bytes(cfg, s.model, batch, prompt + new / 2) / bw * 1e3
     out = {"batch": batch, "mode": mode, "tok_per_s": round(batch * new / t, 1), "ms_per_step": round(ms, 3),
            "floor_ms": round(floor_ms, 3), "roofline_fraction": round(floor_ms / ms, 3),
-           "graph_capture_s": round(t_cap, 2)}
+           "graph_capture_s": round(t_cap, 2),
+           "gemv": {f"{c.shape[0]}x{c.shape[1]}": [round(c.cublas_us, 1), round(c.best_us, 1),
+                                                   str(c.config) if c.config else "cublas"] for c in s.gemv_choices}}
     del s
     _empty_cache()
     return out

@@ -11,6 +11,16 @@ import os
 STRATA_API_KEY: str | None = os.environ.get("STRATA_API_KEY")
 #: "0" turns off async scheduling on CUDA (step N+1 launched before step N's tokens reach the host).
 STRATA_ASYNC_SCHEDULING: bool = os.environ.get("STRATA_ASYNC_SCHEDULING", "1") != "0"
+# GPU optimisations of issue 12 (docs/gpu_notes.md, run 6), each on by default; "0" restores the earlier path
+# (the benchmarks' before/after switch, and an escape hatch):
+#: (q/k norm,) rotary and the KV store in one Triton kernel per layer.
+STRATA_FUSED_ROPE_KV: bool = os.environ.get("STRATA_FUSED_ROPE_KV", "1") != "0"
+#: at start-up, time cuBLAS against the Triton GEMV per weight shape for batch-1 matmuls and keep the faster.
+STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
+#: decode attention launches the longest rows first, with ~16 programs per SM (more KV splits) instead of ~2.
+STRATA_DECODE_LONG_FIRST: bool = os.environ.get("STRATA_DECODE_LONG_FIRST", "1") != "0"
+#: greedy argmax inside the captured decode graph (all-greedy steps skip the logits gather and the sampler).
+STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
 
 # libgomp's default ACTIVE wait policy makes torch's CPU worker threads spin between parallel regions. When the
 # cores are shared (engine process, API process and clients on one small machine, or any other job) the spinning

@@ -4,10 +4,11 @@ wrapper that validates shapes/strides/dtypes (ValueError saying what to change) 
 - ``rms_norm``: ``rms_norm``, ``fused_add_rms_norm`` (in place: residual += x; x = norm(residual))
 - ``activation``: ``silu_and_mul`` ([gate | up] -> silu(gate) * up)
 - ``rotary``: ``apply_rotary`` (neox, in place on q/k, optional fused Qwen3 q/k RMSNorm)
+- ``rotary_kv``: ``rotary_store_kv`` ((q/k norm +) rotary + paged KV store in one launch)
 - ``kv_cache``: ``store_kv`` (paged cache write through a slot mapping; slot < 0 = skip)
 - ``decode_attention``: ``paged_decode_attention`` (split-KV flash-decoding, GQA-packed, + reduce kernel)
 - ``prefill_attention``: ``prefill_attention`` (varlen causal over block tables, cached prefixes)
-- ``gemv``: ``gemv`` (one-row matmul; off by default in TritonOps, cuBLAS measured faster on H200)
+- ``gemv``: ``gemv`` (one-row matmul, optional split-K; used per weight shape where it beat cuBLAS at start-up)
 
 Kernels are pure functions over tensors; ``runner/triton_ops.py`` wires them into the runner's ``OpSet``.
 """

@@ -34,8 +34,10 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
                          q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh,
                          scale, G, D, block_size,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         IEEE: tl.constexpr, DIRECT: tl.constexpr):
+                         IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
+    if REVERSE:  # the GPU starts programs in id order: with rows sorted by length, the longest go first
+        b = tl.num_programs(0) - 1 - b
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
@@ -101,19 +103,26 @@ def _paged_decode_reduce_kernel(po_ptr, pl_ptr, o_ptr, po_sb, po_sh, po_ss, pl_s
     tl.store(o_ptr + b * o_sb + h * o_sh + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
 
 
-def default_num_splits(batch: int, num_kv_heads: int, num_sms: int = 132, max_splits: int = 16) -> int:
-    """Enough programs to fill the GPU about twice; fixed per batch size so CUDA graphs can capture it."""
-    want = (2 * num_sms + batch * num_kv_heads - 1) // (batch * num_kv_heads)
+def default_num_splits(batch: int, num_kv_heads: int, num_sms: int = 132, max_splits: int = 16,
+                       programs_per_sm: int = 16) -> int:
+    """Splits so the launch has about ``programs_per_sm`` programs per SM; fixed per batch size so CUDA graphs can
+    capture it. 16 (run 6 sweep over mixed context lengths, docs/gpu_notes.md): several waves of short programs
+    balance unequal lengths (batch 256: 0.922 -> 0.935 of copy bandwidth at 2 splits; batch 60: 0.69 -> 0.78 at
+    4); the earlier 2 per SM left one split per row from batch 33 up."""
+    want = (programs_per_sm * num_sms + batch * num_kv_heads - 1) // (batch * num_kv_heads)
     return max(1, min(max_splits, want))
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            num_splits: int | None = None, out: torch.Tensor | None = None,
-                           block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                           block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+                           reverse: bool = True) -> torch.Tensor:
     """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B].
 
-    Returns ``out`` [B, Hq, D] in q's dtype.
+    Returns ``out`` [B, Hq, D] in q's dtype. ``reverse``: launch the rows last to first. The runner sorts decode
+    rows by ascending context length, so this starts the longest sequences first and the short ones fill the
+    tail (longest-processing-time-first), instead of the longest programs starting last and running alone.
     """
     check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]")
     B, Hq, D = q.shape
@@ -146,7 +155,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *po_strides, *pl_strides, scale, G, D, block_size,
         BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
-        DIRECT=direct, num_warps=num_warps, num_stages=num_stages)
+        DIRECT=direct, REVERSE=reverse, num_warps=num_warps, num_stages=num_stages)
     if direct:
         return out
     _paged_decode_reduce_kernel[(B, Hq)](

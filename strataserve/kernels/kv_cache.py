@@ -37,9 +37,9 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
         tl.store(vc_ptr + dst, v, mask=m)
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Write ``k``, ``v`` [T, Hkv, D] into ``k_cache``/``v_cache`` [NB, BS, Hkv, D] at ``slot_mapping`` [T]."""
+def check_store_kv_args(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        slot_mapping: torch.Tensor) -> None:
+    """The host checks of the KV store (also used by the fused rotary + store kernel)."""
     check_ndim("k", k, 3, "[tokens, kv_heads, head_dim]")
     check(v.shape == k.shape, f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
     check_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, kv_heads, head_dim]")
@@ -53,6 +53,13 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     check_index("slot_mapping", slot_mapping)
     check(slot_mapping.shape == (T,), f"slot_mapping: expected shape ({T},), got {tuple(slot_mapping.shape)}")
     check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write ``k``, ``v`` [T, Hkv, D] into ``k_cache``/``v_cache`` [NB, BS, Hkv, D] at ``slot_mapping`` [T]."""
+    check_store_kv_args(k, v, k_cache, v_cache, slot_mapping)
+    T, H, D = k.shape
     if T == 0:
         return
     _store_kv_kernel[(T,)](k, v, k_cache, v_cache, slot_mapping,

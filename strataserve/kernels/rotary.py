@@ -28,15 +28,18 @@ from strataserve.kernels._common import (check, check_float, check_index, check_
 
 
 @triton.jit
-def _rope_heads(x_ptr, stride_t, stride_h, tok, n_heads, cos, sin, w1, w2, eps, D, HALF, offs_h, offs_r,
-                HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr):
-    for h0 in range(0, n_heads, BLOCK_H):
+def rope_heads(x_ptr, x_off, x_sh, o_ptr, o_off, o_sh, h_start, h_end, cos, sin, w1, w2, eps, D, HALF, offs_h,
+               offs_r, HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Heads [h_start, h_end) of one token: read at x_ptr + x_off + h * x_sh, (norm,) rotate, write at o_ptr +
+    o_off + h * o_sh (the same place for the in-place rotary; a KV-cache slot for the fused store)."""
+    for h0 in range(h_start, h_end, BLOCK_H):
         heads = h0 + offs_h
-        hmask = heads < n_heads
-        base = x_ptr + tok * stride_t + heads[:, None] * stride_h
+        hmask = heads < h_end
+        src = x_ptr + x_off + heads[:, None] * x_sh
+        dst = o_ptr + o_off + heads[:, None] * o_sh
         m = hmask[:, None] & (offs_r[None, :] < HALF)
-        x1 = tl.load(base + offs_r[None, :], mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(base + HALF + offs_r[None, :], mask=m, other=0.0).to(tl.float32)
+        x1 = tl.load(src + offs_r[None, :], mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF + offs_r[None, :], mask=m, other=0.0).to(tl.float32)
         if HAS_NORM:
             # rot_dim == head_dim is checked on the host, so x1 and x2 together are the whole head
             inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
@@ -46,19 +49,14 @@ def _rope_heads(x_ptr, stride_t, stride_h, tok, n_heads, cos, sin, w1, w2, eps, 
             x2 = (x2 * w2[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
         o1 = x1 * cos[None, :] - x2 * sin[None, :]
         o2 = x2 * cos[None, :] + x1 * sin[None, :]
-        tl.store(base + offs_r[None, :], o1.to(x_ptr.dtype.element_ty), mask=m)
-        tl.store(base + HALF + offs_r[None, :], o2.to(x_ptr.dtype.element_ty), mask=m)
+        tl.store(dst + offs_r[None, :], o1.to(o_ptr.dtype.element_ty), mask=m)
+        tl.store(dst + HALF + offs_r[None, :], o2.to(o_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr,
-                   q_stride_t, q_stride_h, k_stride_t, k_stride_h, cache_stride,
-                   n_q_heads, n_k_heads, D, HALF, eps,
-                   HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
-    tok = tl.program_id(0).to(tl.int64)
+def rope_constants(pos_ptr, cache_ptr, qw_ptr, kw_ptr, tok, cache_stride, HALF, offs_r, HAS_NORM: tl.constexpr):
+    """Token ``tok``'s cos and sin halves, and the two halves of the q and k norm weights (float32)."""
     pos = tl.load(pos_ptr + tok).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_h = tl.arange(0, BLOCK_H)
     rmask = offs_r < HALF
     cos = tl.load(cache_ptr + pos * cache_stride + offs_r, mask=rmask, other=0.0)
     sin = tl.load(cache_ptr + pos * cache_stride + HALF + offs_r, mask=rmask, other=0.0)
@@ -72,13 +70,26 @@ def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr,
         qw2 = tl.load(qw_ptr + HALF + offs_r, mask=rmask, other=0.0).to(tl.float32)
         kw1 = tl.load(kw_ptr + offs_r, mask=rmask, other=0.0).to(tl.float32)
         kw2 = tl.load(kw_ptr + HALF + offs_r, mask=rmask, other=0.0).to(tl.float32)
-    _rope_heads(q_ptr, q_stride_t, q_stride_h, tok, n_q_heads, cos, sin, qw1, qw2, eps, D, HALF, offs_h, offs_r,
-                HAS_NORM, BLOCK_H)
-    _rope_heads(k_ptr, k_stride_t, k_stride_h, tok, n_k_heads, cos, sin, kw1, kw2, eps, D, HALF, offs_h, offs_r,
-                HAS_NORM, BLOCK_H)
+    return cos, sin, qw1, qw2, kw1, kw2
 
 
-def _as_heads(name: str, t: torch.Tensor, head_dim: int | None) -> torch.Tensor:
+@triton.jit
+def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr,
+                   q_stride_t, q_stride_h, k_stride_t, k_stride_h, cache_stride,
+                   n_q_heads, n_k_heads, D, HALF, eps,
+                   HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_h = tl.arange(0, BLOCK_H)
+    cos, sin, qw1, qw2, kw1, kw2 = rope_constants(pos_ptr, cache_ptr, qw_ptr, kw_ptr, tok, cache_stride, HALF,
+                                                  offs_r, HAS_NORM)
+    rope_heads(q_ptr, tok * q_stride_t, q_stride_h, q_ptr, tok * q_stride_t, q_stride_h, 0, n_q_heads, cos, sin,
+               qw1, qw2, eps, D, HALF, offs_h, offs_r, HAS_NORM, BLOCK_H)
+    rope_heads(k_ptr, tok * k_stride_t, k_stride_h, k_ptr, tok * k_stride_t, k_stride_h, 0, n_k_heads, cos, sin,
+               kw1, kw2, eps, D, HALF, offs_h, offs_r, HAS_NORM, BLOCK_H)
+
+
+def as_heads(name: str, t: torch.Tensor, head_dim: int | None) -> torch.Tensor:
     """Accept [T, H, D] or [T, H*D] (with ``head_dim``) and return a [T, H, D] view of the same memory."""
     if t.dim() == 2:
         check(head_dim is not None and t.shape[1] % head_dim == 0,
@@ -91,15 +102,11 @@ def _as_heads(name: str, t: torch.Tensor, head_dim: int | None) -> torch.Tensor:
     return t
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                 head_dim: int | None = None, q_norm_weight: torch.Tensor | None = None,
-                 k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate ``q`` [T, Hq, D] and ``k`` [T, Hk, D] in place (2-D [T, H*D] accepted with ``head_dim``).
-
-    ``positions`` [T] int; ``cos_sin_cache`` [max_pos, rot_dim] float32. With both norm weights [D], apply
-    Qwen3's per-head RMSNorm first. Returns ``(q, k)``.
-    """
-    q3, k3 = _as_heads("q", q, head_dim), _as_heads("k", k, head_dim)
+def check_rotary_args(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                      head_dim: int | None, q_norm_weight: torch.Tensor | None,
+                      k_norm_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The host checks of the rotary kernels; returns q and k as [T, H, D] views and whether the norm is fused."""
+    q3, k3 = as_heads("q", q, head_dim), as_heads("k", k, head_dim)
     check_float("q", q)
     check(k.dtype == q.dtype, f"k: dtype {k.dtype} differs from q's {q.dtype}")
     check(q3.shape[0] == k3.shape[0] and q3.shape[2] == k3.shape[2],
@@ -119,11 +126,30 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_
         for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
             check(w.shape == (D,) and w.is_contiguous(), f"{name}: expected contiguous shape ({D},)")
     check_same_device(q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
-    if T == 0:
-        return q, k
-    half = rot // 2
+    return q3, k3, has_norm
+
+
+def rotary_launch_args(q3: torch.Tensor, k3: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[int, int, int]:
+    """(half rot_dim, BLOCK_R, BLOCK_H): heads per loop step bounded so a tile holds <= 4096 elements."""
+    half = cos_sin_cache.shape[1] // 2
     block_r = next_pow2(half)
     block_h = max(1, min(next_pow2(max(q3.shape[1], k3.shape[1])), 4096 // block_r))
+    return half, block_r, block_h
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                 head_dim: int | None = None, q_norm_weight: torch.Tensor | None = None,
+                 k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` [T, Hq, D] and ``k`` [T, Hk, D] in place (2-D [T, H*D] accepted with ``head_dim``).
+
+    ``positions`` [T] int; ``cos_sin_cache`` [max_pos, rot_dim] float32. With both norm weights [D], apply
+    Qwen3's per-head RMSNorm first. Returns ``(q, k)``.
+    """
+    q3, k3, has_norm = check_rotary_args(q, k, positions, cos_sin_cache, head_dim, q_norm_weight, k_norm_weight)
+    T, _, D = q3.shape
+    if T == 0:
+        return q, k
+    half, block_r, block_h = rotary_launch_args(q3, k3, cos_sin_cache)
     qw = q_norm_weight if has_norm else cos_sin_cache
     kw = k_norm_weight if has_norm else cos_sin_cache
     _rotary_kernel[(T,)](q3, k3, positions, cos_sin_cache, qw, kw,

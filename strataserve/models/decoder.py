@@ -47,14 +47,11 @@ class Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor,
                 meta: AttentionMetadata | None) -> torch.Tensor:
-        t = x.shape[0]
         qkv = self.ops.linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None:
-            q = self.ops.rms_norm(q.reshape(t * self.num_heads, self.head_dim), self.q_norm, self.eps).view(t, -1)
-            k = self.ops.rms_norm(k.reshape(t * self.num_kv_heads, self.head_dim), self.k_norm, self.eps).view(t, -1)
-        self.ops.apply_rotary(positions, q, k, self.head_dim, cos_sin)
-        o = self.ops.attention.forward(self.layer_idx, q, k, v, meta)
+        # (q/k norm,) rotary, KV store and attention in one call: a kernel backend fuses the first three
+        o = self.ops.attend(self.layer_idx, positions, q, k, v, self.head_dim, cos_sin, self.q_norm, self.k_norm,
+                            self.eps, meta)
         return self.ops.linear(o, self.o_weight)
 
 

@@ -22,8 +22,10 @@ import torch
 
 from strataserve.runner.attention import AttentionMetadata, DecodeGroup
 
-#: ``step(input_ids[B], positions[B], slot_mapping[B], block_tables[B, W], context_lens[B]) -> Tensor[B, ...]``
-DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``step(input_ids[B], positions[B], slot_mapping[B], block_tables[B, W], context_lens[B])`` -> a tensor
+#: ``[B, ...]`` or a tuple of them (e.g. logits and their argmax)
+DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                      torch.Tensor | tuple[torch.Tensor, ...]]
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
@@ -83,7 +85,7 @@ class CudaGraphDecoder:
             block_tables=torch.zeros(self.max_bs, max_blocks_per_seq, dtype=torch.int32, **z),
             context_lens=torch.zeros(self.max_bs, dtype=torch.int32, **z))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor | tuple[torch.Tensor, ...]] = {}
         self.capture_seconds = 0.0
 
     def _views(self, bs: int) -> tuple[torch.Tensor, ...]:
@@ -119,10 +121,11 @@ class CudaGraphDecoder:
         return next(s for s in self.sizes if s >= batch)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-            block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
-        """Copy a decode batch of n rows into the buffers, replay its bucket's graph, return the first n rows.
+            block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Copy a decode batch of n rows into the buffers, replay its bucket's graph, return the first n rows
+        (of each output, if the step returns a tuple).
 
-        The returned tensor is the graph's static output: read it before the next ``run``.
+        The returned tensors are the graph's static outputs: read them before the next ``run``.
         """
         n = input_ids.shape[0]
         if not self.can_run(n, block_tables.shape[1]):
@@ -140,7 +143,8 @@ class CudaGraphDecoder:
             b.slot_mapping[n:bs].fill_(self.pad_slot)
             b.context_lens[n:bs].zero_()
         self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+        out = self.outputs[bs]
+        return out[:n] if isinstance(out, torch.Tensor) else tuple(t[:n] for t in out)
 
     def close(self) -> None:
         self.graphs.clear()

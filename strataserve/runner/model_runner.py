@@ -2,7 +2,8 @@
 
 Start-up: resolve device/dtype -> pick the OpSet for the runner mode (``select_ops``, the one place modes are
 decided) -> load weights -> size the KV pool (``num_blocks`` override, else a GiB budget on CPU, else a fraction
-of GPU memory minus weights and a profiled peak forward) -> preallocate it -> capture CUDA graphs (graph/hybrid).
+of GPU memory minus weights and a profiled peak forward) -> preallocate it -> (hybrid) time cuBLAS against the
+Triton GEMV per batch-1 weight shape -> capture CUDA graphs (graph/hybrid).
 
 Per step (``launch``; ``execute`` = ``launch(...).result()``): forget finished requests, register new ones,
 build flat tensors + attention metadata (``runner/input_batch.py``, block tables kept in persistent rows), run the
@@ -63,7 +64,9 @@ def select_ops(mode: str, cfg: DecoderConfig, device: torch.device) -> Execution
         from strataserve.runner.triton_ops import TritonAttention, TritonOps
     except ImportError as exc:
         raise ValueError(f"runner mode {mode!r} needs triton ({exc}); install triton or use mode='eager'") from None
-    ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+    ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                    long_first=envs.STRATA_DECODE_LONG_FIRST),
+                    fused_rope_kv=envs.STRATA_FUSED_ROPE_KV)
     return ExecutionPlan(mode, ops, mode == "hybrid")
 
 
@@ -99,6 +102,9 @@ class ModelRunner(ModelRunnerBase):
             async_scheduling = self.device.type == "cuda" and envs.STRATA_ASYNC_SCHEDULING
         self.supports_async = async_scheduling
         self._last: tuple[torch.Tensor, dict[str, int]] | None = None  # last launch's token tensor, row per id
+        #: all-greedy graph steps take the argmax captured in the graph (a custom sampler sees every step instead)
+        self._graph_argmax = envs.STRATA_GRAPH_ARGMAX and type(self.sampler) is Sampler
+        self.gemv_choices = self._tune_gemv() if self.plan.mode == "hybrid" else []
         self.graphs = self._capture_graphs() if self.plan.cuda_graphs else None
 
     # ------------------------------------------------------------------ start-up
@@ -152,17 +158,34 @@ class ModelRunner(ModelRunnerBase):
         others = total - free - torch.cuda.memory_reserved(self.device)
         return int(total * self.config.cache.gpu_memory_utilization) - peak - others
 
+    def _tune_gemv(self) -> list:
+        """Batch-1 matmuls: cuBLAS or the Triton GEMV per weight shape, measured now (before graph capture)."""
+        from strataserve.runner.gemv_tuning import one_row_weights, tune_gemv
+
+        if not envs.STRATA_GEMV_TUNE:
+            return []
+        choices = tune_gemv(one_row_weights(self.model))
+        self.plan.ops.gemv_plan = {c.shape: c.config for c in choices if c.config is not None}  # type: ignore
+        return choices
+
+    def _graph_step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor):
+        """The decode step the CUDA graphs capture (capturable: no host sync, value-independent launches)."""
+        from strataserve.runner.cuda_graph import decode_metadata
+
+        model = self.model
+        meta = decode_metadata(slot_mapping, block_tables, context_lens, self.block_size,
+                               torch_views=self._torch_views)
+        # the lm_head's output in the model dtype: ``compute_logits`` minus its float32 copy, which ``_logits``
+        # makes only for the rows that need it; plus every row's argmax (the greedy token), read while the logits
+        # are fresh in L2, so an all-greedy step needs nothing after the replay but a gather
+        logits = model.ops.linear(model(input_ids, positions, meta), model.lm_head)
+        return (logits, logits.argmax(dim=-1)) if self._graph_argmax else logits
+
     def _capture_graphs(self):  # -> CudaGraphDecoder
-        from strataserve.runner.cuda_graph import CudaGraphDecoder, decode_metadata
+        from strataserve.runner.cuda_graph import CudaGraphDecoder
 
-        model, bs, views = self.model, self.block_size, self._torch_views
-
-        def step(input_ids, positions, slot_mapping, block_tables, context_lens):
-            meta = decode_metadata(slot_mapping, block_tables, context_lens, bs, torch_views=views)
-            # the lm_head's output in the model dtype: ``compute_logits`` minus its float32 copy, which
-            # ``_logits`` makes only for the rows that need it (greedy rows take the argmax of these directly)
-            return model.ops.linear(model(input_ids, positions, meta), model.lm_head)
-
+        bs = self.block_size
         triton = self.plan.mode == "hybrid"
         pad_slot = -1 if triton else self.num_blocks * bs  # the spare block
         max_bs = min(self.config.runner.cuda_graph_max_bs, self.config.scheduler.max_num_seqs)
@@ -171,7 +194,7 @@ class ModelRunner(ModelRunnerBase):
             # torch attention gathers every column of the captured width for every row; beyond
             # _GRAPH_TORCH_MAX_TOKENS of context the decode step runs eagerly instead (can_run says no)
             cols = min(cols, -(-_GRAPH_TORCH_MAX_TOKENS // bs))
-        graphs = CudaGraphDecoder(step, max_bs, cols, self.device, pad_slot=pad_slot)
+        graphs = CudaGraphDecoder(self._graph_step, max_bs, cols, self.device, pad_slot=pad_slot)
         seconds = graphs.capture()
         log.info("captured %d CUDA graphs (batch <= %d) in %.2f s", len(graphs.sizes), graphs.max_bs, seconds)
         return graphs
@@ -200,13 +223,18 @@ class ModelRunner(ModelRunnerBase):
         self._fill_pending_tokens(batch, chunks)
         req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
         reqs = [self.requests[r] for r in req_ids]
-        logits = self._logits(batch, all(r.plain_greedy for r in reqs))
-        if logits is None:
+        logits, tokens = self._logits(batch, all(r.plain_greedy for r in reqs))
+        if logits is None and tokens is None:
             return LaunchedStep([], [], None, [], [])
-        if not self.supports_async:  # synchronous: the sampler's host lists, as any Sampler subclass returns them
+        if tokens is not None:  # all plain greedy: the graph's argmax is the sampler's answer
+            logprobs: list = [None] * len(reqs)
+            if not self.supports_async:
+                return LaunchedStep(req_ids, reqs, None, logprobs, tokens.tolist())
+        elif not self.supports_async:  # synchronous: the sampler's host lists, as any Sampler subclass returns them
             ids, logprobs = self.sampler(logits, reqs)
             return LaunchedStep(req_ids, reqs, None, logprobs, ids)
-        tokens, logprobs = self.sampler.sample(logits, reqs)
+        else:
+            tokens, logprobs = self.sampler.sample(logits, reqs)
         self._last = (tokens, {rid: j for j, rid in enumerate(req_ids)})
         step = LaunchedStep(req_ids, reqs, tokens, logprobs)
         step.copy_to_host()
@@ -230,8 +258,11 @@ class ModelRunner(ModelRunnerBase):
             n = len(dst)
             batch.input_ids.index_copy_(0, idx[:n], self._last[0].index_select(0, idx[n:]))  # type: ignore[index]
 
-    def _logits(self, batch: InputBatch, plain_greedy: bool = False) -> torch.Tensor | None:
-        """float32 logits of the sampling chunks in chunk order (None if none samples; KV is written anyway).
+    def _logits(self, batch: InputBatch,
+                plain_greedy: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(logits, None)``: float32 logits of the sampling chunks in chunk order; ``(None, tokens)``: their greedy
+        tokens, taken from the graph's argmax (all plain greedy); ``(None, None)`` if none samples (KV is written
+        anyway).
 
         Decode-only steps that fit a captured graph replay it (the graph computes logits for every row, so the
         lm_head runs inside it too); everything else runs eagerly with logits only for the sampled rows.
@@ -243,16 +274,19 @@ class ModelRunner(ModelRunnerBase):
         t = batch.input_ids.shape[0]
         if (self.graphs is not None and meta.num_decode_tokens == t
                 and self.graphs.can_run(t, meta.decode_block_tables.shape[1])):
-            all_logits = self.graphs.run(batch.input_ids, batch.positions, meta.slot_mapping,
-                                         meta.decode_block_tables, meta.decode_context_lens)
+            out = self.graphs.run(batch.input_ids, batch.positions, meta.slot_mapping, meta.decode_block_tables,
+                                  meta.decode_context_lens)
             if not batch.sample_chunk_ids:
-                return None
+                return None, None
+            all_logits, argmax = out if isinstance(out, tuple) else (out, None)
+            if plain_greedy and argmax is not None:
+                return None, argmax.index_select(0, batch.logits_indices)
             rows = all_logits.index_select(0, batch.logits_indices)
-            return rows if plain_greedy else rows.float()
+            return (rows if plain_greedy else rows.float()), None
         hidden = self.model(batch.input_ids, batch.positions, meta)
         if not batch.sample_chunk_ids:
-            return None
-        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+            return None, None
+        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices)), None
 
     def shutdown(self) -> None:
         if self.graphs is not None:

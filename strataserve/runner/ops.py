@@ -63,6 +63,14 @@ class OpSet(Protocol):
         """
         ...
 
+    def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+               eps: float, meta: AttentionMetadata | None) -> torch.Tensor:
+        """One layer's step from the qkv projection to the attention output: (Qwen3's per-head RMSNorm of q and k
+        with ``q_norm``/``k_norm``,) rotary, KV store, attention. q ``[T, Hq*D]``, k/v ``[T, Hkv*D]`` (strided
+        views of the qkv output, which may be overwritten) -> ``[T, Hq*D]``. One call, so a backend can fuse."""
+        ...
+
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Same order of operations as transformers' RMSNorm: statistics in float32, cast back, then scale.
@@ -84,6 +92,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int
     o2 = x2 * cos + x1 * sin
     xv[..., :half] = o1
     xv[..., half:] = o2
+
+
+def unfused_attend(ops: OpSet, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None,
+                   k_norm: torch.Tensor | None, eps: float, meta: AttentionMetadata | None) -> torch.Tensor:
+    """``OpSet.attend`` as separate ops: q/k norm (on copies of the strided views), rotary, attention (which
+    stores k/v first)."""
+    if q_norm is not None and k_norm is not None:
+        t = q.shape[0]
+        q = ops.rms_norm(q.reshape(-1, head_dim), q_norm, eps).view(t, -1)
+        k = ops.rms_norm(k.reshape(-1, head_dim), k_norm, eps).view(t, -1)
+    ops.apply_rotary(positions, q, k, head_dim, cos_sin_cache)
+    return ops.attention.forward(layer_idx, q, k, v, meta)
 
 
 class TorchOps:
@@ -108,6 +129,11 @@ class TorchOps:
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         return F.silu(x[:, :half]).mul_(x[:, half:])
+
+    def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+               eps: float, meta: AttentionMetadata | None) -> torch.Tensor:
+        return unfused_attend(self, layer_idx, positions, q, k, v, head_dim, cos_sin_cache, q_norm, k_norm, eps, meta)
 
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                      cos_sin_cache: torch.Tensor) -> None:

@@ -10,18 +10,24 @@ import torch.nn.functional as F
 
 from strataserve.kernels.activation import silu_and_mul
 from strataserve.kernels.decode_attention import default_num_splits, paged_decode_attention
-from strataserve.kernels.gemv import gemv
+from strataserve.kernels.gemv import GemvConfig, gemv
 from strataserve.kernels.kv_cache import store_kv
 from strataserve.kernels.prefill_attention import prefill_attention
 from strataserve.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from strataserve.kernels.rotary import apply_rotary
+from strataserve.kernels.rotary_kv import rotary_store_kv
 from strataserve.runner.attention import AttentionMetadata, TorchAttention
+from strataserve.runner.ops import unfused_attend
 
 
 class TritonAttention:
     """Paged attention with Triton kernels: KV store, split-KV decode, prefill over cached prefixes."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, num_sms: int | None = None) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, num_sms: int | None = None,
+                 long_first: bool = True) -> None:
+        """``long_first`` (default): decode rows launch longest first with ~16 programs per SM (more splits);
+        off: run 5's launch (rows in order, ~2 programs per SM), the benchmarks' "before"."""
+        self.reverse, self.programs_per_sm = (True, 16) if long_first else (False, 2)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -35,20 +41,22 @@ class TritonAttention:
         self.kv_caches = kv_caches
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata | None) -> torch.Tensor:
+                meta: AttentionMetadata | None, kv_stored: bool = False) -> torch.Tensor:
+        """``kv_stored``: this step's k/v are already in their slots (``rotary_store_kv`` wrote them)."""
         if meta is None:
             return self._no_cache.forward(layer_idx, q, k, v, None)
         t = q.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q3, k3, v3 = q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
         k_cache, v_cache = self.kv_caches[layer_idx]
-        store_kv(k3, v3, k_cache, v_cache, meta.slot_mapping)
+        if not kv_stored:
+            store_kv(k3, v3, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
         nd = meta.num_decode_tokens
         if nd:
-            splits = default_num_splits(nd, hkv, self.num_sms)
+            splits = default_num_splits(nd, hkv, self.num_sms, programs_per_sm=self.programs_per_sm)
             paged_decode_attention(q3[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                   self.scale, num_splits=splits, out=out[:nd])
+                                   self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse)
         if meta.prefills:
             qsl = meta.prefill_query_start_loc
             seq_lens = meta.prefill_context_lens + (qsl[1:] - qsl[:-1])
@@ -61,19 +69,26 @@ class TritonAttention:
 class TritonOps:
     """Triton kernels behind the ``OpSet`` protocol (same semantics as ``TorchOps``).
 
-    ``use_gemv``: one-row matmuls (batch-1 decode) run the streaming GEMV kernel instead of cuBLAS. Off by
-    default: on the H200 it lost to cuBLAS (8B batch-1 step 5.17 ms vs 4.71 ms; docs/gpu_notes.md, run 2).
+    One-row matmuls (batch-1 decode): ``gemv_plan`` maps a weight shape [N, K] to the GEMV configuration that
+    beat cuBLAS on it (``runner/gemv_tuning.py`` measures that at start-up); other shapes keep cuBLAS.
+    ``use_gemv`` forces the default GEMV for every shape (tests). ``fused_rope_kv`` (default on): (q/k norm,)
+    rotary and the KV store in one kernel; off, the unfused sequence (the before/after switch of the benchmarks).
     """
 
     name = "triton"
 
-    def __init__(self, attention: TritonAttention, use_gemv: bool = False) -> None:
+    def __init__(self, attention: TritonAttention, use_gemv: bool = False,
+                 gemv_plan: dict[tuple[int, int], GemvConfig] | None = None, fused_rope_kv: bool = True) -> None:
         self.attention = attention
         self.use_gemv = use_gemv
+        self.gemv_plan = dict(gemv_plan or {})
+        self.fused_rope_kv = fused_rope_kv
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.use_gemv and x.shape[0] == 1 and x.dim() == 2 and x.is_contiguous():
-            return gemv(x, weight, bias)
+        if x.shape[0] == 1 and x.dim() == 2 and x.is_contiguous():
+            config = self.gemv_plan.get(tuple(weight.shape)) or (GemvConfig() if self.use_gemv else None)
+            if config is not None:
+                return gemv(x, weight, bias, config)
         return F.linear(x, weight, bias)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -90,3 +105,19 @@ class TritonOps:
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                      cos_sin_cache: torch.Tensor) -> None:
         apply_rotary(q, k, positions, cos_sin_cache, head_dim=head_dim)
+
+    def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+               eps: float, meta: AttentionMetadata | None) -> torch.Tensor:
+        att = self.attention
+        if not self.fused_rope_kv:
+            return unfused_attend(self, layer_idx, positions, q, k, v, head_dim, cos_sin_cache, q_norm, k_norm, eps,
+                                  meta)
+        if meta is None or cos_sin_cache.shape[1] != head_dim:  # no cache to store into / partial rotary
+            apply_rotary(q, k, positions, cos_sin_cache, head_dim, q_norm, k_norm, eps)
+            return att.forward(layer_idx, q, k, v, meta)
+        k_cache, v_cache = att.kv_caches[layer_idx]
+        # one launch: (q/k norm,) rotary of q in place, rotated k and v straight into their cache slots
+        rotary_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, head_dim,
+                        q_norm, k_norm, eps)
+        return att.forward(layer_idx, q, k, v, meta, kv_stored=True)

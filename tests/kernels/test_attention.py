@@ -31,13 +31,14 @@ def _paged_cache(device, dtype, lens, H, D, bs):
     ([0, 17, 300], 2, 2, 16, 16, 7),           # MHA, a padding row (length 0) and empty splits
     ([0, 9, 130], 4, 1, 32, 16, 1),            # one split: written directly, no reduce kernel
 ])
-def test_paged_decode(device, dtype, lens, Hq, Hkv, D, bs, splits):
+@pytest.mark.parametrize("reverse", [True, False])  # launch order only: the same rows, the same results
+def test_paged_decode(device, dtype, lens, Hq, Hkv, D, bs, splits, reverse):
     kc, vc, tables = _paged_cache(device, dtype, lens, Hkv, D, bs)
     qkv = torch.randn(len(lens), Hq + 2 * Hkv, D, device=device, dtype=dtype)
     q = qkv[:, :Hq]  # strided view, like a slice of the qkv projection
     ctx = torch.tensor(lens, dtype=torch.int32, device=device)
     scale = D ** -0.5
-    out = paged_decode_attention(q, kc, vc, tables, ctx, scale, num_splits=splits, block_n=16)
+    out = paged_decode_attention(q, kc, vc, tables, ctx, scale, num_splits=splits, block_n=16, reverse=reverse)
     assert_close(out, paged_decode_attention_ref(q, kc, vc, tables, ctx, scale), ATTN_TOL[dtype], "decode")
 
 

@@ -6,6 +6,7 @@ import torch
 
 from strataserve.kernels.kv_cache import store_kv, store_kv_ref
 from strataserve.kernels.rotary import apply_rotary, apply_rotary_ref
+from strataserve.kernels.rotary_kv import rotary_store_kv, rotary_store_kv_ref
 from strataserve.models.hf_config import RopeScaling
 from strataserve.models.rope import build_cos_sin_cache
 from ._helpers import DTYPES, TOL, assert_close
@@ -97,3 +98,51 @@ def test_store_kv_bad_inputs(device):
                  torch.zeros(4, dtype=torch.long, device=device))
     with pytest.raises(ValueError, match="dtypes differ"):
         store_kv(k, k, kc.half(), kc.half(), torch.zeros(4, dtype=torch.long, device=device))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,Hq,Hk,D,bs,norm,hpp", [(5, 4, 2, 32, 16, False, None), (11, 3, 3, 24, 8, True, None),
+                                                     (1, 6, 2, 64, 4, True, None), (3, 12, 4, 16, 8, True, 8),
+                                                     (2, 5, 3, 32, 4, False, 1)])
+def test_rotary_store_kv_fused(device, dtype, T, Hq, Hk, D, bs, norm, hpp):
+    """q rotated in place; rotated k and v land in their cache slots; k and padding slots (-1) untouched."""
+    qkv = torch.randn(T, (Hq + 2 * Hk) * D, device=device, dtype=dtype)
+    q, k, v = qkv.split([Hq * D, Hk * D, Hk * D], dim=-1)  # strided views, as the decoder passes them
+    k_before = k.clone()
+    cache = build_cos_sin_cache(D, 200, 10000.0, LLAMA3, device=device)
+    pos = torch.randint(0, 200, (T,), device=device, dtype=torch.int32)
+    nb = 2 * T + 2
+    slots = torch.randperm(nb * bs, device=device)[:T]
+    slots[T // 2] = -1
+    qw = torch.randn(D, device=device, dtype=dtype) if norm else None
+    kw = torch.randn(D, device=device, dtype=dtype) if norm else None
+    kc = torch.randn(nb, bs, Hk, D, device=device, dtype=dtype)
+    vc = torch.randn_like(kc)
+    ekc, evc = kc.clone(), vc.clone()
+    eq = rotary_store_kv_ref(q.reshape(T, Hq, D), k.reshape(T, Hk, D), v.reshape(T, Hk, D), pos, cache, ekc, evc,
+                             slots, qw, kw, 1e-6)
+    rotary_store_kv(q, k, v, pos, cache, kc, vc, slots, head_dim=D, q_norm_weight=qw, k_norm_weight=kw, eps=1e-6,
+                    heads_per_program=hpp)
+    tol = (2 if norm else 1) * TOL[dtype]
+    assert_close(q.reshape(T, Hq, D), eq, tol, "q")
+    assert_close(kc, ekc, tol, "k cache")
+    assert torch.equal(vc, evc), "v cache"
+    assert torch.equal(k, k_before), "k must be untouched"
+
+
+def test_rotary_store_kv_bad_inputs(device):
+    T, H, D = 3, 2, 8
+    q, k = torch.randn(T, H, D, device=device), torch.randn(T, H, D, device=device)
+    kc = torch.zeros(4, 4, H, D, device=device)
+    pos = torch.zeros(T, dtype=torch.long, device=device)
+    slots = torch.arange(T, device=device)
+    with pytest.raises(ValueError, match="rot_dim 4 must equal head_dim 8"):
+        rotary_store_kv(q, k, k.clone(), pos, build_cos_sin_cache(4, 10, 1e4, RopeScaling(), device=device), kc,
+                        kc.clone(), slots)
+    cache = build_cos_sin_cache(D, 10, 1e4, RopeScaling(), device=device)
+    with pytest.raises(ValueError, match="slot_mapping: expected shape"):
+        rotary_store_kv(q, k, k.clone(), pos, cache, kc, kc.clone(), slots[:2])
+    with pytest.raises(ValueError, match="dtypes differ"):
+        rotary_store_kv(q, k, k.clone(), pos, cache, kc.half(), kc.half(), slots)
+    with pytest.raises(ValueError, match="must be a power of two"):
+        rotary_store_kv(q, k, k.clone(), pos, cache, kc, kc.clone(), slots, heads_per_program=3)

@@ -8,10 +8,12 @@ import dataclasses
 import pytest
 import torch
 
+from strataserve.kernels.gemv import GemvConfig
 from strataserve.models.hf_config import DecoderConfig, RopeScaling
 from strataserve.models.loader import build_random_model
 from strataserve.runner.attention import AttentionMetadata, PrefillSegment, TorchAttention, allocate_kv_cache
 from strataserve.runner.cuda_graph import decode_metadata, graph_batch_sizes
+from strataserve.runner.gemv_tuning import one_row_weights
 from strataserve.runner.ops import TorchOps
 from strataserve.runner.triton_ops import TritonAttention, TritonOps
 
@@ -67,13 +69,25 @@ def _meta(decodes, prefills, tables, device):
     return meta, torch.tensor(pos, device=device)
 
 
-@pytest.mark.parametrize("cfg", [_cfg(), _cfg(num_kv_heads=1, qk_norm=True, head_dim=32)], ids=["llama3", "qwen3"])
-def test_triton_ops_match_torch_ops_in_decoder(device, cfg):
+_SPLIT_K = GemvConfig(block_n=8, block_k=32, split_k=2)
+
+
+@pytest.mark.parametrize("cfg,variant", [(_cfg(), "fused"), (_cfg(num_kv_heads=1, qk_norm=True, head_dim=32), "fused"),
+                                         (_cfg(num_kv_heads=1, qk_norm=True, head_dim=32), "unfused")],
+                         ids=["llama3", "qwen3", "qwen3-unfused-run5"])
+def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant):
+    """fused: (q/k norm +) rotary + KV store in one kernel, the batch-1 step's matmuls through a split-K GEMV plan
+    (as the start-up tuning would install) and the default GEMV; unfused: the run-5 sequence of kernels."""
     dt = torch.float32
     models, caches = {}, {}
+    plan = {(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size): _SPLIT_K, (cfg.hidden_size, cfg.q_size): _SPLIT_K}
+    # num_sms=1 keeps the interpreter's program count small: 4 splits per decode row (fused), 1 (run-5 launch)
+    triton_ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, num_sms=1,
+                                           long_first=variant == "fused"),
+                           use_gemv=True, gemv_plan=plan if variant == "fused" else None,
+                           fused_rope_kv=variant == "fused")
     for name, ops in (("torch", TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))),
-                      ("triton", TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
-                                           use_gemv=True))):
+                      ("triton", triton_ops)):
         models[name] = build_random_model(cfg, dt, device, ops=ops, seed=3)
         caches[name] = allocate_kv_cache(cfg.num_layers, 12, BS, cfg.num_kv_heads, cfg.head_dim, dt, device)
         ops.attention.bind_kv_cache(caches[name])
@@ -112,3 +126,16 @@ def test_graph_decoder_buckets_and_oversize_batch(device):
     z = torch.zeros(21, dtype=torch.long)
     with pytest.raises(ValueError, match="does not fit the captured graphs"):
         g.run(z, z, z, torch.zeros(21, 3, dtype=torch.int32), z.int())
+
+
+def test_one_row_weights_groups_every_matmul_by_shape(device):
+    """What the start-up GEMV tuning times: each layer's four matmul weights and the (tied) lm_head, by shape."""
+    cfg = _cfg(tie_word_embeddings=True, num_layers=3)
+    model = build_random_model(cfg, torch.float32, device, seed=1)
+    groups = one_row_weights(model)
+    qkv, o = (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size), (cfg.hidden_size, cfg.q_size)
+    gate_up, down = (2 * cfg.intermediate_size, cfg.hidden_size), (cfg.hidden_size, cfg.intermediate_size)
+    head = (cfg.vocab_size, cfg.hidden_size)
+    assert {k: len(v) for k, v in groups.items()} == {qkv: 3, o: 3, gate_up: 3, down: 3, head: 1}
+    assert groups[head][0] is model.embed_tokens  # tied: the lm_head is the embedding table
+    assert groups[o][1] is model.layers[1].self_attn.o_weight

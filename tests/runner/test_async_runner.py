@@ -35,12 +35,34 @@ def hf_greedy(path, prompts, n):
     return outs
 
 
-def run_engine(path, prompts, num_blocks, budget, stop=None, async_scheduling=True):
+class EagerGraphs:
+    """Stands in for ``CudaGraphDecoder`` on CPU: "replays" the runner's capturable decode step eagerly, so the
+    runner's graph-path logic (logits and in-graph argmax outputs, gathers, the skipped sampler) runs here too."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.calls = runner, 0
+
+    def can_run(self, batch: int, num_block_cols: int) -> bool:
+        return batch > 0
+
+    def run(self, *args):
+        self.calls += 1
+        return self.runner._graph_step(*args)
+
+    def close(self) -> None:
+        pass
+
+
+def run_engine(path, prompts, num_blocks, budget, stop=None, async_scheduling=True, fake_graphs=None):
+    """``fake_graphs``: a list; when given, the runner gets an ``EagerGraphs``, appended to it."""
     cfg = EngineConfig(ModelConfig(model=str(path), dtype="float32", device="cpu"),
                        CacheConfig(block_size=4, num_blocks=num_blocks),
                        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget),
                        RunnerConfig(mode="eager"))
     runner = ModelRunner(cfg, async_scheduling=async_scheduling)
+    if fake_graphs is not None:
+        runner.graphs = EagerGraphs(runner)
+        fake_graphs.append(runner.graphs)
     core = EngineCore(cfg, runner=runner)
     for i, p in enumerate(prompts):
         stops = list(stop.get(i, ())) if stop else []
@@ -83,3 +105,15 @@ def test_async_runner_matches_hf_with_chunking_prefix_hits_stops_and_preemption(
             assert got[i] == r[:r.index(stop[i][0]) + 1]
         else:
             assert got[i] == r
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_graph_path_argmax_matches_hf(ckpt, async_scheduling):
+    """Decode steps through the graph path: all-greedy steps take the decode step's own argmax (no sampler)."""
+    rng = random.Random(1)
+    prompts = [[rng.randrange(5, 300) for _ in range(rng.randint(2, 15))] for _ in range(4)]
+    graphs: list = []
+    got, _, _ = run_engine(ckpt, prompts, num_blocks=64, budget=24, async_scheduling=async_scheduling,
+                           fake_graphs=graphs)
+    assert graphs[0].calls >= MAX_NEW - 2  # the decode-only steps went through the graph path
+    assert got == hf_greedy(ckpt, prompts, MAX_NEW)

@@ -1,0 +1,93 @@
+"""Batch-1 matmuls: cuBLAS or the Triton GEMV, chosen per weight shape once at start-up by measuring both.
+
+Which is faster depends on the shape and the GPU (docs/gpu_notes.md, run 2: on the H200 cuBLAS won the large
+gate_up / lm_head matrices and lost the small o projection), so nothing is hard-coded: every candidate runs over
+all of the model's weights of one shape in a CUDA graph, as a decode step reads them (each matrix once, so the L2
+cache holds none of them), and a GEMV configuration replaces cuBLAS only if it is ``min_gain`` faster.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from strataserve.kernels.gemv import GemvConfig, gemv
+
+log = logging.getLogger(__name__)
+
+# The configurations that won some shape in the run-6 sweep of 16 (8B and 0.6B projections, docs/gpu_notes.md):
+# split-K for the shapes with few rows, plain row blocks for the tall ones.
+CANDIDATES = (GemvConfig(16, 512, 1, 4, 3), GemvConfig(16, 512, 2, 4, 3), GemvConfig(4, 512, 1, 4, 4),
+              GemvConfig(16, 1024, 2, 8, 3), GemvConfig(8, 1024, 1, 8, 3), GemvConfig(16, 512, 3, 4, 4))
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    shape: tuple[int, int]
+    cublas_us: float
+    best_us: float
+    config: GemvConfig | None  # None: cuBLAS stays
+
+
+def one_row_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.Tensor]]:
+    """The decoder's matmul weights grouped by [N, K] shape, in the order a decode step reads them."""
+    groups: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for layer in model.layers:
+        for w in (layer.self_attn.qkv_weight, layer.self_attn.o_weight, layer.mlp.gate_up_weight,
+                  layer.mlp.down_weight):
+            groups.setdefault(tuple(w.shape), []).append(w)
+    groups.setdefault(tuple(model.lm_head.shape), []).append(model.lm_head)
+    return groups
+
+
+def _graph_seconds(fn, reps: int) -> float:
+    """Seconds per call of ``fn`` replayed in a CUDA graph (median of ``reps`` timed replays)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # compiles / picks kernels outside the graph
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del g
+    return sorted(times)[len(times) // 2]
+
+
+@torch.inference_mode()
+def tune_gemv(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=CANDIDATES, min_gain: float = 0.03,
+              reps: int = 5) -> list[ShapeChoice]:
+    """Measure cuBLAS and every candidate per shape; return the choice for each (CUDA only)."""
+    choices = []
+    t0 = time.perf_counter()
+    for shape, ws in weights.items():
+        x = torch.randn(1, shape[1], dtype=ws[0].dtype, device=ws[0].device)
+        n = len(ws)
+        t_cublas = _graph_seconds(lambda: [F.linear(x, w) for w in ws], reps) / n
+        best_t, best_c = float("inf"), None
+        for c in candidates:
+            try:
+                t = _graph_seconds(lambda c=c: [gemv(x, w, config=c) for w in ws], reps) / n
+            except Exception as exc:  # a config the GPU cannot run (e.g. out of shared memory) just loses
+                log.debug("gemv %s on %s failed: %s", c, shape, exc)
+                continue
+            if t < best_t:
+                best_t, best_c = t, c
+        chosen = best_c if best_t < t_cublas * (1 - min_gain) else None
+        choices.append(ShapeChoice(shape, t_cublas * 1e6, best_t * 1e6, chosen))
+    log.info("batch-1 GEMV tuning (%.1f s): %s", time.perf_counter() - t0,
+             "; ".join(f"{c.shape}: cuBLAS {c.cublas_us:.1f} us, best GEMV {c.best_us:.1f} us -> "
+                       f"{'GEMV ' + str(c.config) if c.config else 'cuBLAS'}" for c in choices))
+    return choices
