@@ -63,6 +63,12 @@ def _window_quantiles(h: LoopHistogram, old: list[int] | None) -> tuple[float | 
     return bucket_quantile(h.bounds, delta, 0.5), bucket_quantile(h.bounds, delta, 0.95)
 
 
+def _engine_of(backend: Any) -> tuple[Any, Any]:
+    """A local LLM backend's ``ServerState`` and its engine's latest ``SchedulerStats`` (None before a step)."""
+    state = getattr(backend, "state", None)
+    return state, getattr(getattr(state, "engine", None), "stats", None)
+
+
 def _rate(now: float, then: float | None, dt: float) -> float:
     return 0.0 if then is None or dt <= 0 else max(0.0, (now - then) / dt)
 
@@ -100,7 +106,7 @@ class ConsoleFeed:
         """The counters the rates and windowed quantiles are differences of."""
         engines = {}
         for b in self.router.local_text_backends():
-            stats = getattr(getattr(getattr(b, "state", None), "engine", None), "stats", None)
+            stats = _engine_of(b)[1]
             if stats is not None:
                 engines[b.name] = (stats.generation_tokens, stats.num_preemptions, stats.prefix_cache_hits,
                                    stats.prefix_cache_queries)
@@ -123,8 +129,7 @@ class ConsoleFeed:
         engines: dict[str, dict[str, Any]] = {}
         for b in self.router.local_text_backends():
             local.add(b.name)
-            state = getattr(b, "state", None)
-            stats = getattr(getattr(state, "engine", None), "stats", None)
+            state, stats = _engine_of(b)
             cur = snap["engines"].get(b.name)
             before = prev["engines"].get(b.name) if prev else None
             first = old["engines"].get(b.name) if old else None

@@ -21,6 +21,8 @@
     const names = Object.keys(s.engines);
     return f ? names.filter((n) => n === f.split("/")[0]) : names;
   };
+  const HEIGHT = 170;
+  const clock = (u, splits) => splits.map((t) => new Date(t * 1000).toLocaleTimeString("en-GB"));
   const ms = (v) => (v == null ? null : v * 1000);
   const pct = (v) => (v == null ? null : v * 100);
 
@@ -62,16 +64,17 @@
     if (!c || c.sig !== sig) {
       if (c) c.plot.destroy();
       const opts = {
-        title, width, height: 230, legend: { live: false },
-        scales: { x: { time: true }, y: { range: (u, lo, hi) => [Math.min(0, lo ?? 0), Math.max(hi ?? 1, 1e-9)] } },
-        axes: [{}, { label: unit, size: 52 }],
+        title, width, height: HEIGHT, legend: { live: false },
+        scales: { x: { time: true }, y: { range: (u, lo, hi) => [Math.min(0, lo ?? 0), hi > 0 ? hi * 1.1 : 1] } },
+        axes: [{ values: clock, size: 28 }, { label: unit, size: 50 }],
         series: [{}, ...labels.map((l, i) => ({ label: l, stroke: COLORS[i % COLORS.length], width: 1.5,
+          points: { show: false },
           dash: l.endsWith(" P95") || l.endsWith(" waiting") || l.endsWith("prefix hits") ? [5, 4] : undefined }))],
       };
       c = charts[id] = { plot: new uPlot(opts, data, el), sig };
       c.plot.root.dataset.chart = id;
     } else {
-      if (c.plot.width !== width) c.plot.setSize({ width, height: 230 });
+      if (c.plot.width !== width) c.plot.setSize({ width, height: HEIGHT });
       c.plot.setData(data);
     }
   }

@@ -146,8 +146,9 @@
       box.className = "tensor-input";
       box.dataset.name = inp.name;
       box.dataset.datatype = inp.datatype;
-      box.innerHTML = `<label><b></b> <span class="hint"></span>
-        Shape <input class="shape"> Data (JSON, flat or nested) <textarea class="data" rows="3"></textarea></label>`;
+      box.innerHTML = `<h2><b></b> <span class="hint"></span></h2>
+        <label>Shape <input class="shape"></label>
+        <label>Data (JSON, flat or nested) <textarea class="data" rows="3"></textarea></label>`;
       box.querySelector("b").textContent = inp.name;
       box.querySelector(".hint").textContent = `${inp.datatype}, shape [${inp.shape.join(", ")}]`;
       box.querySelector(".shape").value = JSON.stringify(shape);

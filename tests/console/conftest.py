@@ -50,7 +50,9 @@ def browser():
                 "--window-size=1280,800", "--force-device-scale-factor=1"):
         opts.add_argument(arg)
     drv = webdriver.Chrome(service=Service(driver), options=opts)
-    drv.set_window_size(1280, 800)
+    # The page's own viewport is 1280x800 (the window also holds the browser's frame).
+    drv.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                        {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
     yield drv
     drv.quit()
 
