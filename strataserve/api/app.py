@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from strataserve.api import chat, completions
+from strataserve.api.console import mount_console
 from strataserve.api.errors import APIError, install_error_handlers
 from strataserve.api.middleware import GuardMiddleware
 from strataserve.api.protocol import DetokenizeRequest, TokenizeRequest
@@ -94,6 +95,8 @@ def build_app(router: Router, *, registry: CollectorRegistry, api_key: str | Non
         from strataserve.api.kserve_http import make_kserve_router
 
         app.include_router(make_kserve_router(router.tensors))
+
+    app.state.console = mount_console(app, router)
 
     @app.get("/version")
     async def version() -> JSONResponse:

@@ -4,7 +4,8 @@
   (counting the actual bytes, so a lying or chunked upload is caught too) and replayed to the app.
 - API keys: with any key set (``--api-key``, or keys mapped to SLA classes), every route except the open ones needs ``Authorization: Bearer <key>``.
   Open: health and metrics probes (``/health``, ``/metrics``, ``/v2/health/*``), ``/openapi.json`` and the docs,
-  because orchestrators and scrapers probe them without credentials.
+  because orchestrators and scrapers probe them without credentials; and the web console's page and static files
+  (``/``, ``/console/static/``), which hold no data: the page asks for the key and sends it to the data routes.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
-                        "/v2/health/live", "/v2/health/ready"})
+                        "/v2/health/live", "/v2/health/ready", "/"})
+OPEN_PREFIXES = ("/console/static/",)
 
 
 async def _send_error(send: Callable, err: APIError) -> None:
@@ -42,7 +44,8 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+        path = scope["path"]
+        if self.expected is not None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
             got = headers.get(b"authorization", b"")
             # Compare with every key (no early exit), each in constant time, so timing tells nothing.
             ok = False

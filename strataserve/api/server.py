@@ -208,9 +208,11 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         if server.started:
+            app.state.console.start()  # the dashboard's history begins with the server
             _banner(console, options, router, getattr(grpc_handle, "port", None))
         await serving
     finally:
+        await app.state.console.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         if grpc_handle is not None:
@@ -230,7 +232,7 @@ def _banner(console: Console, options: ServeOptions, router: Router, grpc_port: 
     if router.tensors is not None:
         grpc = f", gRPC {host}:{grpc_port}" if grpc_port else ""
         console.print(f"[bold green]Ready[/]: KServe v2 at {url}/v2{grpc}", soft_wrap=True)
-    console.print(f"metrics at {url}/metrics", soft_wrap=True)
+    console.print(f"console at {url}/ · metrics at {url}/metrics", soft_wrap=True)
 
 
 def _run_loop(coro: Any) -> None:
