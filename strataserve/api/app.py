@@ -19,8 +19,9 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, model_server: Any = None) -> FastAPI:
-    """``state`` is the LLM (None when only a model repository is served); ``registry`` backs ``/metrics``."""
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, model_server: Any = None, speech: Any = None) -> FastAPI:
+    """``state`` is the LLM (None when only a model repository is served); ``registry`` backs ``/metrics``.
+    ``speech``: an ``AsyncTTS``-like engine (``.name``) served at ``/v1/audio/speech`` (until the router lands)."""
     app = FastAPI(title="strataserve", version="0.1.0",
                   description="OpenAI-compatible LLM serving and KServe v2 inference.")
     app.state.strata = state
@@ -29,6 +30,8 @@ def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
     app.include_router(completions.router)
     app.include_router(chat.router)
+    if speech is not None:
+        _mount_speech(app, speech, registry)
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -38,6 +41,11 @@ def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key
                 llm.check_alive()
             except APIError as exc:
                 return exc.response()
+        if speech is not None:
+            try:
+                speech.check_health()
+            except Exception as exc:  # noqa: BLE001 - any failure of the TTS engine means not healthy
+                return APIError(503, f"speech engine is not running: {exc}", type="service_unavailable").response()
         ms = request.app.state.model_server
         if ms is not None and not ms.live():
             return APIError(503, "model server is not live", type="service_unavailable").response()
@@ -54,6 +62,9 @@ def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key
         if llm is not None:
             data.append({"id": llm.model_name, "object": "model", "created": llm.created, "owned_by": "strataserve",
                          "root": llm.model_name, "max_model_len": llm.max_model_len})
+        if speech is not None:
+            data.append({"id": speech.name, "object": "model", "owned_by": "strataserve", "root": speech.name,
+                         "voices": list(speech.voices), "languages": list(speech.languages)})
         return {"object": "list", "data": data}
 
     @app.post("/tokenize")
@@ -91,3 +102,18 @@ def build_app(state: ServerState | None, *, registry: CollectorRegistry, api_key
         return JSONResponse({"version": v})
 
     return app
+
+
+def _mount_speech(app: FastAPI, speech: Any, registry: CollectorRegistry) -> None:
+    """The speech route for one TTS engine, and its ``strata:tts_*`` metrics."""
+    from strataserve.api.speech import make_speech_router
+    from strataserve.api.tts_metrics import TTSMetrics
+
+    def resolve(name: str | None) -> Any:
+        if name in (None, "", speech.name):
+            return speech
+        raise APIError(404, f"model {name!r} is not served here; this server speaks with {speech.name!r}",
+                       param="model", code="model_not_found")
+
+    app.include_router(make_speech_router(resolve))
+    TTSMetrics(speech, registry)

@@ -21,6 +21,7 @@ from rich.console import Console
 from strataserve.api.app import DEFAULT_MAX_BODY_BYTES, build_app
 from strataserve.api.metrics import ServerMetrics
 from strataserve.api.serving import ServerState
+from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir
 from strataserve.config import EngineConfig
 
 log = logging.getLogger("strataserve.server")
@@ -111,7 +112,7 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> None:
+async def _serve_async(options: ServeOptions, engine: Any, console: Console, speech: Any = None) -> None:
     registry = CollectorRegistry()
     state = build_state(engine, options, registry) if engine is not None else None
     model_server = grpc_handle = None
@@ -125,7 +126,7 @@ async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> 
         console.print(f"[green]✓[/] model repository {options.model_repository} "
                       f"(control mode {options.model_control_mode})")
     app = build_app(state, registry=registry, api_key=options.api_key, max_body_bytes=options.max_body_bytes,
-                    model_server=model_server)
+                    model_server=model_server, speech=speech)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.uvicorn_log_level,
                             access_log=options.access_log, timeout_keep_alive=30, lifespan="off",
                             # On SIGTERM, let in-flight generations finish for a while, then cancel them (the
@@ -151,6 +152,9 @@ async def _serve_async(options: ServeOptions, engine: Any, console: Console) -> 
             await asyncio.sleep(0.05)
         if server.started:
             _banner(console, options, state, getattr(grpc_handle, "port", None))
+            if speech is not None:  # TTS (issue 10)
+                console.print(f"[bold green]Ready[/]: speech model [bold]{speech.name}[/] at "
+                              f"http://{options.host}:{options.port}/v1/audio/speech", soft_wrap=True)
         await serving
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -185,12 +189,36 @@ def _run_loop(coro: Any) -> None:
 def serve(options: ServeOptions, console: Console | None = None) -> None:
     """Blocking: run the server until SIGINT/SIGTERM, then release everything."""
     console = console or Console(stderr=True)
-    engine = None
-    if options.engine is not None:
+    engine = speech = None
+    if options.engine is not None and is_qwen3_tts_dir(options.engine.model.model):
+        speech = _load_speech(options, console)  # TTS (issue 10): a Qwen3-TTS folder serves /v1/audio/speech
+    elif options.engine is not None:
         engine = load_engine(options.engine, console, options.startup_timeout_s)
     try:
-        _run_loop(_serve_async(options, engine, console))
+        _run_loop(_serve_async(options, engine, console, speech))
     finally:
         if engine is not None:
             engine.shutdown()
+        if speech is not None:
+            speech.shutdown()
         console.print("strataserve stopped")
+
+
+# --- TTS (issue 10): kept apart so the router rewrite can move it whole ---------------------------------------
+def _load_speech(options: ServeOptions, console: Console) -> Any:
+    """An in-process ``AsyncTTS`` (its engine core runs on a thread) for a Qwen3-TTS checkpoint folder."""
+    from strataserve.engine.async_tts import AsyncTTS
+
+    cfg = options.engine
+    assert cfg is not None
+    name = options.served_model_name or cfg.model.served_model_name or cfg.model.model
+    from strataserve.engine.mp_client import EngineStartupError
+
+    with console.status(f"[bold]Loading speech model[/] {cfg.model.model}…"):
+        try:
+            return AsyncTTS.from_pretrained(cfg.model.model, device=cfg.model.device, dtype=cfg.model.dtype,
+                                            mode=cfg.runner.mode, max_model_len=cfg.model.max_model_len or 4096,
+                                            max_num_seqs=cfg.scheduler.max_num_seqs,
+                                            max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens, name=name)
+        except ValueError as exc:  # named checkpoint errors: the CLI reports them as a failed start
+            raise EngineStartupError(str(exc)) from None

@@ -17,7 +17,8 @@ from typing import Sequence, TypeVar
 import numpy as np
 import torch
 
-from strataserve.engine.tts_engine import SpeechParams, TTSModel, build_core, build_request, load_tts_model
+from strataserve.engine.tts_engine import SpeechParams, ServesTTSModel, TTSModel, build_core, build_request, \
+    load_tts_model
 
 T = TypeVar("T")
 
@@ -39,7 +40,7 @@ def _per_text(value: T | Sequence[T] | None, n: int, name: str) -> list[T | None
     return [value] * n  # type: ignore[list-item]
 
 
-class TTS:
+class TTS(ServesTTSModel):
     def __init__(self, model: str | Path | TTSModel, *, device: str = "auto", dtype: str = "auto",
                  mode: str = "auto", max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  num_blocks: int | None = None, block_size: int = 16, kv_cache_memory_gib: float = 0.5,
@@ -51,17 +52,6 @@ class TTS:
                                             num_blocks=num_blocks, kv_cache_memory_gib=kv_cache_memory_gib)
         self._ids = itertools.count()
 
-    @property
-    def voices(self) -> list[str]:
-        return self.model.voices
-
-    @property
-    def languages(self) -> list[str]:
-        return self.model.languages
-
-    @property
-    def sample_rate(self) -> int:
-        return self.model.sample_rate
 
     def submit(self, text: str, *, voice: str | None = None, language: str | None = None,
                instructions: str | None = None, params: SpeechParams = SpeechParams()) -> str:
@@ -114,13 +104,13 @@ class TTS:
         except BaseException:
             self.core.abort_requests(ids)
             for rid in ids:
-                self.runner.release(rid)
+                self.runner.release(rid, deferred=False)
             raise
         return [results[r] for r in ids]
 
     def _finish(self, rid: str, reason: str) -> SpeechOutput:
         st = self.runner.states[rid]
-        self.runner.release(rid)
+        self.runner.release(rid, deferred=False)
         g = self.model.config.num_code_groups
         frames = torch.tensor(st.frames, dtype=torch.long).reshape(-1, g)
         wav = np.zeros(0, dtype=np.float32)

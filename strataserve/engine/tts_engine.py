@@ -87,6 +87,24 @@ class TTSModel:
         return next(self.codec.parameters()).device
 
 
+class ServesTTSModel:
+    """What a TTS front (offline or async) tells its callers about the model it serves."""
+
+    model: TTSModel
+
+    @property
+    def voices(self) -> list[str]:
+        return self.model.voices
+
+    @property
+    def languages(self) -> list[str]:
+        return self.model.languages
+
+    @property
+    def sample_rate(self) -> int:
+        return self.model.sample_rate
+
+
 def load_tts_model(model_dir: str | Path, *, device: str = "auto", dtype: str = "auto", mode: str = "auto",
                    max_model_len: int = 4096) -> TTSModel:
     folder = Path(model_dir)

@@ -18,6 +18,7 @@ the request), so the front releases it once it has read the last frame.
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 import torch
@@ -73,14 +74,21 @@ class TTSRunner(ModelRunnerBase):
         self._suppress = torch.tensor(cfg.suppressed_ids, dtype=torch.long, device=model.device)
         self.states: dict[str, TTSRequestState] = {}
         self._active: set[str] = set()
+        self._released: collections.deque[str] = collections.deque()  # appended by the front's thread
 
     # ------------------------------------------------------------------ request state (front-end side)
     def register(self, req_id: str, state: TTSRequestState) -> None:
         """Hand over a request's prompt before the engine core sees the request."""
         self.states[req_id] = state
 
-    def release(self, req_id: str) -> None:
-        self.states.pop(req_id, None)
+    def release(self, req_id: str, deferred: bool = True) -> None:
+        """Drop a request's state once the front has read its frames. ``deferred`` (another thread calls): the
+        engine thread drops it at its next step that does not schedule the request (an abort may still be
+        queued behind a step that does); immediate only from the engine's own thread."""
+        if deferred:
+            self._released.append(req_id)
+        else:
+            self.states.pop(req_id, None)
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -95,6 +103,7 @@ class TTSRunner(ModelRunnerBase):
             st.sampling = SamplingRequest(nr.sampling_params, [], list(nr.output_token_ids), self.eos_id)
             self._active.add(nr.req_id)
         chunks = scheduler_output.chunks
+        self._drop_released({c.req_id for c in chunks})
         if not chunks:
             return ModelRunnerOutput([], [], [])
         m = self.model
@@ -117,6 +126,16 @@ class TTSRunner(ModelRunnerBase):
             st.sampling.output_token_ids.append(tok)  # type: ignore[union-attr]
             st.past_hidden = last[j]
         return ModelRunnerOutput(req_ids, tokens, [None] * len(tokens))
+
+    def _drop_released(self, scheduled: set[str]) -> None:
+        keep = []
+        while self._released:
+            rid = self._released.popleft()
+            if rid in scheduled:
+                keep.append(rid)
+            else:
+                self.states.pop(rid, None)
+        self._released.extend(keep)
 
     def _complete_frames(self, chunks) -> None:
         """Run the code predictor for every scheduled position whose frame lacks codebooks 1..G-1."""
