@@ -69,6 +69,7 @@ class TTSModel:
     tokenizer: Any  # transformers tokenizer
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     name: str = ""
+    cuda_graphs: bool = False  # the runner mode asks for CUDA graphs (the code predictor's loop is captured)
 
     @property
     def voices(self) -> list[str]:
@@ -119,8 +120,7 @@ def load_tts_model(model_dir: str | Path, *, device: str = "auto", dtype: str = 
         dt = _DTYPES[dtype]
     else:
         raise ValueError(f"dtype={dtype!r}: use one of auto, {', '.join(_DTYPES)}")
-    talker = Qwen3TTSTalker(cfg, select_ops(mode, cfg.talker, dev).ops, select_ops(mode, cfg.code_predictor, dev).ops,
-                            dt, dev, min(max_model_len, cfg.talker.max_position_embeddings))
+    talker, graphs = build_talker(cfg, dev, dt, mode, max_model_len)
     load_talker(folder, talker)
     from transformers import AutoTokenizer
 
@@ -128,7 +128,17 @@ def load_tts_model(model_dir: str | Path, *, device: str = "auto", dtype: str = 
         tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"{folder}: cannot load the text tokenizer ({exc})") from None
-    return TTSModel(cfg, talker, load_codec(folder, cfg, dev), tok, read_generation_defaults(folder), folder.name)
+    return TTSModel(cfg, talker, load_codec(folder, cfg, dev), tok, read_generation_defaults(folder), folder.name,
+                    graphs)
+
+
+def build_talker(cfg: Qwen3TTSConfig, dev: torch.device, dt: torch.dtype, mode: str,
+                 max_model_len: int) -> tuple[Qwen3TTSTalker, bool]:
+    """The (uninitialised) talker with the runner mode's ops; True when the mode wants CUDA graphs."""
+    plan = select_ops(mode, cfg.talker, dev)
+    talker = Qwen3TTSTalker(cfg, plan.ops, select_ops(mode, cfg.code_predictor, dev).ops, dt, dev,
+                            min(max_model_len, cfg.talker.max_position_embeddings))
+    return talker, plan.cuda_graphs
 
 
 def resolve_params(p: SpeechParams, defaults: dict[str, Any]) -> tuple[SamplingParams, CodeSampling]:
@@ -196,7 +206,7 @@ def build_core(model: TTSModel, *, max_num_seqs: int = 32, max_num_batched_token
         per_block = 2 * t.num_layers * block_size * t.num_kv_heads * t.head_dim * model.talker.text_embedding.element_size()
         num_blocks = max(2, int(kv_cache_memory_gib * (1 << 30)) // per_block - 1)
     runner = TTSRunner(model.talker, num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
-                       max_num_seqs=max_num_seqs)
+                       max_num_seqs=max_num_seqs, cuda_graphs=model.cuda_graphs)
     cfg = EngineConfig(model=ModelConfig(model=model.name or "qwen3-tts"),
                        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=False),
                        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,

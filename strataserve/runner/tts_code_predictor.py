@@ -62,22 +62,63 @@ class CodePredictorLoop:
         self.kv = allocate_kv_cache(cfg.num_layers, max_bs, self.block_size, cfg.num_kv_heads, cfg.head_dim,
                                     model.dtype, model.device)
         self._torch_views = isinstance(model.predictor.ops.attention, TorchAttention)
+        self._graphs: dict[int, tuple] = {}  # bucket -> (graph, input buffers, output)
 
     @torch.inference_mode()
     def run(self, past_hidden: torch.Tensor, first: torch.Tensor, sampling: RowSampling,
             uniforms: torch.Tensor) -> torch.Tensor:
         """past_hidden ``[B, H]`` (talker width), first ``[B]`` codebook-0 ids, uniforms ``[B, G-1]`` ->
-        codebooks 1..G-1 ``[B, G-1]`` (long)."""
-        m = self.model
+        codebooks 1..G-1 ``[B, G-1]`` (long). Replays a captured graph when one covers B."""
         b = past_hidden.shape[0]
         if b > self.max_bs:
             raise ValueError(f"code predictor batch {b} exceeds its capacity {self.max_bs}")
+        bucket = next((n for n in sorted(self._graphs) if n >= b), None)
+        if bucket is None:
+            return self._loop(past_hidden, first, sampling, uniforms)
+        graph, ins, out = self._graphs[bucket]
+        for buf, src in zip(ins, (past_hidden, first, sampling.temperature, sampling.top_k, sampling.top_p,
+                                  sampling.greedy, uniforms)):
+            buf[:b].copy_(src)
+        graph.replay()
+        return out[:b].clone()
+
+    def capture(self, sizes: list[int]) -> None:
+        """Capture the whole inner loop (G decoder steps + sampling) once per batch bucket (CUDA only). Padding
+        rows of a bucket run greedily on zero inputs in their own KV blocks and are dropped."""
+        m = self.model
+        dev = m.device
+        vocab = m.config.code_predictor.vocab_size
+        pool = None
+        for bs in sorted((n for n in sizes if n <= self.max_bs), reverse=True):
+            ins = (torch.zeros(bs, m.config.talker.hidden_size, dtype=m.dtype, device=dev),
+                   torch.zeros(bs, dtype=torch.long, device=dev), torch.ones(bs, device=dev),
+                   torch.full((bs,), vocab, dtype=torch.long, device=dev), torch.ones(bs, device=dev),
+                   torch.ones(bs, dtype=torch.bool, device=dev), torch.zeros(bs, self.groups - 1, device=dev))
+
+            def loop() -> torch.Tensor:
+                return self._loop(ins[0], ins[1], RowSampling(*ins[2:6]), ins[6])
+
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side), torch.inference_mode():
+                loop()  # warm-up: kernel compilation and allocator growth happen outside the capture
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
+                out = loop()
+            pool = graph.pool()
+            self._graphs[bs] = (graph, ins, out)
+
+    def _loop(self, past_hidden: torch.Tensor, first: torch.Tensor, sampling: RowSampling,
+              uniforms: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        b = past_hidden.shape[0]
         dev = past_hidden.device
         m.predictor.ops.attention.bind_kv_cache(self.kv)  # per call: runners may share the model
         rows = torch.arange(b, device=dev)
         tables = rows.to(torch.int32)[:, None]
         codes = []
-        x = m.cp_input(past_hidden)
+        x = m.cp_input(past_hidden).clone()  # the decoder may reuse its input's storage (fused add + norm)
         for j in range(self.groups):
             ctx = torch.full((b,), j + 1, dtype=torch.int32, device=dev)
             meta = decode_metadata(rows * self.block_size + j, tables, ctx, self.block_size, self._torch_views)

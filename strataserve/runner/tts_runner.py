@@ -29,6 +29,7 @@ from strataserve.models.qwen3_tts.prompt import TalkerPrompt
 from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
 from strataserve.runner.attention import TorchAttention, allocate_kv_cache
 from strataserve.runner.base import ModelRunnerBase
+from strataserve.runner.cuda_graph import graph_batch_sizes
 from strataserve.runner.input_batch import BlockTableRows, build_input_batch
 from strataserve.runner.sampler import Sampler, SamplingRequest, row_seed, uniform
 from strataserve.runner.tts_code_predictor import CodePredictorLoop, RowSampling
@@ -59,7 +60,7 @@ class TTSRequestState:
 
 class TTSRunner(ModelRunnerBase):
     def __init__(self, model: Qwen3TTSTalker, *, num_blocks: int, block_size: int, max_model_len: int,
-                 max_num_seqs: int) -> None:
+                 max_num_seqs: int, cuda_graphs: bool = False) -> None:
         self.model = model
         cfg = model.config
         self.block_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
@@ -69,6 +70,8 @@ class TTSRunner(ModelRunnerBase):
         self._torch_views = isinstance(model.talker.ops.attention, TorchAttention)
         self._rows = BlockTableRows(max_num_seqs, -(-max_model_len // block_size))
         self.cp = CodePredictorLoop(model, max_num_seqs)
+        if cuda_graphs:
+            self.cp.capture(graph_batch_sizes(max_num_seqs))
         self.sampler = Sampler()
         self.eos_id = cfg.codec_eos_id
         self._suppress = torch.tensor(cfg.suppressed_ids, dtype=torch.long, device=model.device)
@@ -110,9 +113,11 @@ class TTSRunner(ModelRunnerBase):
         # bound per step (an attribute store): several runners may share one loaded model, one at a time
         m.talker.ops.attention.bind_kv_cache(self.kv_caches)
         batch = build_input_batch(chunks, self.block_size, m.device, m.dtype, self._torch_views, self._rows)
-        order = list(batch.decode_chunk_ids) + [i for i, c in enumerate(chunks) if len(c.token_ids) != 1]
-        self._complete_frames([chunks[i] for i in order])
-        embeds = torch.cat([self._rows_for(chunks[i]) for i in order], dim=0)
+        dec = [chunks[i] for i in batch.decode_chunk_ids]
+        pre = [c for c in chunks if len(c.token_ids) != 1]
+        self._complete_frames(dec + pre)
+        parts = ([self._decode_rows(dec)] if dec else []) + [self._rows_for(c) for c in pre]
+        embeds = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
         hidden = m.talker(None, batch.positions, batch.attn_meta, inputs_embeds=embeds)
         if not batch.sample_chunk_ids:
             return ModelRunnerOutput([], [], [])
@@ -174,6 +179,30 @@ class TTSRunner(ModelRunnerBase):
                 frame = len(st.frames)
                 u[i] = torch.tensor([uniform(row_seed(seed, 1 + j), frame) for j in range(g)])
         return u.to(self.model.device)
+
+    def _decode_rows(self, chunks) -> torch.Tensor:
+        """Input rows of one-token chunks, batched (the common decode step: one embedding op for all rows)."""
+        rows, frames, texts = [], [], []
+        for c in chunks:
+            st = self.states[c.req_id]
+            k = c.start_pos - st.prompt.length
+            if k < 0:  # a one-token prompt piece (chunked prefill)
+                rows.append(len(frames))
+                frames.append(None)
+                texts.append(st.prompt.embeds[c.start_pos])
+            else:
+                frames.append(st.frames[k])
+                texts.append(st.prompt.text_row(k))
+        text = torch.stack(texts)
+        if not rows:
+            return self.model.frame_embed(torch.tensor(frames, device=self.model.device)) + text
+        out = text.clone()
+        real = [i for i, f in enumerate(frames) if f is not None]
+        if real:
+            codes = torch.tensor([frames[i] for i in real], device=self.model.device)
+            idx = torch.tensor(real, device=self.model.device)
+            out[idx] = self.model.frame_embed(codes) + text[idx]
+        return out
 
     def _rows_for(self, chunk) -> torch.Tensor:
         """Input rows ``[n, H]`` of one chunk's positions (prompt rows, then frames + text rows)."""
