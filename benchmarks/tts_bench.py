@@ -181,7 +181,15 @@ def main() -> None:
                 traceback.print_exc()
                 emit(shape=name, runner="strataserve", mode=mode, error="setup failed, see traceback")
         result[f"{name}_mode"] = MODE
-        ref = None if os.environ.get("SKIP_REF") else reference_model(name, raw)
+        ref = None
+        if not os.environ.get("SKIP_REF"):
+            try:
+                ref = reference_model(name, raw)
+            except Exception:  # noqa: BLE001 - report, and still measure ours
+                import traceback
+
+                traceback.print_exc()
+                emit(shape=name, runner="reference", error="could not build the reference, see traceback")
         if ref is not None:
             run_reference(ref, texts[:1])
         rows = []
