@@ -76,7 +76,10 @@ def test_openai_client_streamed_and_not(served):
     with client.audio.speech.with_streaming_response.create(model="tiny", voice="ryan", input=TEXT,
                                                             response_format="pcm", extra_body=extra) as resp:
         chunks = [c for c in resp.iter_bytes() if c]
-    assert b"".join(chunks) == whole
+    # chunk boundaries follow timing, and each chunk is decoded with its own left context: equal to the last bit
+    # of float32, so the 16-bit samples may differ by one step
+    assert sum(map(len, chunks)) == len(whole)
+    np.testing.assert_allclose(_pcm(b"".join(chunks)), _pcm(whole), atol=1.5 / 32767)
     np.testing.assert_allclose(_pcm(whole), out.waveform, atol=1.5 / 32767)
 
 
