@@ -219,6 +219,8 @@ def _load_speech(options: ServeOptions, console: Console) -> Any:
             return AsyncTTS.from_pretrained(cfg.model.model, device=cfg.model.device, dtype=cfg.model.dtype,
                                             mode=cfg.runner.mode, max_model_len=cfg.model.max_model_len or 4096,
                                             max_num_seqs=cfg.scheduler.max_num_seqs,
-                                            max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens, name=name)
+                                            max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+                                            block_size=cfg.cache.block_size, num_blocks=cfg.cache.num_blocks,
+                                            kv_cache_memory_gib=cfg.cache.kv_cache_memory_gib, name=name)
         except ValueError as exc:  # named checkpoint errors: the CLI reports them as a failed start
             raise EngineStartupError(str(exc)) from None

@@ -4,7 +4,8 @@
 model or raises ``APIError`` (404). Body: ``model``, ``input``, ``voice``, ``instructions``, ``response_format``
 (wav | pcm | flac | mp3; pcm = raw 16-bit little-endian mono at the model's rate), ``speed`` (only 1.0),
 ``stream_format`` ("audio": the body streams as frames are decoded; "sse": ``speech.audio.delta`` events with
-base64 audio, then ``speech.audio.done``), plus extras: ``language``, ``temperature``, ``top_k``, ``top_p``,
+base64 audio, then ``speech.audio.done``, whose usage counts the talker's prompt positions as input tokens and
+codec frames as output tokens), plus extras: ``language``, ``temperature``, ``top_k``, ``top_p``,
 ``repetition_penalty``, ``seed``, ``max_new_frames``.
 
 Streaming "audio": pcm and wav go out chunk by chunk (the WAV header, sent first, carries the "unknown length"
@@ -121,7 +122,7 @@ async def _audio_body(stream: Any, fmt: str, sr: int) -> AsyncIterator[bytes]:
         yield encode_clip(np.concatenate(parts) if parts else np.zeros(0, np.float32), fmt, sr)
 
 
-async def _sse_body(stream: Any, fmt: str, sr: int, input_chars: int) -> AsyncIterator[bytes]:
+async def _sse_body(stream: Any, fmt: str, sr: int) -> AsyncIterator[bytes]:
     async with _closing(stream):
         first = True
         async for pcm in stream:
@@ -132,9 +133,9 @@ async def _sse_body(stream: Any, fmt: str, sr: int, input_chars: int) -> AsyncIt
             first = False
             event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
             yield f"data: {json.dumps(event)}\n\n".encode()
-        frames = len(stream.frames)
+        frames, prompt = len(stream.frames), stream.input_tokens
         done = {"type": "speech.audio.done",
-                "usage": {"input_tokens": input_chars, "output_tokens": frames, "total_tokens": input_chars + frames}}
+                "usage": {"input_tokens": prompt, "output_tokens": frames, "total_tokens": prompt + frames}}
         yield f"data: {json.dumps(done)}\n\n".encode()
 
 
@@ -168,7 +169,7 @@ def make_speech_router(resolve: Callable[[str | None], Any]) -> APIRouter:
             raise APIError(400, str(exc), param=_param_of(str(exc))) from None
         sr = tts.sample_rate
         if body.stream_format == "sse":
-            return StreamingResponse(_sse_body(stream, fmt, sr, len(body.input)), media_type="text/event-stream")
+            return StreamingResponse(_sse_body(stream, fmt, sr), media_type="text/event-stream")
         return StreamingResponse(_audio_body(stream, fmt, sr), media_type=MEDIA_TYPES[fmt])
 
     return router

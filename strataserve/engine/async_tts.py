@@ -59,6 +59,7 @@ class SpeechStream:
         self.scheduled: float | None = None
         self.finish_reason: str | None = None
         self.frames: list[list[int]] = []
+        self.input_tokens = 0  # talker prompt positions (text, speaker, language and control rows)
         self._sent = 0  # frames already turned into audio
         self._closed = False
 
@@ -156,6 +157,7 @@ class AsyncTTS(ServesTTSModel):
                                    instructions=instructions, params=params)
         self.core.check_request(req)
         stream = SpeechStream(self, rid, self.first_chunk_frames, self.chunk_frames)
+        stream.input_tokens = state.prompt.length
         self._streams[rid] = stream
         self.runner.register(rid, state)
         try:

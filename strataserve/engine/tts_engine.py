@@ -25,6 +25,7 @@ from strataserve.models.qwen3_tts.config import Qwen3TTSConfig, UnsupportedTTSVa
 from strataserve.models.qwen3_tts.loader import load_codec, load_talker
 from strataserve.models.qwen3_tts.prompt import build_prompt
 from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
+from strataserve.runner.attention import kv_cache_bytes_per_block
 from strataserve.runner.model_runner import select_ops
 from strataserve.runner.tts_runner import CodeSampling, TTSRequestState, TTSRunner
 
@@ -203,7 +204,7 @@ def build_core(model: TTSModel, *, max_num_seqs: int = 32, max_num_batched_token
     t = model.config.talker
     max_model_len = int(model.talker.talker.cos_sin_cache.shape[0])  # the rotary table load_tts_model sized
     if num_blocks is None:
-        per_block = 2 * t.num_layers * block_size * t.num_kv_heads * t.head_dim * model.talker.text_embedding.element_size()
+        per_block = kv_cache_bytes_per_block(t.num_layers, block_size, t.num_kv_heads, t.head_dim, model.talker.dtype)
         num_blocks = max(2, int(kv_cache_memory_gib * (1 << 30)) // per_block - 1)
     runner = TTSRunner(model.talker, num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, cuda_graphs=model.cuda_graphs)

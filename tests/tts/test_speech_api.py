@@ -97,7 +97,9 @@ def test_sse_deltas_then_done(served):
     assert kinds[-1] == "speech.audio.done" and set(kinds[:-1]) == {"speech.audio.delta"} and len(kinds) >= 3
     pcm = _pcm(b"".join(base64.b64decode(e["audio"]) for e in events[:-1]))
     np.testing.assert_allclose(pcm, out.waveform, atol=1.5 / 32767)
-    assert events[-1]["usage"]["output_tokens"] == len(out.frames)
+    usage = events[-1]["usage"]
+    assert usage["output_tokens"] == len(out.frames) and usage["input_tokens"] > 5
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
 @pytest.mark.parametrize("body, status, param, match", [
