@@ -154,3 +154,17 @@ def test_disconnect_frees_the_slot_and_metrics_count(served):
     models = httpx.get(f"{srv.url}/v1/models").json()["data"]
     assert models[0]["id"] == "tiny" and "ryan" in models[0]["voices"]
     assert httpx.get(f"{srv.url}/health").status_code == 200
+
+
+def test_serve_reports_a_broken_tts_folder(weak_eos_ckpt, tmp_path):
+    import shutil
+
+    bad = tmp_path / "no_codec"
+    shutil.copytree(weak_eos_ckpt, bad)
+    shutil.rmtree(bad / "speech_tokenizer")
+    srv = launch(bad, tmp_path / "server.log", api_key=None, wait=False)
+    try:
+        assert srv.proc.wait(timeout=300) == 1
+    finally:
+        srv.stop()
+    assert "speech_tokenizer" in srv.log_tail() and "failed to start" in srv.log_tail()
