@@ -10,7 +10,7 @@ from strataserve.envs import apply_process_defaults
 
 apply_process_defaults()
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "AsyncLLM"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "AsyncLLM", "TTS", "AsyncTTS"]
 __version__ = "0.1.0"
 
 _WHERE = {
@@ -19,6 +19,8 @@ _WHERE = {
     "RequestOutput": "strataserve.engine.outputs",
     "CompletionOutput": "strataserve.engine.outputs",
     "AsyncLLM": "strataserve.engine.async_llm",
+    "TTS": "strataserve.engine.tts",
+    "AsyncTTS": "strataserve.engine.async_tts",
 }
 
 if TYPE_CHECKING:
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
     from strataserve.engine.llm import LLM
     from strataserve.engine.outputs import CompletionOutput, RequestOutput
     from strataserve.engine.sampling_params import SamplingParams
+    from strataserve.engine.async_tts import AsyncTTS
+    from strataserve.engine.tts import TTS
 
 
 def __getattr__(name: str) -> Any:

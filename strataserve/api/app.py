@@ -16,7 +16,9 @@ from strataserve.api.errors import APIError, install_error_handlers
 from strataserve.api.middleware import GuardMiddleware
 from strataserve.api.protocol import DetokenizeRequest, TokenizeRequest
 from strataserve.api.serving import check_token_ids, forward_plain, route
+from strataserve.api.speech import make_speech_router
 from strataserve.router.router import Router
+from strataserve.router.types import Payload
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 CREATED = int(time.time())
@@ -34,12 +36,14 @@ def build_app(router: Router, *, registry: CollectorRegistry, api_key: str | Non
     app.add_middleware(GuardMiddleware, api_keys=keys, max_body_bytes=max_body_bytes)
     app.include_router(completions.router)
     app.include_router(chat.router)
+    if router.of_kind(Payload.SPEECH):
+        app.include_router(make_speech_router(lambda name: router.resolve(name, Payload.SPEECH).tts))
 
     @app.get("/health")
     async def health(request: Request) -> Response:
         """200 when every local engine is alive (an upstream being down is reported, not fatal: the other
         models keep serving); 503 naming the dead ones otherwise."""
-        dead = [b.name for b in router.local_text_backends() if not b.ready()]
+        dead = [b.name for b in router.local_backends() if not b.ready()]
         if dead:
             return APIError(503, f"the engine process of model(s) {', '.join(dead)} is not running",
                             type="service_unavailable", code="engine_dead").response()
@@ -61,6 +65,8 @@ def build_app(router: Router, *, registry: CollectorRegistry, api_key: str | Non
                      "root": card.name, "payload": card.payload.value, "backend": card.backend, "ready": card.ready}
             if card.max_model_len is not None:
                 entry["max_model_len"] = card.max_model_len
+            if card.payload == Payload.SPEECH:
+                entry.update(card.extra)  # voices, languages
             data.append(entry)
         if router.tensors is not None and router.tensors.local is not None:
             for m in router.tensors.local.repository_index(ready_only=True):

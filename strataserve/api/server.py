@@ -23,10 +23,12 @@ from rich.console import Console
 from strataserve.api.app import DEFAULT_MAX_BODY_BYTES, build_app
 from strataserve.api.metrics import MetricsGroup, ServerMetrics
 from strataserve.api.serving import ServerState
+from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir
 from strataserve.config import EngineConfig
 from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
 from strataserve.router.backends.local_llm import LocalLLMBackend
 from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
+from strataserve.router.backends.tts import TTSBackend
 from strataserve.router.config import KServeUpstream, LocalModel, OpenAIUpstream, RouterConfig
 from strataserve.router.metrics import RouterMetrics
 from strataserve.router.router import Router
@@ -148,11 +150,18 @@ async def _maybe_await(value: Any) -> Any:
 
 async def build_router(options: ServeOptions, engines: dict[str, Any], registry: CollectorRegistry,
                        console: Console) -> Router:
-    """Every backend the options declare, registered with one router (the model repository is started here)."""
+    """Every backend the options declare, registered with one router (the model repository is started here).
+    ``engines`` maps each local model's name to its ``AsyncLLM`` or, for a speech checkpoint, its ``AsyncTTS``."""
+    from strataserve.engine.async_tts import AsyncTTS
+
     router = Router(options.sla, RouterMetrics(registry))
-    group = MetricsGroup(registry)
+    group, speech_group = MetricsGroup(registry), MetricsGroup(registry)
     for spec in options.llms:
-        router.add(LocalLLMBackend(build_state(engines[spec.name], spec, group), spec.gpu_cost_per_hour))
+        engine = engines[spec.name]
+        if isinstance(engine, AsyncTTS):
+            router.add(TTSBackend(engine, speech_group, spec.gpu_cost_per_hour))
+        else:
+            router.add(LocalLLMBackend(build_state(engine, spec, group), spec.gpu_cost_per_hour))
     kserve: dict[str, KServeUpstreamBackend] = {}
     for up in options.upstreams:
         if isinstance(up, OpenAIUpstream):
@@ -250,10 +259,32 @@ def serve(options: ServeOptions, console: Console | None = None) -> None:
     console = console or Console(stderr=True)
     engines: dict[str, Any] = {}
     try:
-        for spec in options.llms:  # each in its own engine-core process
-            engines[spec.name] = load_engine(spec.engine, console, options.startup_timeout_s, spec.name)
+        for spec in options.llms:
+            if is_qwen3_tts_dir(spec.engine.model.model):  # a speech model: served at /v1/audio/speech
+                engines[spec.name] = _load_speech(spec, console)
+            else:  # an LLM, in its own engine-core process
+                engines[spec.name] = load_engine(spec.engine, console, options.startup_timeout_s, spec.name)
         _run_loop(_serve_async(options, engines, console))
     finally:
         for engine in engines.values():
             engine.shutdown()
         console.print("strataserve stopped")
+
+
+def _load_speech(spec: LocalLLMSpec, console: Console) -> Any:
+    """An in-process ``AsyncTTS`` (its engine core runs on a thread) for a Qwen3-TTS checkpoint folder."""
+    from strataserve.engine.async_tts import AsyncTTS
+    from strataserve.engine.mp_client import EngineStartupError
+
+    cfg, name = spec.engine, spec.name
+
+    with console.status(f"[bold]Loading speech model[/] {cfg.model.model}…"):
+        try:
+            return AsyncTTS.from_pretrained(cfg.model.model, device=cfg.model.device, dtype=cfg.model.dtype,
+                                            mode=cfg.runner.mode, max_model_len=cfg.model.max_model_len or 4096,
+                                            max_num_seqs=cfg.scheduler.max_num_seqs,
+                                            max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+                                            block_size=cfg.cache.block_size, num_blocks=cfg.cache.num_blocks,
+                                            kv_cache_memory_gib=cfg.cache.kv_cache_memory_gib, name=name)
+        except ValueError as exc:  # named checkpoint errors: the CLI reports them as a failed start
+            raise EngineStartupError(str(exc)) from None

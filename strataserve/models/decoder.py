@@ -116,13 +116,15 @@ class DecoderModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.device
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn_meta: AttentionMetadata | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                attn_meta: AttentionMetadata | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: long ``[T]`` -> final-normed hidden ``[T, H]``.
 
         ``attn_meta=None``: the T tokens are one causal sequence and the KV cache is not touched.
+        ``inputs_embeds`` ``[T, H]`` replaces the embedding lookup (models whose inputs are sums of several
+        embeddings, e.g. the Qwen3-TTS talker and code predictor); ``input_ids`` is then ignored.
         """
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = F.embedding(input_ids, self.embed_tokens) if inputs_embeds is None else inputs_embeds
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, self.cos_sin_cache, attn_meta)

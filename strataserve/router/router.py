@@ -108,7 +108,12 @@ class Router:
         await asyncio.gather(*(b.stop() for b in self.backends.values()), return_exceptions=True)
 
     def local_text_backends(self) -> Iterable[Backend]:
+        """The local LLM engines."""
         return (b for b in self.backends.values() if b.payload == Payload.TEXT and not b.upstream)
+
+    def local_backends(self) -> Iterable[Backend]:
+        """Backends whose engine runs in this process tree (their death makes /health 503)."""
+        return (b for b in self.backends.values() if not b.upstream and b.payload != Payload.TENSORS)
 
 
 def outcome_of(exc: BaseException | None) -> str:

@@ -1,0 +1,175 @@
+"""``POST /v1/audio/speech`` (OpenAI's request shape) for TTS engines.
+
+``make_speech_router(resolve)``: ``resolve(model_name | None)`` returns the ``AsyncTTS``-like object serving that
+model or raises ``APIError`` (404). Body: ``model``, ``input``, ``voice``, ``instructions``, ``response_format``
+(wav | pcm | flac | mp3; pcm = raw 16-bit little-endian mono at the model's rate), ``speed`` (only 1.0),
+``stream_format`` ("audio": the body streams as frames are decoded; "sse": ``speech.audio.delta`` events with
+base64 audio, then ``speech.audio.done``, whose usage counts the talker's prompt positions as input tokens and
+codec frames as output tokens), plus extras: ``language``, ``temperature``, ``top_k``, ``top_p``,
+``repetition_penalty``, ``seed``, ``max_new_frames``.
+
+Streaming "audio": pcm and wav go out chunk by chunk (the WAV header, sent first, carries the "unknown length"
+sizes 0xFFFFFFFF that streaming readers accept); flac and mp3 are encoded once the clip is complete. A client
+that disconnects closes the stream, which aborts the request (its slot is freed at the engine's next step).
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+from typing import Any, AsyncIterator, Callable
+
+import numpy as np
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+from starlette.responses import StreamingResponse
+
+from strataserve.api.errors import APIError, bad_request
+from strataserve.engine.tts_engine import SpeechParams, TTSInputError
+
+MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg"}
+_STREAM_FORMATS = ("audio", "sse")
+
+
+class SpeechRequest(BaseModel):
+    model: str | None = None
+    input: str
+    voice: str | None = None
+    instructions: str | None = None
+    response_format: str = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    stream_format: str = "audio"
+    language: str | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    max_new_frames: int | None = None
+
+
+def pcm16(x: np.ndarray) -> bytes:
+    return (np.clip(x, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+
+
+def wav_header(sample_rate: int, num_bytes: int | None = None) -> bytes:
+    """44-byte PCM16 mono WAV header; ``num_bytes=None`` writes the streaming "unknown length" sizes."""
+    data = 0xFFFFFFFF if num_bytes is None else num_bytes
+    riff = 0xFFFFFFFF if num_bytes is None else 36 + num_bytes
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate,
+            sample_rate * 2, 2, 16) + b"data" + struct.pack("<I", data))
+
+
+def encode_clip(x: np.ndarray, fmt: str, sample_rate: int) -> bytes:
+    """A whole clip in ``fmt`` (flac / mp3 through soundfile; wav / pcm directly)."""
+    if fmt == "pcm":
+        return pcm16(x)
+    if fmt == "wav":
+        body = pcm16(x)
+        return wav_header(sample_rate, len(body)) + body
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    if fmt == "flac":
+        sf.write(buf, x, sample_rate, format="FLAC", subtype="PCM_16")
+    else:
+        sf.write(buf, x, sample_rate, format="MP3", subtype="MPEG_LAYER_III")
+    return buf.getvalue()
+
+
+def _check(body: SpeechRequest) -> str:
+    fmt = body.response_format.lower()
+    if fmt not in MEDIA_TYPES:
+        raise bad_request(f"response_format {body.response_format!r} is not supported; use one of "
+                          f"{', '.join(MEDIA_TYPES)}", param="response_format")
+    if fmt in ("flac", "mp3"):
+        try:
+            import soundfile  # noqa: F401
+        except ImportError:
+            raise bad_request(f"response_format {fmt!r} needs the soundfile package on the server (pip install "
+                              "'strataserve[tts]'); wav and pcm always work", param="response_format") from None
+    if body.stream_format not in _STREAM_FORMATS:
+        raise bad_request(f"stream_format {body.stream_format!r} is not supported; use 'audio' or 'sse'",
+                          param="stream_format")
+    if body.stream_format == "sse" and fmt == "flac":
+        raise bad_request("flac cannot be sent as SSE deltas; use pcm, wav or mp3 with stream_format 'sse'",
+                          param="response_format")
+    if body.speed != 1.0:
+        raise bad_request("speed other than 1.0 is not supported by this model (it would need time-stretching "
+                          "that changes the voice); omit it or send 1.0", param="speed")
+    return fmt
+
+
+def _param_of(message: str) -> str | None:
+    for key, param in (("input", "input"), ("voice", "voice"), ("language", "language"),
+                       ("instructions", "instructions")):
+        if message.startswith(key):
+            return param
+    head = message.split("=", 1)[0].strip()
+    return head if head.isidentifier() and "=" in message else None
+
+
+async def _audio_body(stream: Any, fmt: str, sr: int) -> AsyncIterator[bytes]:
+    async with _closing(stream):
+        if fmt in ("pcm", "wav"):
+            if fmt == "wav":
+                yield wav_header(sr)
+            async for pcm in stream:
+                yield pcm16(pcm)
+            return
+        parts = [pcm async for pcm in stream]
+        yield encode_clip(np.concatenate(parts) if parts else np.zeros(0, np.float32), fmt, sr)
+
+
+async def _sse_body(stream: Any, fmt: str, sr: int) -> AsyncIterator[bytes]:
+    async with _closing(stream):
+        first = True
+        async for pcm in stream:
+            if fmt == "mp3":
+                data = encode_clip(pcm, "mp3", sr)
+            else:
+                data = (wav_header(sr) if fmt == "wav" and first else b"") + pcm16(pcm)
+            first = False
+            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+            yield f"data: {json.dumps(event)}\n\n".encode()
+        frames, prompt = len(stream.frames), stream.input_tokens
+        done = {"type": "speech.audio.done",
+                "usage": {"input_tokens": prompt, "output_tokens": frames, "total_tokens": prompt + frames}}
+        yield f"data: {json.dumps(done)}\n\n".encode()
+
+
+class _closing:
+    """Close the speech stream however the body ends (a disconnect cancels the body: the request aborts)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    async def __aenter__(self) -> Any:
+        return self.stream
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stream.aclose()
+
+
+def make_speech_router(resolve: Callable[[str | None], Any]) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/audio/speech")
+    async def create_speech(body: SpeechRequest) -> StreamingResponse:
+        fmt = _check(body)
+        tts = resolve(body.model)
+        params = SpeechParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                              repetition_penalty=body.repetition_penalty, seed=body.seed,
+                              max_new_frames=body.max_new_frames)
+        try:
+            stream = tts.synthesize(body.input, voice=body.voice, language=body.language,
+                                    instructions=body.instructions, params=params)
+        except TTSInputError as exc:
+            raise APIError(400, str(exc), param=_param_of(str(exc))) from None
+        sr = tts.sample_rate
+        if body.stream_format == "sse":
+            return StreamingResponse(_sse_body(stream, fmt, sr), media_type="text/event-stream")
+        return StreamingResponse(_audio_body(stream, fmt, sr), media_type=MEDIA_TYPES[fmt])
+
+    return router

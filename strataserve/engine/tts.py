@@ -1,0 +1,123 @@
+"""Offline text-to-speech: ``TTS(model=DIR).generate(texts, voice=..., ...)`` -> frames + waveform per text.
+
+    from strataserve import TTS
+    tts = TTS(model="path/to/Qwen3-TTS-12Hz-1.7B-CustomVoice")
+    out = tts.generate(["Hello there."], voice="ryan", language="english", seed=0)
+    soundfile.write("hello.wav", out[0].waveform, out[0].sample_rate)
+
+``submit`` / ``step`` expose the continuous batching underneath: requests may join while others run.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence, TypeVar
+
+import numpy as np
+import torch
+
+from strataserve.engine.tts_engine import SpeechParams, ServesTTSModel, TTSModel, build_core, build_request, \
+    load_tts_model
+
+T = TypeVar("T")
+
+
+@dataclass
+class SpeechOutput:
+    request_id: str
+    frames: np.ndarray  # int64 [num_frames, num_code_groups]
+    waveform: np.ndarray  # float32 [num_frames * samples_per_frame]
+    sample_rate: int
+    finish_reason: str  # "stop" (eos) | "length" (max_new_frames)
+
+
+def _per_text(value: T | Sequence[T] | None, n: int, name: str) -> list[T | None]:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries for {n} texts: give one, or one per text")
+        return list(value)
+    return [value] * n  # type: ignore[list-item]
+
+
+class TTS(ServesTTSModel):
+    def __init__(self, model: str | Path | TTSModel, *, device: str = "auto", dtype: str = "auto",
+                 mode: str = "auto", max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
+                 num_blocks: int | None = None, block_size: int = 16, kv_cache_memory_gib: float = 0.5,
+                 max_model_len: int = 4096) -> None:
+        self.model = model if isinstance(model, TTSModel) else load_tts_model(
+            model, device=device, dtype=dtype, mode=mode, max_model_len=max_model_len)
+        self.core, self.runner = build_core(self.model, max_num_seqs=max_num_seqs,
+                                            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                                            num_blocks=num_blocks, kv_cache_memory_gib=kv_cache_memory_gib)
+        self._ids = itertools.count()
+
+
+    def submit(self, text: str, *, voice: str | None = None, language: str | None = None,
+               instructions: str | None = None, params: SpeechParams = SpeechParams()) -> str:
+        """Queue one request (it joins the running batch at the next step); returns its id."""
+        rid = f"tts-{next(self._ids)}"
+        req, state = build_request(self.model, rid, text, voice=voice, language=language,
+                                   instructions=instructions, params=params)
+        self.core.check_request(req)
+        self.runner.register(rid, state)
+        self.core.add_request(req)
+        return rid
+
+    def step(self) -> list[SpeechOutput]:
+        """Run one engine step; returns the requests that finished in it (audio decoded)."""
+        done = []
+        for out in self.core.step().outputs:
+            if out.finish_reason is not None:
+                done.append(self._finish(out.request_id, out.finish_reason))
+        return done
+
+    def has_unfinished(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    def generate(self, texts: str | Sequence[str], *, voice: str | Sequence[str] | None = None,
+                 language: str | Sequence[str] | None = None, instructions: str | Sequence[str] | None = None,
+                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                 repetition_penalty: float | None = None, seed: int | Sequence[int] | None = None,
+                 max_new_frames: int | None = None, code_temperature: float | None = None) -> list[SpeechOutput]:
+        """Synthesize every text (batched); results in input order. Per-text lists are accepted for voice,
+        language, instructions and seed. ``temperature=0`` (and ``code_temperature=0``) is greedy."""
+        items = [texts] if isinstance(texts, str) else list(texts)
+        n = len(items)
+        voices, langs = _per_text(voice, n, "voice"), _per_text(language, n, "language")
+        instrs, seeds = _per_text(instructions, n, "instructions"), _per_text(seed, n, "seed")
+        ids: list[str] = []
+        try:
+            for i, text in enumerate(items):
+                params = SpeechParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                                      repetition_penalty=repetition_penalty, seed=seeds[i],
+                                      max_new_frames=max_new_frames, code_temperature=code_temperature)
+                try:
+                    ids.append(self.submit(text, voice=voices[i], language=langs[i], instructions=instrs[i],
+                                           params=params))
+                except ValueError as exc:
+                    raise ValueError(f"text {i}: {exc}") from None
+            results: dict[str, SpeechOutput] = {}
+            while self.has_unfinished():
+                for o in self.step():
+                    results[o.request_id] = o
+        except BaseException:
+            self.core.abort_requests(ids)
+            for rid in ids:
+                self.runner.release(rid, deferred=False)
+            raise
+        return [results[r] for r in ids]
+
+    def _finish(self, rid: str, reason: str) -> SpeechOutput:
+        st = self.runner.states[rid]
+        self.runner.release(rid, deferred=False)
+        g = self.model.config.num_code_groups
+        frames = torch.tensor(st.frames, dtype=torch.long).reshape(-1, g)
+        wav = np.zeros(0, dtype=np.float32)
+        if len(frames):
+            codes = frames.T[None].to(self.model.codec_device)
+            wav = self.model.codec.decode(codes)[0].cpu().numpy().astype(np.float32)
+        return SpeechOutput(rid, frames.numpy(), wav, self.model.sample_rate, reason)
+
+    def shutdown(self) -> None:
+        self.core.shutdown()

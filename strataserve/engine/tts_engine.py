@@ -1,0 +1,215 @@
+"""Qwen3-TTS on the engine core: loading, request validation, and the shared pieces of the offline ``TTS`` and
+the serving ``AsyncTTS``.
+
+A request = text + voice (preset speaker) + language + optional instructions + sampling settings. It becomes
+P placeholder token ids (the scheduler's view: P = prompt rows) plus a ``TTSRequestState`` registered with the
+runner (prompt embeddings, sampling). The generic ``EngineCore`` (scheduler + paged KV) then drives
+``TTSRunner``; codebook-0 ids flow back as tokens and complete frames accumulate in the state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from strataserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from strataserve.engine.engine_core import EngineCore
+from strataserve.engine.protocol import EngineCoreRequest
+from strataserve.engine.sampling_params import SamplingParams
+from strataserve.models.loader import resolve_device
+from strataserve.models.qwen3_tts.codec import CodecDecoder
+from strataserve.models.qwen3_tts.config import Qwen3TTSConfig, UnsupportedTTSVariantError, load_tts_config, \
+    read_generation_defaults
+from strataserve.models.qwen3_tts.loader import load_codec, load_talker
+from strataserve.models.qwen3_tts.prompt import build_prompt
+from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
+from strataserve.runner.attention import kv_cache_bytes_per_block
+from strataserve.runner.model_runner import select_ops
+from strataserve.runner.tts_runner import CodeSampling, TTSRequestState, TTSRunner
+
+#: OpenAI's limit for /v1/audio/speech input
+MAX_INPUT_CHARS = 4096
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class TTSInputError(ValueError):
+    """A request the model cannot serve as given (empty/over-long text, unknown voice or language, ...)."""
+
+
+@dataclass(frozen=True)
+class SpeechParams:
+    """Sampling for one request; None = the checkpoint's generation_config.json, else the reference defaults."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    max_new_frames: int | None = None
+    code_temperature: float | None = None  # the reference's subtalker_* settings
+    code_top_k: int | None = None
+    code_top_p: float | None = None
+
+
+_REF_DEFAULTS = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_new_frames=2048,
+                     code_temperature=0.9, code_top_k=50, code_top_p=1.0)
+_GEN_KEYS = dict(temperature="temperature", top_k="top_k", top_p="top_p", repetition_penalty="repetition_penalty",
+                 max_new_frames="max_new_tokens", code_temperature="subtalker_temperature",
+                 code_top_k="subtalker_top_k", code_top_p="subtalker_top_p")
+
+
+@dataclass
+class TTSModel:
+    """Everything loaded from one checkpoint folder."""
+
+    config: Qwen3TTSConfig
+    talker: Qwen3TTSTalker
+    codec: CodecDecoder
+    tokenizer: Any  # transformers tokenizer
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    cuda_graphs: bool = False  # the runner mode asks for CUDA graphs (the code predictor's loop is captured)
+
+    @property
+    def voices(self) -> list[str]:
+        return sorted(self.config.speakers) if self.config.model_type == "custom_voice" else ["default"]
+
+    @property
+    def languages(self) -> list[str]:
+        return self.config.languages
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def codec_device(self) -> torch.device:
+        return next(self.codec.parameters()).device
+
+
+class ServesTTSModel:
+    """What a TTS front (offline or async) tells its callers about the model it serves."""
+
+    model: TTSModel
+
+    @property
+    def voices(self) -> list[str]:
+        return self.model.voices
+
+    @property
+    def languages(self) -> list[str]:
+        return self.model.languages
+
+    @property
+    def sample_rate(self) -> int:
+        return self.model.sample_rate
+
+
+def load_tts_model(model_dir: str | Path, *, device: str = "auto", dtype: str = "auto", mode: str = "auto",
+                   max_model_len: int = 4096) -> TTSModel:
+    folder = Path(model_dir)
+    cfg = load_tts_config(folder)
+    if cfg.model_type == "base":
+        raise UnsupportedTTSVariantError(f"{folder}: tts_model_type 'base' (voice cloning from reference audio) "
+                                         "is not served yet; use a CustomVoice or VoiceDesign checkpoint")
+    dev = resolve_device(device)
+    if dtype == "auto":
+        dt = _DTYPES.get(cfg.talker.torch_dtype, torch.bfloat16) if dev.type == "cuda" else torch.float32
+    elif dtype in _DTYPES:
+        dt = _DTYPES[dtype]
+    else:
+        raise ValueError(f"dtype={dtype!r}: use one of auto, {', '.join(_DTYPES)}")
+    talker, graphs = build_talker(cfg, dev, dt, mode, max_model_len)
+    load_talker(folder, talker)
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{folder}: cannot load the text tokenizer ({exc})") from None
+    return TTSModel(cfg, talker, load_codec(folder, cfg, dev), tok, read_generation_defaults(folder), folder.name,
+                    graphs)
+
+
+def build_talker(cfg: Qwen3TTSConfig, dev: torch.device, dt: torch.dtype, mode: str,
+                 max_model_len: int) -> tuple[Qwen3TTSTalker, bool]:
+    """The (uninitialised) talker with the runner mode's ops; True when the mode wants CUDA graphs."""
+    plan = select_ops(mode, cfg.talker, dev)
+    talker = Qwen3TTSTalker(cfg, plan.ops, select_ops(mode, cfg.code_predictor, dev).ops, dt, dev,
+                            min(max_model_len, cfg.talker.max_position_embeddings))
+    return talker, plan.cuda_graphs
+
+
+def resolve_params(p: SpeechParams, defaults: dict[str, Any]) -> tuple[SamplingParams, CodeSampling]:
+    """Fill unset fields (checkpoint defaults, then the reference's); raise TTSInputError on bad values."""
+    v = {}
+    for name, ref in _REF_DEFAULTS.items():
+        given = getattr(p, name)
+        v[name] = given if given is not None else defaults.get(_GEN_KEYS[name], ref)
+    if defaults.get("do_sample") is False and p.temperature is None:
+        v["temperature"] = 0.0
+    if defaults.get("subtalker_dosample") is False and p.code_temperature is None:
+        v["code_temperature"] = 0.0
+    try:
+        sp = SamplingParams(temperature=float(v["temperature"]), top_k=int(v["top_k"]), top_p=float(v["top_p"]),
+                            repetition_penalty=float(v["repetition_penalty"]), seed=p.seed,
+                            max_tokens=int(v["max_new_frames"]), min_tokens=min(2, int(v["max_new_frames"])))
+        cs_params = SamplingParams(temperature=float(v["code_temperature"]), top_k=int(v["code_top_k"]),
+                                   top_p=float(v["code_top_p"]))  # validated like the talker's
+    except ValueError as exc:
+        raise TTSInputError(str(exc)) from None
+    return sp, CodeSampling(cs_params.temperature, cs_params.top_k, cs_params.top_p)
+
+
+def build_request(model: TTSModel, request_id: str, text: str, *, voice: str | None, language: str | None,
+                  instructions: str | None, params: SpeechParams) -> tuple[EngineCoreRequest, TTSRequestState]:
+    """Validate one request and build what the engine core and the runner need (raises TTSInputError)."""
+    cfg = model.config
+    if not text or not text.strip():
+        raise TTSInputError("input is empty: give the text to speak")
+    if len(text) > MAX_INPUT_CHARS:
+        raise TTSInputError(f"input has {len(text)} characters; the limit is {MAX_INPUT_CHARS}")
+    lang = (language or "auto").lower()
+    if lang not in cfg.languages:
+        raise TTSInputError(f"language {language!r} is not supported; supported: {', '.join(cfg.languages)}")
+    speaker: str | None = None
+    if cfg.model_type == "custom_voice":
+        if not voice or voice.lower() not in cfg.speakers:
+            raise TTSInputError(f"voice {voice!r} is not available; voices: {', '.join(model.voices)}")
+        speaker = voice.lower()
+    elif voice not in (None, "", "default"):
+        raise TTSInputError(f"voice {voice!r} is not available: this VoiceDesign model takes its voice from "
+                            "`instructions`; use voice 'default'")
+    if instructions and cfg.model_type == "custom_voice" and cfg.model_size == "0b6":
+        instructions = None  # the reference ignores instructions on the 0.6B CustomVoice model
+    if instructions and len(instructions) > MAX_INPUT_CHARS:
+        raise TTSInputError(f"instructions have {len(instructions)} characters; the limit is {MAX_INPUT_CHARS}")
+    sp, cs = resolve_params(params, model.generation_defaults)
+    tok = model.tokenizer
+    ids = tok(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    ins = tok(f"<|im_start|>user\n{instructions}<|im_end|>\n")["input_ids"] if instructions else None
+    prompt = build_prompt(model.talker, ids, lang, speaker, ins)
+    state = TTSRequestState(prompt, sp, cs)
+    # placeholders: never looked at (the runner feeds the prompt's rows); prefix caching is off for TTS
+    req = EngineCoreRequest(request_id=request_id, prompt_token_ids=[0] * prompt.length, sampling_params=sp,
+                            eos_token_id=cfg.codec_eos_id)
+    return req, state
+
+
+def build_core(model: TTSModel, *, max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
+               block_size: int = 16, num_blocks: int | None = None, kv_cache_memory_gib: float = 0.5,
+               ) -> tuple[EngineCore, TTSRunner]:
+    t = model.config.talker
+    max_model_len = int(model.talker.talker.cos_sin_cache.shape[0])  # the rotary table load_tts_model sized
+    if num_blocks is None:
+        per_block = kv_cache_bytes_per_block(t.num_layers, block_size, t.num_kv_heads, t.head_dim, model.talker.dtype)
+        num_blocks = max(2, int(kv_cache_memory_gib * (1 << 30)) // per_block - 1)
+    runner = TTSRunner(model.talker, num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
+                       max_num_seqs=max_num_seqs, cuda_graphs=model.cuda_graphs)
+    cfg = EngineConfig(model=ModelConfig(model=model.name or "qwen3-tts"),
+                       cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=False),
+                       scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                                 max_num_batched_tokens=max_num_batched_tokens))
+    return EngineCore(cfg, runner), runner

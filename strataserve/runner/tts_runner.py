@@ -1,0 +1,226 @@
+"""``TTSRunner``: the Qwen3-TTS talker on the paged KV cache, driven by the LLM engine's scheduler.
+
+The scheduler sees a TTS request as token ids: P placeholder ids for the prompt (its rows are embeddings, which
+the runner holds) followed by the generated first-codebook ids. It does continuous batching, chunked prefill and
+preemption by recompute exactly as for text; prefix caching must be off (placeholder ids are not content).
+
+Per step: every scheduled position p of a request maps to its input row: prompt row p (p < P), or frame
+k = p - P: the sum of that frame's codebook embeddings plus the k-th trailing text row (tts_pad once the text is
+used up). A position whose frame is still missing codebooks 1..G-1 (the newest codebook-0 id: every decode step,
+and the last token of a recompute after preemption) first gets them from the code predictor, batched over all
+such rows, from the hidden state the talker produced before it. Then the talker runs over the flat batch, the
+control ids at the top of the vocabulary are suppressed (eos excepted) and codebook 0 is sampled with the LLM
+sampler (repetition penalty, min 2 frames before eos, temperature/top-k/top-p, per-request seeds).
+
+Completed frames accumulate in each request's ``TTSRequestState.frames``, which the engine front reads; the state
+lives from ``register`` to ``release`` (it must outlive a preemption, when the scheduler makes the runner forget
+the request), so the front releases it once it has read the last frame.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import torch
+
+from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from strataserve.engine.sampling_params import SamplingParams
+from strataserve.models.qwen3_tts.prompt import TalkerPrompt
+from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
+from strataserve.runner.attention import TorchAttention, allocate_kv_cache
+from strataserve.runner.base import ModelRunnerBase
+from strataserve.runner.cuda_graph import graph_batch_sizes
+from strataserve.runner.input_batch import BlockTableRows, build_input_batch
+from strataserve.runner.sampler import Sampler, SamplingRequest, row_seed, uniform
+from strataserve.runner.tts_code_predictor import CodePredictorLoop, RowSampling
+
+
+@dataclass(frozen=True)
+class CodeSampling:
+    """How the code predictor picks codebooks 1..G-1 (the reference's ``subtalker_*`` settings)."""
+
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+
+@dataclass
+class TTSRequestState:
+    prompt: TalkerPrompt
+    params: SamplingParams  # codebook 0
+    code_sampling: CodeSampling
+    frames: list[list[int]] = field(default_factory=list)  # complete frames, G codes each
+    sampling: SamplingRequest | None = None
+    past_hidden: torch.Tensor | None = None  # talker hidden state at the newest sampled position
+
+
+class TTSRunner(ModelRunnerBase):
+    def __init__(self, model: Qwen3TTSTalker, *, num_blocks: int, block_size: int, max_model_len: int,
+                 max_num_seqs: int, cuda_graphs: bool = False) -> None:
+        self.model = model
+        cfg = model.config
+        self.block_size, self.num_blocks, self.max_model_len = block_size, num_blocks, max_model_len
+        t = cfg.talker
+        self.kv_caches = allocate_kv_cache(t.num_layers, num_blocks + 1, block_size, t.num_kv_heads, t.head_dim,
+                                           model.dtype, model.device)
+        self._torch_views = isinstance(model.talker.ops.attention, TorchAttention)
+        self._rows = BlockTableRows(max_num_seqs, -(-max_model_len // block_size))
+        self.cp = CodePredictorLoop(model, max_num_seqs)
+        if cuda_graphs:
+            self.cp.capture(graph_batch_sizes(max_num_seqs))
+        self.sampler = Sampler()
+        self.eos_id = cfg.codec_eos_id
+        self._suppress = torch.tensor(cfg.suppressed_ids, dtype=torch.long, device=model.device)
+        self.states: dict[str, TTSRequestState] = {}
+        self._active: set[str] = set()
+        self._released: collections.deque[str] = collections.deque()  # appended by the front's thread
+
+    # ------------------------------------------------------------------ request state (front-end side)
+    def register(self, req_id: str, state: TTSRequestState) -> None:
+        """Hand over a request's prompt before the engine core sees the request."""
+        self.states[req_id] = state
+
+    def release(self, req_id: str, deferred: bool = True) -> None:
+        """Drop a request's state once the front has read its frames. ``deferred`` (another thread calls): the
+        engine thread drops it at its next step that does not schedule the request (an abort may still be
+        queued behind a step that does); immediate only from the engine's own thread."""
+        if deferred:
+            self._released.append(req_id)
+        else:
+            self.states.pop(req_id, None)
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        for rid in scheduler_output.finished_req_ids:
+            self._active.discard(rid)
+            self._rows.forget(rid)
+        for nr in scheduler_output.new_requests:
+            st = self.states.get(nr.req_id)
+            if st is None:
+                raise RuntimeError(f"{nr.req_id}: scheduled before its prompt was registered with the runner")
+            st.sampling = SamplingRequest(nr.sampling_params, [], list(nr.output_token_ids), self.eos_id)
+            self._active.add(nr.req_id)
+        chunks = scheduler_output.chunks
+        self._drop_released({c.req_id for c in chunks})
+        if not chunks:
+            return ModelRunnerOutput([], [], [])
+        m = self.model
+        # bound per step (an attribute store): several runners may share one loaded model, one at a time
+        m.talker.ops.attention.bind_kv_cache(self.kv_caches)
+        batch = build_input_batch(chunks, self.block_size, m.device, m.dtype, self._torch_views, self._rows)
+        dec = [chunks[i] for i in batch.decode_chunk_ids]
+        pre = [c for c in chunks if len(c.token_ids) != 1]
+        self._complete_frames(dec + pre)
+        parts = ([self._decode_rows(dec)] if dec else []) + [self._rows_for(c) for c in pre]
+        embeds = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+        hidden = m.talker(None, batch.positions, batch.attn_meta, inputs_embeds=embeds)
+        if not batch.sample_chunk_ids:
+            return ModelRunnerOutput([], [], [])
+        last = hidden.index_select(0, batch.logits_indices)
+        logits = m.talker.compute_logits(last)
+        logits.index_fill_(1, self._suppress, float("-inf"))
+        req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
+        states = [self.states[r] for r in req_ids]
+        tokens, _ = self.sampler(logits, [s.sampling for s in states])  # type: ignore[misc]
+        for j, (st, tok) in enumerate(zip(states, tokens)):
+            st.sampling.output_token_ids.append(tok)  # type: ignore[union-attr]
+            st.past_hidden = last[j]
+        return ModelRunnerOutput(req_ids, tokens, [None] * len(tokens))
+
+    def _drop_released(self, scheduled: set[str]) -> None:
+        keep = []
+        while self._released:
+            rid = self._released.popleft()
+            if rid in scheduled:
+                keep.append(rid)
+            else:
+                self.states.pop(rid, None)
+        self._released.extend(keep)
+
+    def _complete_frames(self, chunks) -> None:
+        """Run the code predictor for every scheduled position whose frame lacks codebooks 1..G-1."""
+        need: list[TTSRequestState] = []
+        for c in chunks:
+            st = self.states[c.req_id]
+            end = c.start_pos + len(c.token_ids)
+            if end - 1 - st.prompt.length == len(st.frames):  # the newest codebook-0 id is in this chunk
+                need.append(st)
+        if not need:
+            return
+        dev = self.model.device
+        first = [st.sampling.output_token_ids[len(st.frames)] for st in need]  # type: ignore[union-attr]
+        hidden = torch.stack([st.past_hidden for st in need])  # type: ignore[misc]
+        codes = self.cp.run(hidden, torch.tensor(first, device=dev), self._row_sampling(need),
+                            self._uniforms(need)).tolist()
+        for st, c0, rest in zip(need, first, codes):
+            st.frames.append([c0] + rest)
+
+    def _row_sampling(self, states: list[TTSRequestState]) -> RowSampling:
+        dev, vocab = self.model.device, self.model.config.code_predictor.vocab_size
+        cs = [s.code_sampling for s in states]
+        return RowSampling(
+            temperature=torch.tensor([c.temperature for c in cs], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([c.top_k if 0 < c.top_k < vocab else vocab for c in cs], device=dev),
+            top_p=torch.tensor([c.top_p for c in cs], dtype=torch.float32, device=dev),
+            greedy=torch.tensor([c.greedy for c in cs], device=dev))
+
+    def _uniforms(self, states: list[TTSRequestState]) -> torch.Tensor:
+        """[B, G-1]: seeded rows from (seed, codebook, frame) so they never depend on the batch; others random."""
+        g = self.model.config.num_code_groups - 1
+        u = torch.rand(len(states), g)
+        for i, st in enumerate(states):
+            seed = st.params.seed
+            if seed is not None:
+                frame = len(st.frames)
+                u[i] = torch.tensor([uniform(row_seed(seed, 1 + j), frame) for j in range(g)])
+        return u.to(self.model.device)
+
+    def _decode_rows(self, chunks) -> torch.Tensor:
+        """Input rows of one-token chunks, batched (the common decode step: one embedding op for all rows)."""
+        rows, frames, texts = [], [], []
+        for c in chunks:
+            st = self.states[c.req_id]
+            k = c.start_pos - st.prompt.length
+            if k < 0:  # a one-token prompt piece (chunked prefill)
+                rows.append(len(frames))
+                frames.append(None)
+                texts.append(st.prompt.embeds[c.start_pos])
+            else:
+                frames.append(st.frames[k])
+                texts.append(st.prompt.text_row(k))
+        text = torch.stack(texts)
+        if not rows:
+            return self.model.frame_embed(torch.tensor(frames, device=self.model.device)) + text
+        out = text.clone()
+        real = [i for i, f in enumerate(frames) if f is not None]
+        if real:
+            codes = torch.tensor([frames[i] for i in real], device=self.model.device)
+            idx = torch.tensor(real, device=self.model.device)
+            out[idx] = self.model.frame_embed(codes) + text[idx]
+        return out
+
+    def _rows_for(self, chunk) -> torch.Tensor:
+        """Input rows ``[n, H]`` of one chunk's positions (prompt rows, then frames + text rows)."""
+        st = self.states[chunk.req_id]
+        p = st.prompt.length
+        start, end = chunk.start_pos, chunk.start_pos + len(chunk.token_ids)
+        parts = []
+        if start < p:
+            parts.append(st.prompt.embeds[start:min(end, p)])
+        if end > p:
+            k0, k1 = max(start, p) - p, end - p
+            frames = torch.tensor(st.frames[k0:k1], device=self.model.device)
+            text = torch.stack([st.prompt.text_row(k) for k in range(k0, k1)])
+            parts.append(self.model.frame_embed(frames) + text)
+        return torch.cat(parts, dim=0) if len(parts) > 1 else parts[0].clone()
+
+    def shutdown(self) -> None:
+        self.model.talker.ops.attention.bind_kv_cache([])
+        self.model.predictor.ops.attention.bind_kv_cache([])
+        self.kv_caches = []
+        self.states.clear()

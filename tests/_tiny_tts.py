@@ -1,0 +1,154 @@
+"""Tiny random Qwen3-TTS checkpoints built with the reference package's own classes (``qwen-tts-hf``), and the
+reference's own generate / codec decode for comparison.
+
+The reference imports torchaudio at module level, but only its 25 Hz tokenizer (which the 12 Hz checkpoints
+never touch) uses it, and torchaudio has no wheel for the CPU torch here: ``import_reference`` installs an empty
+stand-in module just for that import and removes it afterwards (test-only shim; nothing of torchaudio runs).
+
+Tiny shapes: codebooks of 64 entries, so the talker's codec vocabulary is 64 + 1,024 special ids (control ids,
+speakers and languages live in that top range, which the reference suppresses except eos); 4 code groups; the
+speech tokenizer's codebooks (zero sums = silence when freshly built) are filled with random vectors so the
+decoded audio is not silent.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from _tiny_models import make_tiny_tokenizer
+
+CODEBOOK = 64
+GROUPS = 4
+TEXT_VOCAB = 320
+SPEAKERS = {"ryan": CODEBOOK + 900, "vivian": CODEBOOK + 901, "eric": CODEBOOK + 902}
+LANGUAGES = {"english": CODEBOOK + 10, "chinese": CODEBOOK + 11, "sichuan_dialect": CODEBOOK + 12}
+
+
+def import_reference() -> types.SimpleNamespace:
+    # transformers probes for torchaudio when its lazy modules load: load them before the stand-in exists
+    import transformers.modeling_rope_utils  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+
+    if "torchaudio" not in sys.modules:
+        try:
+            import torchaudio.compliance.kaldi  # noqa: F401
+        except Exception:  # noqa: BLE001 - absent or broken: stand in for the import only
+            ta, comp, kal = (types.ModuleType(n) for n in
+                             ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi"))
+            comp.kaldi, ta.compliance = kal, comp
+            sys.modules.update({"torchaudio": ta, "torchaudio.compliance": comp,
+                                "torchaudio.compliance.kaldi": kal})
+    import qwen_tts  # noqa: F401  (registers the rope init the configs need)
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
+
+    for k in [k for k in sys.modules if k.startswith("torchaudio") and sys.modules[k].__spec__ is None]:
+        del sys.modules[k]
+    return types.SimpleNamespace(Config=Qwen3TTSConfig, Model=Qwen3TTSForConditionalGeneration,
+                                 CodecConfig=Qwen3TTSTokenizerV2Config, Codec=Qwen3TTSTokenizerV2Decoder)
+
+
+def tiny_config(ref, kind: str = "custom_voice", size: str = "1b7", **talker_overrides: Any):
+    vocab = CODEBOOK + 1024
+    pred = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, vocab_size=CODEBOOK, num_code_groups=GROUPS, rms_norm_eps=1e-6,
+                rope_theta=1000000, max_position_embeddings=64)
+    talker = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=12, vocab_size=vocab, num_code_groups=GROUPS,
+                  text_hidden_size=40, text_vocab_size=TEXT_VOCAB, rms_norm_eps=1e-6, rope_theta=1000000,
+                  max_position_embeddings=1024, codec_pad_id=CODEBOOK + 20, codec_bos_id=CODEBOOK + 21,
+                  codec_eos_token_id=CODEBOOK + 22, codec_think_id=CODEBOOK + 23, codec_nothink_id=CODEBOOK + 24,
+                  codec_think_bos_id=CODEBOOK + 25, codec_think_eos_id=CODEBOOK + 26,
+                  codec_language_id=dict(LANGUAGES), spk_id=dict(SPEAKERS) if kind == "custom_voice" else {},
+                  spk_is_dialect={"ryan": False, "vivian": False, "eric": "sichuan_dialect"}
+                  if kind == "custom_voice" else {},
+                  rope_scaling={"rope_type": "default", "mrope_section": [2, 2, 2], "interleaved": True},
+                  code_predictor_config=pred)
+    talker.update(talker_overrides)
+    return ref.Config(talker_config=talker, tokenizer_type="qwen3_tts_tokenizer_12hz", tts_model_size=size,
+                      tts_model_type=kind, tts_bos_token_id=TEXT_VOCAB - 3, tts_eos_token_id=TEXT_VOCAB - 2,
+                      tts_pad_token_id=TEXT_VOCAB - 1)
+
+
+def tiny_codec_config(ref):
+    dec = dict(codebook_size=CODEBOOK, codebook_dim=16, num_quantizers=GROUPS, hidden_size=32, latent_dim=16,
+               num_attention_heads=4, num_key_value_heads=4, head_dim=8, intermediate_size=64, num_hidden_layers=2,
+               sliding_window=6, upsample_rates=[2, 2], upsampling_ratios=[2], decoder_dim=32,
+               max_position_embeddings=1024)
+    return ref.CodecConfig(decoder_config=dec, decode_upsample_rate=8, encode_downsample_rate=8,
+                           encoder_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                               num_key_value_heads=2, intermediate_size=32, codebook_dim=16))
+
+
+def make_tiny_tts(path: str | Path, kind: str = "custom_voice", size: str = "1b7", seed: int = 0,
+                  std: float = 0.3, eos_boost: float = 1.5) -> tuple[Path, Any, Any]:
+    """Write a tiny checkpoint folder; returns (path, reference model, reference codec decoder), float32 eval."""
+    from safetensors.torch import save_file
+
+    ref = import_reference()
+    path = Path(path)
+    (path / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
+    cfg = tiny_config(ref, kind, size)
+    torch.manual_seed(seed)
+    model = ref.Model(cfg).eval()
+    with torch.no_grad():  # larger than HF's init so that codes differ from text to text
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(1.0, 0.1)
+            else:
+                p.normal_(0.0, std)
+        # a stronger eos row, so that some clips end by eos within a few frames and others run to the limit
+        model.talker.codec_head.weight[cfg.talker_config.codec_eos_token_id] *= eos_boost
+    cfg.save_pretrained(path)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    (path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 64}))
+    tok = make_tiny_tokenizer(TEXT_VOCAB - 5)
+    from tokenizers import processors
+
+    tok.backend_tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)  # Qwen2 adds no BOS
+    tok.add_tokens(["assistant", "user"])  # so the role wrapper is 3 tokens and the tail 5, as with Qwen2's
+    tok.save_pretrained(path)
+
+    ccfg = tiny_codec_config(ref)
+    codec = ref.Codec(ccfg.decoder_config).eval()
+    with torch.no_grad():
+        for name, p in codec.named_parameters():
+            if name.endswith("cluster_usage"):
+                p.uniform_(0.5, 2.0)
+            elif name.endswith("embedding_sum"):
+                p.normal_(0.0, 1.0)
+            elif name.endswith(("alpha", "beta")):
+                p.normal_(0.0, 0.2)
+            elif name.endswith(("weight", "gamma", "scale")) and "norm" not in name:
+                p.normal_(0.0, 0.15)  # HF's small init (and 1e-6 / 0.01 scales) would leave the audio near silent
+    ccfg.save_pretrained(path / "speech_tokenizer")
+    save_file({f"decoder.{k}": v.contiguous() for k, v in codec.state_dict().items()},
+              str(path / "speech_tokenizer" / "model.safetensors"))
+    return path, model, codec
+
+
+def text_ids(tok, text: str) -> list[int]:
+    return tok(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+
+
+def instruct_ids(tok, text: str) -> list[int]:
+    return tok(f"<|im_start|>user\n{text}<|im_end|>\n")["input_ids"]
+
+
+@torch.no_grad()
+def reference_codes(model, tok, texts: list[str], languages: list[str], speakers: list[str | None],
+                    instructions: list[str | None] | None = None, max_new_tokens: int = 24) -> list[list[list[int]]]:
+    """The reference's greedy generate (talker and code predictor greedy) -> frames per text."""
+    ids = [torch.tensor([text_ids(tok, t)]) for t in texts]
+    ins = None
+    if instructions is not None:
+        ins = [torch.tensor([instruct_ids(tok, t)]) if t else None for t in instructions]
+    codes, _ = model.generate(input_ids=ids, instruct_ids=ins, languages=languages, speakers=speakers,
+                              max_new_tokens=max_new_tokens, do_sample=False, subtalker_dosample=False)
+    return [c.tolist() for c in codes]
