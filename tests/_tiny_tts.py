@@ -12,6 +12,7 @@ decoded audio is not silent.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import types
@@ -27,6 +28,32 @@ GROUPS = 4
 TEXT_VOCAB = 320
 SPEAKERS = {"ryan": CODEBOOK + 900, "vivian": CODEBOOK + 901, "eric": CODEBOOK + 902}
 LANGUAGES = {"english": CODEBOOK + 10, "chinese": CODEBOOK + 11, "sichuan_dialect": CODEBOOK + 12}
+
+
+def _unregister_reference_rope() -> None:
+    """qwen_tts registers a global "default" RoPE initialiser in transformers that reads ``config.rope_theta``,
+    which breaks every later plain ``LlamaConfig`` model in the same process (other tests build those): keep it
+    registered only while a reference model is constructed (its rotary modules keep the function they got)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    fn = ROPE_INIT_FUNCTIONS.get("default")
+    if fn is not None and fn.__module__.startswith("qwen_tts"):
+        _REFERENCE_ROPE["default"] = ROPE_INIT_FUNCTIONS.pop("default")
+
+
+_REFERENCE_ROPE: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def reference_rope():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    ROPE_INIT_FUNCTIONS.update(_REFERENCE_ROPE)
+    try:
+        yield
+    finally:
+        for k in _REFERENCE_ROPE:
+            ROPE_INIT_FUNCTIONS.pop(k, None)
 
 
 def import_reference() -> types.SimpleNamespace:
@@ -50,6 +77,7 @@ def import_reference() -> types.SimpleNamespace:
 
     for k in [k for k in sys.modules if k.startswith("torchaudio") and sys.modules[k].__spec__ is None]:
         del sys.modules[k]
+    _unregister_reference_rope()
     return types.SimpleNamespace(Config=Qwen3TTSConfig, Model=Qwen3TTSForConditionalGeneration,
                                  CodecConfig=Qwen3TTSTokenizerV2Config, Codec=Qwen3TTSTokenizerV2Decoder)
 
@@ -96,7 +124,8 @@ def make_tiny_tts(path: str | Path, kind: str = "custom_voice", size: str = "1b7
     (path / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(ref, kind, size)
     torch.manual_seed(seed)
-    model = ref.Model(cfg).eval()
+    with reference_rope():
+        model = ref.Model(cfg).eval()
     with torch.no_grad():  # larger than HF's init so that codes differ from text to text
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -116,7 +145,8 @@ def make_tiny_tts(path: str | Path, kind: str = "custom_voice", size: str = "1b7
     tok.save_pretrained(path)
 
     ccfg = tiny_codec_config(ref)
-    codec = ref.Codec(ccfg.decoder_config).eval()
+    with reference_rope():
+        codec = ref.Codec(ccfg.decoder_config).eval()
     with torch.no_grad():
         for name, p in codec.named_parameters():
             if name.endswith("cluster_usage"):

@@ -114,7 +114,7 @@ def test_sse_deltas_then_done(served):
     ({"speed": 9.0}, 400, "speed", "less than or equal"),
     ({"top_p": 0.0}, 400, "top_p", "top_p"),
     ({"max_new_frames": 0}, 400, "max_tokens", "max_tokens"),
-    ({"model": "other"}, 404, "model", "not served"),
+    ({"model": "other"}, 404, "model", "does not exist"),
     ({"input": None}, 400, "input", "input"),
 ])
 def test_bad_requests_get_openai_errors(served, body, status, param, match):
