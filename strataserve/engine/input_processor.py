@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from strataserve.engine.request import check_prompt_length
 from strataserve.engine.sampling_params import SamplingParams
+from strataserve.engine.structured_output import check_guided
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
 
@@ -47,6 +48,7 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, not {type(params).__name__}")
         text, ids = self._tokenize(prompt)
+        check_guided(params.guided_decoding)
         check_prompt_length(len(ids), self.max_model_len, self.max_pool_tokens)
         if self._extra_eos and not params.ignore_eos:
             extra = [t for t in self._extra_eos if t not in params.stop_token_ids]

@@ -57,7 +57,7 @@ class Request:
         "request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "sampling_params", "eos_token_id",
         "arrival_time", "priority", "status", "num_computed_tokens", "num_cached_tokens", "stop_reason",
         "block_hashes", "num_preemptions", "max_len", "min_len", "stop_token_ids", "seq", "first_scheduled_time",
-        "queued_time", "_sent_first", "num_pending", "sync_only",
+        "queued_time", "_sent_first", "num_pending", "sync_only", "grammar",
     )
 
     def __init__(
@@ -102,6 +102,8 @@ class Request:
         self.num_pending = 0
         #: sampling reads this request's past tokens on the host (penalties, min_tokens, seeds, logprobs), so
         #: the engine must know its last token before scheduling its next step
+        #: the grammar matcher of a constrained request (``engine/structured_output.py``), set by the engine core
+        self.grammar = None
         self.sync_only = (sampling_params.uses_penalties or sampling_params.min_tokens > 0
                           or sampling_params.seed is not None or sampling_params.logprobs is not None)
 

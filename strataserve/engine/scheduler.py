@@ -244,6 +244,11 @@ class Scheduler:
         return returned
 
     # ------------------------------------------------------------------ results of one step
+    def sampled_requests(self, sched: SchedulerOutput) -> list[Request | None]:
+        """The ``Request`` of each sampling chunk of a step this scheduler produced, in chunk order."""
+        reqs = self._step_reqs.get(id(sched)) or [self.requests.get(c.req_id) for c in sched.chunks]
+        return [r for c, r in zip(sched.chunks, reqs) if c.sample]
+
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         requests = self.requests
         cache_computed = self.kv.cache_computed
@@ -277,6 +282,8 @@ class Scheduler:
                 continue  # aborted or preempted after it was scheduled (identity, not id: ids may be reused)
             req.num_pending -= 1
             finished = req.append_token(tok)
+            if req.grammar is not None:
+                req.grammar.advance(req.output_token_ids)
             lp = logprobs[j] if logprobs else None
             out = EngineCoreOutput(request_id=rid, new_token_ids=[tok], new_logprobs=None if lp is None else [lp])
             if not req._sent_first:

@@ -16,6 +16,7 @@ tokens travel to pinned host memory behind an event, and the next step's chunks 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ from strataserve.models.hf_config import DecoderConfig, load_decoder_config
 from strataserve.models.loader import load_model, resolve_device, resolve_dtype
 from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_block, TorchAttention
 from strataserve.runner.base import ModelRunnerBase
+from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
 from strataserve.runner.ops import OpSet, TorchOps
 from strataserve.runner.sampler import Sampler, SamplingRequest
@@ -203,6 +205,9 @@ class ModelRunner(ModelRunnerBase):
         logits = self._logits(batch, all(r.plain_greedy for r in reqs))
         if logits is None:
             return LaunchedStep([], [], None, [], [])
+        if scheduler_output.structured is not None:  # wait for the grammar worker only now, after the forward
+            mask = scheduler_output.structured.result()
+            apply_token_bitmask(logits, mask.rows, mask.bitmask)
         if not self.supports_async:  # synchronous: the sampler's host lists, as any Sampler subclass returns them
             ids, logprobs = self.sampler(logits, reqs)
             return LaunchedStep(req_ids, reqs, None, logprobs, ids)
@@ -271,7 +276,7 @@ class ModelRunner(ModelRunnerBase):
 class LaunchedStep:
     """One launched step: its sampled tokens (a device tensor until ``result``) and logprobs."""
 
-    __slots__ = ("req_ids", "reqs", "tokens", "logprobs", "ids", "_host", "_event")
+    __slots__ = ("req_ids", "reqs", "tokens", "logprobs", "ids", "_host", "_event", "_out", "_lock")
 
     def __init__(self, req_ids: list[str], reqs: list[SamplingRequest], tokens: torch.Tensor | None,
                  logprobs: list, ids: list[int] | None = None) -> None:
@@ -279,6 +284,9 @@ class LaunchedStep:
         self.ids = ids  # token ids already on the host (synchronous launch)
         self._host: torch.Tensor | None = None
         self._event = None
+        self._out: ModelRunnerOutput | None = None
+        # the grammar worker may read the tokens (async scheduling) before the engine loop does
+        self._lock = threading.Lock()
 
     def copy_to_host(self) -> None:
         """Start the device -> pinned host copy of the tokens (CUDA), so ``result`` only waits for an event."""
@@ -291,7 +299,14 @@ class LaunchedStep:
         self._event.record()
 
     def result(self) -> ModelRunnerOutput:
-        """Wait for the tokens and append each to its request's sampling state (penalties, seeds read it)."""
+        """Wait for the tokens and append each to its request's sampling state (penalties, seeds read it).
+        Idempotent: later calls return the same output."""
+        with self._lock:
+            if self._out is None:
+                self._out = self._result()
+            return self._out
+
+    def _result(self) -> ModelRunnerOutput:
         if self.ids is not None:
             ids = self.ids
         elif self._event is not None:
