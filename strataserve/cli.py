@@ -83,6 +83,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="explicit mode: load this repository model at start (repeat; '*' = all)")
     p.add_argument("--grpc-port", type=_port, default=8001, help="KServe v2 gRPC port (0 = no gRPC)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="let tool_choice='auto' parse tool calls out of the output (needs --tool-call-parser)")
+    p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
+                   help="tool-call format of the model family: hermes (Qwen2/3), llama3_json, mistral")
     add_engine_args(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -114,7 +118,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                            max_body_bytes=int(args.max_request_body_mib * 2**20),
                            uvicorn_log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
                            model_repository=args.model_repository, model_control_mode=args.model_control_mode,
-                           load_models=tuple(args.load_model), grpc_port=args.grpc_port or None)
+                           load_models=tuple(args.load_model), grpc_port=args.grpc_port or None,
+                           tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice)
     from strataserve.engine.mp_client import EngineStartupError
 
     try:

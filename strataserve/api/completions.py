@@ -11,6 +11,7 @@ from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import DONE, ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
+from strataserve.api.guided import guided_params
 from strataserve.api.protocol import CompletionRequest
 from strataserve.api.serving import (ServerState, admit, check_token_ids, engine_abort_error,
                                      engine_stream, make_params, merge_streams, new_id,
@@ -60,7 +61,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                   repetition_penalty=body.repetition_penalty, seed=body.seed, stop=body.stop or None,
                   stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
                   logprobs=body.logprobs, skip_special_tokens=body.skip_special_tokens,
-                  include_stop_str_in_output=body.include_stop_str_in_output)
+                  include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided_params(body))
     params: list[SamplingParams] = []
     for _, ids in prompts:
         max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens")

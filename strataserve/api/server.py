@@ -42,6 +42,8 @@ class ServeOptions:
     grpc_port: int | None = 8001
     startup_timeout_s: float | None = None
     graceful_shutdown_s: int = 10
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
 
 
 class _Server(uvicorn.Server):
@@ -104,7 +106,8 @@ def build_state(engine: Any, options: ServeOptions, registry: CollectorRegistry)
     sched = options.engine.scheduler
     return ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=name, max_model_len=max_len,
                        metrics=metrics, max_inflight_seqs=sched.max_num_seqs + sched.max_waiting_requests,
-                       vocab_size=_vocab_size(engine.tokenizer))
+                       vocab_size=_vocab_size(engine.tokenizer), tool_call_parser=options.tool_call_parser,
+                       enable_auto_tool_choice=options.enable_auto_tool_choice)
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -23,6 +23,13 @@ from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from strataserve.engine.sampling_params import SamplingParams
 
 
+def _ended_by_token(finish: str | None, stop_reason: int | str | None, params: SamplingParams) -> bool:
+    """True when the last token is the eos or a stop token id and its text would show (special tokens kept): as
+    vLLM, it stays out of the output (with special tokens skipped an eos has no text anyway)."""
+    return (finish == "stop" and not isinstance(stop_reason, str) and not params.skip_special_tokens
+            and not params.include_stop_str_in_output)
+
+
 class RequestOutputKind(enum.Enum):
     FINAL_ONLY = "final_only"
     DELTA = "delta"
@@ -150,8 +157,11 @@ class OutputProcessor:
                 comp.raw_logprobs.extend(o.new_logprobs)
                 comp.cumulative_logprob += sum(lp.logprob for lp in o.new_logprobs)  # type: ignore[operator]
             finish, stop_reason = o.finish_reason, o.stop_reason
-            if comp.detok is not None and o.new_token_ids:
-                stop = comp.detok.update(o.new_token_ids)
+            new_ids = o.new_token_ids
+            if _ended_by_token(finish, stop_reason, req.params) and new_ids:
+                new_ids = new_ids[:-1]  # as vLLM: the eos / stop token's own text is not part of the output
+            if comp.detok is not None and new_ids:
+                stop = comp.detok.update(new_ids)
                 if stop is not None:
                     if finish is None:
                         to_abort.append(o.request_id)
@@ -203,7 +213,8 @@ class OutputProcessor:
             c.detok.finish()
             text = c.detok.text
         elif self._decode is not None:
-            text = decode_all(self._decode, c.parent.prompt_token_ids, c.token_ids, c.parent.params.skip_special_tokens)
+            ids = c.token_ids[:-1] if _ended_by_token(c.finish_reason, c.stop_reason, c.parent.params) else c.token_ids
+            text = decode_all(self._decode, c.parent.prompt_token_ids, ids, c.parent.params.skip_special_tokens)
         else:
             text = ""
         return CompletionOutput(c.index, text, c.token_ids, c.cumulative_logprob, self._logprobs(c, 0),
