@@ -106,7 +106,8 @@ def build_state(engine: Any, options: ServeOptions, registry: CollectorRegistry)
     sched = options.engine.scheduler
     return ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=name, max_model_len=max_len,
                        metrics=metrics, max_inflight_seqs=sched.max_num_seqs + sched.max_waiting_requests,
-                       vocab_size=_vocab_size(engine.tokenizer), tool_call_parser=options.tool_call_parser,
+                       vocab_size=getattr(engine, "vocab_size", None) or _vocab_size(engine.tokenizer),
+                       tool_call_parser=options.tool_call_parser,
                        enable_auto_tool_choice=options.enable_auto_tool_choice)
 
 

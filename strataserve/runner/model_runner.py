@@ -77,11 +77,14 @@ class ModelRunner(ModelRunnerBase):
         self.device = resolve_device(mc.device)
         self.model_config = load_decoder_config(mc.model)
         self.dtype = resolve_dtype(mc.dtype, self.model_config, self.device)
-        self.max_model_len = self._max_model_len(mc.max_model_len)
         self.block_size = config.cache.block_size
         self.plan = select_ops(config.runner.mode, self.model_config, self.device)
         # only the torch backend reads the per-group / per-segment views; kernel backends skip building them
         self._torch_views = isinstance(self.plan.ops.attention, TorchAttention)
+        #: sliding window masked in attention: the eager torch backend (its masks); elsewhere the context is capped
+        self.sliding_window = (self.model_config.sliding_window if self.model_config.window_every_layer
+                               and self._torch_views and not self.plan.cuda_graphs else None)
+        self.max_model_len = self._max_model_len(mc.max_model_len)
         self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len)
         self.num_blocks = self._num_blocks()
         # One spare block past the pool: CUDA-graph padding rows write their K/V there, never into a real block.
@@ -105,12 +108,15 @@ class ModelRunner(ModelRunnerBase):
 
     # ------------------------------------------------------------------ start-up
     def _max_model_len(self, requested: int | None) -> int:
-        limit = self.model_config.max_model_len
+        cfg = self.model_config
+        limit = cfg.max_model_len if self.sliding_window is not None or cfg.sliding_window is None \
+            else cfg.full_attention_len
         if requested is None:
             return limit
         if requested > limit:
             raise ValueError(f"max_model_len={requested} exceeds what the model supports ({limit}, from "
-                             "config.json max_position_embeddings / sliding_window); lower it")
+                             "config.json max_position_embeddings; sliding_window where the window is not masked: "
+                             "runner mode eager masks Mistral's); lower it")
         return requested
 
     def _num_blocks(self) -> int:
@@ -198,7 +204,8 @@ class ModelRunner(ModelRunnerBase):
         chunks = scheduler_output.chunks
         if not chunks:
             return LaunchedStep([], [], None, [], [])
-        batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views, self._rows)
+        batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views, self._rows,
+                                  self.sliding_window)
         self._fill_pending_tokens(batch, chunks)
         req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
         reqs = [self.requests[r] for r in req_ids]
