@@ -4,21 +4,15 @@ checked against HF transformers."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from _tiny_models import load_hf_model, make_tiny_checkpoint, make_tiny_tokenizer
+from _tiny_models import hf_greedy, load_hf_model, make_tiny_checkpoint, make_tiny_tokenizer
 from strataserve import LLM, SamplingParams
 
 NEW = 6
 
 
 def _hf_greedy(path, prompt):
-    model = load_hf_model(path)
-    with torch.inference_mode():
-        ids = torch.tensor([prompt])
-        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW,
-                             min_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return gen[0, len(prompt):].tolist()
+    return hf_greedy(path, [prompt], NEW)[0]
 
 
 def test_skip_tokenizer_init_runs_token_ids_without_tokenizer_files(tmp_path):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
-from _tiny_models import load_hf_model, make_tiny_checkpoint
+from _tiny_models import hf_greedy, load_hf_model, make_tiny_checkpoint
 from strataserve import LLM, SamplingParams
 
 WINDOW = 8
@@ -21,25 +20,13 @@ def ckpt(tmp_path_factory):
                                 vocab_size=300, tokenizer=False)
 
 
-def _hf_greedy(path, prompts):
-    model = load_hf_model(path)
-    assert model.config.sliding_window == WINDOW
-    outs = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW,
-                                 min_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
-            outs.append(gen[0, len(p):].tolist())
-    return outs
-
-
 def test_windowed_attention_matches_hf(ckpt):
     rng = random.Random(0)
     shared = [rng.randrange(5, 300) for _ in range(12)]
     prompts = [shared + [rng.randrange(5, 300) for _ in range(rng.randint(1, 20))] for _ in range(4)]
     prompts.append([rng.randrange(5, 300) for _ in range(5)])  # shorter than the window
-    ref = _hf_greedy(ckpt, prompts)
+    assert load_hf_model(ckpt).config.sliding_window == WINDOW
+    ref = hf_greedy(ckpt, prompts, NEW)
     sp = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
     # a small token budget: prefill in chunks (with and without earlier context), mixed with decodes
     llm = LLM(ckpt, device="cpu", dtype="float32", mode="eager", skip_tokenizer_init=True, block_size=4,
