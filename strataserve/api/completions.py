@@ -61,7 +61,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                   repetition_penalty=body.repetition_penalty, seed=body.seed, stop=body.stop or None,
                   stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
                   logprobs=body.logprobs, skip_special_tokens=body.skip_special_tokens,
-                  include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided_params(body))
+                  include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided_params(body),
+                  prompt_logprobs=body.logprobs if _echo_logprobs(body) else None)
     params: list[SamplingParams] = []
     for _, ids in prompts:
         max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens")
@@ -86,6 +87,19 @@ def _echo_text(state: ServerState, text: str | None, ids: list[int]) -> str:
     return text if text is not None else state.tokenizer.decode(ids)
 
 
+def _echo_logprobs(body: CompletionRequest) -> bool:
+    """echo with logprobs: the logprobs cover the prompt tokens too (the engine's prompt_logprobs)."""
+    return body.echo and body.logprobs is not None
+
+
+def _add_prompt_logprobs(logprobs: list, first: int, n: int, ids: list[int], out: Any) -> list[Any]:
+    """Put the prompt's logprobs first in the n choices' logprobs starting at index ``first``, once, when the
+    engine's output carries them; returns each choice's part (for a stream chunk) or [] when not this time."""
+    if out.prompt_logprobs is None:
+        return []
+    return [logprobs[first + i].add(ids, out.prompt_logprobs) for i in range(n)]
+
+
 async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompts: list,
                    params: list) -> dict[str, Any]:
     n = body.n
@@ -94,12 +108,15 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
     for text, ids in prompts:
         prefix = _echo_text(state, text, ids) if body.echo else ""
         for _ in range(n):
-            lp = CompletionLogprobs(namer, body.logprobs, len(prefix)) if body.logprobs is not None else None
+            lp = (CompletionLogprobs(namer, body.logprobs, 0 if _echo_logprobs(body) else len(prefix))
+                  if body.logprobs is not None else None)
             choice = _Choice(lp)
             if prefix:
                 choice.parts.append(prefix)
             choices.append(choice)
     async for pi, out in merge_streams(_streams(state, body, rid, prompts, params)):
+        if _echo_logprobs(body):
+            _add_prompt_logprobs([ch.logprobs for ch in choices], pi * n, n, prompts[pi][1], out)
         for c in out.outputs:
             ch = choices[pi * n + c.index]
             ch.parts.append(c.text)
@@ -137,9 +154,9 @@ async def _stream(state: ServerState, body: CompletionRequest, rid: str, prompts
             for pi, (text, ids) in enumerate(prompts):
                 prefix = _echo_text(state, text, ids) if body.echo else ""
                 for i in range(n):
-                    logprobs.append(CompletionLogprobs(namer, body.logprobs, len(prefix))
+                    logprobs.append(CompletionLogprobs(namer, body.logprobs, 0 if _echo_logprobs(body) else len(prefix))
                                     if body.logprobs is not None else None)
-                    if prefix:
+                    if prefix and not _echo_logprobs(body):  # else sent with the prompt's logprobs, below
                         yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
                                                         "finish_reason": None}]})
             chunk = ChunkTemplate(head).text
@@ -148,6 +165,10 @@ async def _stream(state: ServerState, body: CompletionRequest, rid: str, prompts
             async for item in (streams[0] if single else merge_streams(streams)):
                 pi, out = (0, item) if single else item
                 events = []  # one write per engine output, however many choices it advanced
+                if _echo_logprobs(body):
+                    text, ids = prompts[pi]
+                    for i, part in enumerate(_add_prompt_logprobs(logprobs, pi * n, n, ids, out)):
+                        events.append(chunk(pi * n + i, _echo_text(state, text, ids), part, None))
                 for c in out.outputs:
                     k = pi * n + c.index
                     completion_tokens += len(c.token_ids)

@@ -69,6 +69,8 @@ class _Request:
     num_unfinished: int = 0
     num_cached_tokens: int = 0
     changed: list[_Completion] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs_sent: bool = False
 
 
 @dataclass(slots=True)
@@ -153,6 +155,8 @@ class OutputProcessor:
                 self._first_output(req, o, now)
             req.changed.append(comp)
             comp.token_ids.extend(o.new_token_ids)
+            if o.prompt_logprobs is not None and req.prompt_logprobs is None:
+                req.prompt_logprobs = [None, *self._convert(o.prompt_logprobs)]
             if comp.raw_logprobs is not None and o.new_logprobs:
                 comp.raw_logprobs.extend(o.new_logprobs)
                 comp.cumulative_logprob += sum(lp.logprob for lp in o.new_logprobs)  # type: ignore[operator]
@@ -204,9 +208,12 @@ class OutputProcessor:
                 if c.index not in seen:
                     seen.add(c.index)
                     comps.append(self._delta(c))
+        plp = req.prompt_logprobs if not req.prompt_logprobs_sent else None  # sent once (DELTA)
+        if plp is not None and req.kind is RequestOutputKind.DELTA:
+            req.prompt_logprobs_sent = True
         return RequestOutput(request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                              outputs=comps, finished=finished, num_cached_tokens=req.num_cached_tokens,
-                             metrics=req.metrics)
+                             metrics=req.metrics, prompt_logprobs=plp)
 
     def _final(self, c: _Completion) -> CompletionOutput:
         if c.detok is not None:
@@ -232,11 +239,13 @@ class OutputProcessor:
                                 c.finish_reason, c.stop_reason)
 
     def _logprobs(self, c: _Completion, start: int) -> list[dict[int, Logprob]] | None:
-        if c.raw_logprobs is None:
-            return None
+        return None if c.raw_logprobs is None else self._convert(c.raw_logprobs[start:])
+
+    def _convert(self, raw: list[TokenLogprobs]) -> list[dict[int, Logprob]]:
+        """The engine's TokenLogprobs -> vLLM's {token id: Logprob} per position (chosen token first)."""
         tt = self._token_text
         out = []
-        for lp in c.raw_logprobs[start:]:
+        for lp in raw:
             d = {lp.token_id: Logprob(lp.logprob, lp.rank, tt(lp.token_id) if tt else None)}
             for rank, (tid, val) in enumerate(zip(lp.top_token_ids, lp.top_logprobs), start=1):
                 if tid not in d:

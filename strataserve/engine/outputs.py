@@ -73,6 +73,8 @@ class ModelRunnerOutput:
     req_ids: list[str]
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    #: request id -> (s, logprobs of prompt tokens s + 1, s + 2, ...) computed this step (prompt_logprobs)
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] | None = None
 
 
 # ----------------------------------------------------------------------------- engine -> user (vLLM names)
@@ -114,3 +116,5 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    #: vLLM's shape: None for the first prompt token, then {token id: Logprob} per prompt token (prompt_logprobs)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -182,7 +182,8 @@ class Scheduler:
             if req.status.is_finished:  # aborted while waiting
                 heapq.heappop(waiting)
                 continue
-            hit_blocks, hit_tokens = kv.get_computed_blocks(req)
+            # prompt logprobs need every prompt position's hidden state: no prefix-cache hit for those requests
+            hit_blocks, hit_tokens = kv.get_computed_blocks(req) if req.prompt_logprobs is None else ([], 0)
             if kv.prefix_in_flight(req, len(hit_blocks)):
                 deferred.append(heapq.heappop(waiting))  # its next block is being computed right now
                 continue
@@ -257,9 +258,12 @@ class Scheduler:
             reqs = [requests.get(c.req_id) for c in sched.chunks]
         n_decodes = 0  # single-token sampling chunks; every other token counts as prefill (incl. recompute)
         sampled: list[Request | None] = []
+        plp = result.prompt_logprobs
         for c, req in zip(sched.chunks, reqs):
             if req is not None and req.status == _RUNNING:
                 cache_computed(req)
+                if plp and c.req_id in plp:
+                    req.add_prompt_logprobs(*plp[c.req_id])
             if c.sample:
                 sampled.append(req)
                 if len(c.token_ids) == 1:
@@ -291,6 +295,7 @@ class Scheduler:
                 out.num_cached_tokens = req.num_cached_tokens
                 out.queued_time = req.queued_time
                 out.scheduled_time = req.first_scheduled_time
+                out.prompt_logprobs = req.prompt_logprobs
             if finished:
                 any_finished = True
                 out.finish_reason = req.status.finish_reason

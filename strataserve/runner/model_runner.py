@@ -32,6 +32,7 @@ from strataserve.runner.base import ModelRunnerBase
 from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
 from strataserve.runner.ops import OpSet, TorchOps
+from strataserve.runner.prompt_logprobs import PromptRows, prompt_logprobs, prompt_rows
 from strataserve.runner.sampler import Sampler, SamplingRequest
 
 log = logging.getLogger(__name__)
@@ -209,18 +210,19 @@ class ModelRunner(ModelRunnerBase):
         self._fill_pending_tokens(batch, chunks)
         req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
         reqs = [self.requests[r] for r in req_ids]
-        logits = self._logits(batch, all(r.plain_greedy for r in reqs))
+        prompt = prompt_rows(chunks, batch, self.requests)
+        logits, prompt_lps = self._logits(batch, all(r.plain_greedy for r in reqs), prompt)
         if logits is None:
-            return LaunchedStep([], [], None, [], [])
+            return LaunchedStep([], [], None, [], [], prompt_lps)
         if scheduler_output.structured is not None:  # wait for the grammar worker only now, after the forward
             mask = scheduler_output.structured.result()
             apply_token_bitmask(logits, mask.rows, mask.bitmask)
         if not self.supports_async:  # synchronous: the sampler's host lists, as any Sampler subclass returns them
             ids, logprobs = self.sampler(logits, reqs)
-            return LaunchedStep(req_ids, reqs, None, logprobs, ids)
+            return LaunchedStep(req_ids, reqs, None, logprobs, ids, prompt_lps)
         tokens, logprobs = self.sampler.sample(logits, reqs)
         self._last = (tokens, {rid: j for j, rid in enumerate(req_ids)})
-        step = LaunchedStep(req_ids, reqs, tokens, logprobs)
+        step = LaunchedStep(req_ids, reqs, tokens, logprobs, None, prompt_lps)
         step.copy_to_host()
         return step
 
@@ -242,8 +244,10 @@ class ModelRunner(ModelRunnerBase):
             n = len(dst)
             batch.input_ids.index_copy_(0, idx[:n], self._last[0].index_select(0, idx[n:]))  # type: ignore[index]
 
-    def _logits(self, batch: InputBatch, plain_greedy: bool = False) -> torch.Tensor | None:
-        """float32 logits of the sampling chunks in chunk order (None if none samples; KV is written anyway).
+    def _logits(self, batch: InputBatch, plain_greedy: bool = False, prompt: PromptRows | None = None
+                ) -> tuple[torch.Tensor | None, dict | None]:
+        """float32 logits of the sampling chunks in chunk order (None if none samples; KV is written anyway), and
+        the prompt logprobs of ``prompt``'s rows (None without).
 
         Decode-only steps that fit a captured graph replay it (the graph computes logits for every row, so the
         lm_head runs inside it too); everything else runs eagerly with logits only for the sampled rows.
@@ -257,14 +261,18 @@ class ModelRunner(ModelRunnerBase):
                 and self.graphs.can_run(t, meta.decode_block_tables.shape[1])):
             all_logits = self.graphs.run(batch.input_ids, batch.positions, meta.slot_mapping,
                                          meta.decode_block_tables, meta.decode_context_lens)
+            plp = None if prompt is None else prompt_logprobs(all_logits.index_select(0, prompt.flat_rows).float(),
+                                                               prompt)
             if not batch.sample_chunk_ids:
-                return None
+                return None, plp
             rows = all_logits.index_select(0, batch.logits_indices)
-            return rows if plain_greedy else rows.float()
+            return (rows if plain_greedy else rows.float()), plp
         hidden = self.model(batch.input_ids, batch.positions, meta)
+        plp = None if prompt is None else prompt_logprobs(
+            self.model.compute_logits(hidden.index_select(0, prompt.flat_rows)), prompt)
         if not batch.sample_chunk_ids:
-            return None
-        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+            return None, plp
+        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices)), plp
 
     def shutdown(self) -> None:
         if self.graphs is not None:
@@ -283,11 +291,13 @@ class ModelRunner(ModelRunnerBase):
 class LaunchedStep:
     """One launched step: its sampled tokens (a device tensor until ``result``) and logprobs."""
 
-    __slots__ = ("req_ids", "reqs", "tokens", "logprobs", "ids", "_host", "_event", "_out", "_lock")
+    __slots__ = ("req_ids", "reqs", "tokens", "logprobs", "ids", "prompt_logprobs", "_host", "_event", "_out",
+                 "_lock")
 
     def __init__(self, req_ids: list[str], reqs: list[SamplingRequest], tokens: torch.Tensor | None,
-                 logprobs: list, ids: list[int] | None = None) -> None:
+                 logprobs: list, ids: list[int] | None = None, prompt_logprobs: dict | None = None) -> None:
         self.req_ids, self.reqs, self.tokens, self.logprobs = req_ids, reqs, tokens, logprobs
+        self.prompt_logprobs = prompt_logprobs
         self.ids = ids  # token ids already on the host (synchronous launch)
         self._host: torch.Tensor | None = None
         self._event = None
@@ -323,4 +333,4 @@ class LaunchedStep:
             ids = self.tokens.tolist()  # type: ignore[union-attr]
         for req, tok in zip(self.reqs, ids):
             req.output_token_ids.append(tok)
-        return ModelRunnerOutput(self.req_ids, ids, self.logprobs)
+        return ModelRunnerOutput(self.req_ids, ids, self.logprobs, self.prompt_logprobs)
