@@ -47,13 +47,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--runner-mode", default="auto", choices=["auto", "eager", "triton", "graph", "hybrid"])
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--skip-tokenizer-init", action="store_true",
+                   help="load no tokenizer: token-id prompts only, outputs as token ids (return_token_ids)")
 
 
 def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
     """Build (and so validate) the engine config; a bad value raises ValueError naming the flag's field."""
     return EngineConfig(
         model=ModelConfig(model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                          seed=args.seed, served_model_name=getattr(args, "served_model_name", None)),
+                          seed=args.seed, served_model_name=getattr(args, "served_model_name", None),
+                          skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False)),
         cache=CacheConfig(block_size=args.block_size, kv_cache_memory_gib=args.kv_cache_memory_gib,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           num_blocks=args.num_gpu_blocks_override, enable_prefix_caching=args.enable_prefix_caching),

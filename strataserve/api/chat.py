@@ -25,6 +25,9 @@ def render_chat(state: ServerState, messages: list[ChatMessage], add_generation_
                 tools: list[Any] | None = None) -> list[int]:
     """Token ids of the conversation through the model's chat template (tool calls, tool results and the tool
     definitions included, for templates that render them)."""
+    if state.tokenizer is None:
+        raise bad_request("this server runs without a tokenizer (--skip-tokenizer-init): chat needs one; use "
+                          "/v1/completions with token-id prompts", param="messages")
     plain = message_dicts(messages)
     extra = {"tools": [t.model_dump(exclude_none=True) for t in tools]} if tools else {}
     try:

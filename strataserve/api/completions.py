@@ -23,6 +23,9 @@ router = APIRouter()
 
 def _prompts(state: ServerState, prompt: Any) -> list[tuple[str | None, list[int]]]:
     """(text or None, token ids) per prompt."""
+    if state.tokenizer is None and (isinstance(prompt, str) or (prompt and isinstance(prompt[0], str))):
+        raise bad_request("this server runs without a tokenizer (--skip-tokenizer-init): give token ids as the "
+                          "prompt", param="prompt")
     if isinstance(prompt, str):
         return [(prompt, state.tokenizer.encode(prompt))]
     if not prompt:
@@ -38,7 +41,7 @@ def _prompts(state: ServerState, prompt: Any) -> list[tuple[str | None, list[int
 
 
 class _Choice:
-    __slots__ = ("parts", "num_tokens", "finish_reason", "stop_reason", "logprobs")
+    __slots__ = ("parts", "num_tokens", "finish_reason", "stop_reason", "logprobs", "token_ids")
 
     def __init__(self, logprobs: CompletionLogprobs | None) -> None:
         self.parts: list[str] = []
@@ -46,6 +49,7 @@ class _Choice:
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
         self.logprobs = logprobs
+        self.token_ids: list[int] = []
 
 
 @router.post("/v1/completions")
@@ -56,6 +60,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of different from n is not supported", param="best_of")
     prompts = _prompts(state, body.prompt)
+    if state.tokenizer is None and (body.echo or body.logprobs is not None or body.stop):
+        raise bad_request("echo, logprobs and stop strings need a tokenizer; this server has none "
+                          "(--skip-tokenizer-init): read the token ids (return_token_ids)", param="prompt")
     common = dict(n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
                   presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                   repetition_penalty=body.repetition_penalty, seed=body.seed, stop=body.stop or None,
@@ -85,6 +92,11 @@ def _streams(state: ServerState, body: CompletionRequest, rid: str, prompts: lis
 
 def _echo_text(state: ServerState, text: str | None, ids: list[int]) -> str:
     return text if text is not None else state.tokenizer.decode(ids)
+
+
+def _token_ids(body: CompletionRequest, prompt_ids: list[int], ids: list[int]) -> dict[str, list[int]]:
+    """vLLM's ``return_token_ids``: the prompt's and the completion's token ids in each choice."""
+    return {"prompt_token_ids": prompt_ids, "token_ids": ids} if body.return_token_ids else {}
 
 
 def _echo_logprobs(body: CompletionRequest) -> bool:
@@ -121,6 +133,7 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
             ch = choices[pi * n + c.index]
             ch.parts.append(c.text)
             ch.num_tokens += len(c.token_ids)
+            ch.token_ids.extend(c.token_ids)
             if ch.logprobs is not None:
                 ch.logprobs.add(c.token_ids, c.logprobs)
             if c.finish_reason is not None:
@@ -132,7 +145,8 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
         "choices": [{"index": k, "text": "".join(ch.parts), "finish_reason": ch.finish_reason,
                      "stop_reason": ch.stop_reason,
-                     "logprobs": ch.logprobs.result() if ch.logprobs is not None else None}
+                     "logprobs": ch.logprobs.result() if ch.logprobs is not None else None,
+                     **_token_ids(body, prompts[k // n][1], ch.token_ids)}
                     for k, ch in enumerate(choices)],
         "usage": usage(sum(len(ids) for _, ids in prompts), sum(ch.num_tokens for ch in choices)),
     }
