@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strataserve.runner.logits_mask import apply_token_bitmask
+from strataserve.runner.logits_mask import allowed_tokens, apply_token_bitmask
 
 
 def _reference(logits, rows, bitmask):
@@ -32,6 +32,9 @@ def test_bitmask_matches_reference(vocab, width):
     full = logits[:3].clone()
     apply_token_bitmask(full, [0, 1, 2], bitmask)
     assert torch.equal(full, _reference(logits[:3], [0, 1, 2], bitmask))
+    # the device-agnostic unpack (used on accelerators) against the same reference
+    torch_path = logits[:3].clone().masked_fill_(~allowed_tokens(bitmask, vocab), float("-inf"))
+    assert torch.equal(torch_path, _reference(logits[:3], [0, 1, 2], bitmask))
 
 
 def test_bitmask_row_count_must_match():
