@@ -76,7 +76,8 @@ class EngineCore:
         sched = self.scheduler.schedule()
         if not sched.chunks:
             return EngineCoreOutputs(outputs=[], stats=self.stats())
-        sched.structured = self.structured.prepare(self.scheduler.sampled_requests(sched), None)
+        if self.scheduler.num_constrained:
+            sched.structured = self.structured.prepare(self.scheduler.sampled_requests(sched), None)
         t0 = time.perf_counter()
         result = self.runner.execute(sched)
         dt = time.perf_counter() - t0
@@ -93,9 +94,10 @@ class EngineCore:
             sched = self.scheduler.schedule()
         launched = None
         if sched is not None and sched.chunks:
-            prev_handle = self._in_flight[1] if self._in_flight is not None else None
-            sched.structured = self.structured.prepare(self.scheduler.sampled_requests(sched),
-                                                       _pending_tokens(prev_handle))
+            if self.scheduler.num_constrained:
+                prev_handle = self._in_flight[1] if self._in_flight is not None else None
+                sched.structured = self.structured.prepare(self.scheduler.sampled_requests(sched),
+                                                           _pending_tokens(prev_handle))
             launched = (sched, self.runner.launch(sched), time.perf_counter())  # type: ignore[attr-defined]
             if sched.structured is not None:
                 sched.structured.result()  # matchers are fed before this step's outputs are applied below

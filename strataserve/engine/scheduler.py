@@ -50,6 +50,7 @@ class Scheduler:
         self._forget: list[str] = []  # ids the runner must drop before the next step
         self._step_reqs: dict[int, list[Request]] = {}  # id(SchedulerOutput) -> Request of each chunk
         self._num_sync_only = 0  # unfinished requests whose sampling reads their past tokens on the host
+        self.num_constrained = 0  # unfinished requests with a grammar (structured outputs)
         # Keep ~1% of blocks free when admitting, unless nothing runs (then a lone request may use them all).
         self._reserve = max(1, num_blocks // 100)
         self.num_preemptions = 0
@@ -71,6 +72,7 @@ class Scheduler:
         self.check_prompt(request.num_prompt_tokens)
         self.requests[request.request_id] = request
         self._num_sync_only += request.sync_only
+        self.num_constrained += request.grammar is not None
         self._push_waiting(request)
 
     def _push_waiting(self, req: Request) -> None:
@@ -86,6 +88,7 @@ class Scheduler:
             if req is None:
                 continue
             self._num_sync_only -= req.sync_only
+            self.num_constrained -= req.grammar is not None
             if req.status == _RUNNING:
                 drop_running = True
                 self._forget.append(rid)
@@ -303,6 +306,7 @@ class Scheduler:
                 out.num_preemptions = req.num_preemptions
                 del requests[rid]
                 self._num_sync_only -= req.sync_only
+                self.num_constrained -= req.grammar is not None
                 self.kv.free(req)
                 self._forget.append(rid)
             outputs.append(out)

@@ -103,6 +103,7 @@ def test_mixed_batch_constraints_hold_sync_and_async(ckpt):
     assert llm_async.engine.core._async
     outs_async = llm_async.generate(prompts, params, use_tqdm=False)
     _check(outs_async, params, llm.get_tokenizer())
+    assert llm.engine.core.scheduler.num_constrained == llm_async.engine.core.scheduler.num_constrained == 0
     # greedy rows do not depend on scheduling: identical tokens with the mask computed ahead of the tokens
     for o1, o2, p in zip(outs_sync, outs_async, params):
         if p.greedy:
