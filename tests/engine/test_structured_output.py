@@ -43,13 +43,12 @@ def ckpt(tmp_path_factory):
     return make_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3_so"))
 
 
-def _llm(ckpt, async_scheduling: bool = False) -> LLM:
+def _llm(ckpt, async_scheduling: bool = False, num_blocks: int = 256) -> LLM:
     cfg = EngineConfig(ModelConfig(model=str(ckpt), dtype="float32", device="cpu"),
-                       CacheConfig(block_size=4, num_blocks=256), SchedulerConfig(max_num_seqs=16,
-                                                                                   max_num_batched_tokens=64),
-                       RunnerConfig(mode="eager"))
+                       CacheConfig(block_size=4, num_blocks=num_blocks),
+                       SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64), RunnerConfig(mode="eager"))
     runner = ModelRunner(cfg, async_scheduling=async_scheduling)
-    return LLM(ckpt, device="cpu", dtype="float32", block_size=4, num_blocks=256, max_num_seqs=16,
+    return LLM(ckpt, device="cpu", dtype="float32", block_size=4, num_blocks=num_blocks, max_num_seqs=16,
                max_num_batched_tokens=64, runner=runner)
 
 
@@ -104,6 +103,14 @@ def test_mixed_batch_constraints_hold_sync_and_async(ckpt):
     outs_async = llm_async.generate(prompts, params, use_tqdm=False)
     _check(outs_async, params, llm.get_tokenizer())
     assert llm.engine.core.scheduler.num_constrained == llm_async.engine.core.scheduler.num_constrained == 0
+    # a KV pool too small for the batch: preemption (recompute) while tokens are in flight keeps matchers in step
+    llm_small = _llm(ckpt, async_scheduling=True, num_blocks=48)
+    outs_small = llm_small.generate(prompts, params, use_tqdm=False)
+    assert llm_small.engine.core.stats().num_preemptions > 0
+    _check(outs_small, params, llm.get_tokenizer())
+    for o1, o2, p in zip(outs_sync, outs_small, params):
+        if p.greedy:
+            assert o1.outputs[0].token_ids == o2.outputs[0].token_ids
     # greedy rows do not depend on scheduling: identical tokens with the mask computed ahead of the tokens
     for o1, o2, p in zip(outs_sync, outs_async, params):
         if p.greedy:
