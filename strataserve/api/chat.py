@@ -12,10 +12,10 @@ from starlette.responses import Response, StreamingResponse
 from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import DONE, ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage
 from strataserve.api.guided import guided_params, validate
-from strataserve.api.tools import ToolPlan, ToolStreamer, assistant_message, message_dicts, plan_tools, tool_events
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
 from strataserve.api.serving import (ServerState, admit, engine_abort_error, engine_stream,
                                      make_params, new_id, resolve_max_tokens, until_disconnect)
+from strataserve.api.tools import ToolPlan, ToolStreamer, assistant_message, message_dicts, plan_tools, tool_events
 from strataserve.engine.sampling_params import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
 
 router = APIRouter()

@@ -29,8 +29,8 @@ from strataserve.models.hf_config import DecoderConfig, load_decoder_config
 from strataserve.models.loader import load_model, resolve_device, resolve_dtype
 from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_block, TorchAttention
 from strataserve.runner.base import ModelRunnerBase
-from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
+from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.ops import OpSet, TorchOps
 from strataserve.runner.prompt_logprobs import PromptRows, prompt_logprobs, prompt_rows
 from strataserve.runner.sampler import Sampler, SamplingRequest
