@@ -10,12 +10,15 @@ from strataserve.envs import apply_process_defaults
 
 apply_process_defaults()
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "AsyncLLM", "TTS", "AsyncTTS"]
+__all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "StructuredOutputsParams", "RequestOutput",
+           "CompletionOutput", "AsyncLLM", "TTS", "AsyncTTS"]
 __version__ = "0.1.0"
 
 _WHERE = {
     "LLM": "strataserve.engine.llm",
     "SamplingParams": "strataserve.engine.sampling_params",
+    "GuidedDecodingParams": "strataserve.engine.sampling_params",
+    "StructuredOutputsParams": "strataserve.engine.sampling_params",
     "RequestOutput": "strataserve.engine.outputs",
     "CompletionOutput": "strataserve.engine.outputs",
     "AsyncLLM": "strataserve.engine.async_llm",
@@ -27,8 +30,8 @@ if TYPE_CHECKING:
     from strataserve.engine.async_llm import AsyncLLM
     from strataserve.engine.llm import LLM
     from strataserve.engine.outputs import CompletionOutput, RequestOutput
-    from strataserve.engine.sampling_params import SamplingParams
     from strataserve.engine.async_tts import AsyncTTS
+    from strataserve.engine.sampling_params import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
     from strataserve.engine.tts import TTS
 
 

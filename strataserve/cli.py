@@ -52,13 +52,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--runner-mode", default="auto", choices=["auto", "eager", "triton", "graph", "hybrid"])
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--skip-tokenizer-init", action="store_true",
+                   help="load no tokenizer: token-id prompts only, outputs as token ids (return_token_ids)")
 
 
 def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
     """Build (and so validate) the engine config; a bad value raises ValueError naming the flag's field."""
     return EngineConfig(
         model=ModelConfig(model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                          seed=args.seed, served_model_name=getattr(args, "served_model_name", None)),
+                          seed=args.seed, served_model_name=getattr(args, "served_model_name", None),
+                          skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False)),
         cache=CacheConfig(block_size=args.block_size, kv_cache_memory_gib=args.kv_cache_memory_gib,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           num_blocks=args.num_gpu_blocks_override, enable_prefix_caching=args.enable_prefix_caching),
@@ -91,6 +94,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default=None, metavar="FILE.yaml",
                    help="serve what this router config declares (local models, upstream OpenAI / KServe servers, "
                         "a model repository, SLA classes); engine flags given here are every local model's defaults")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="let tool_choice='auto' parse tool calls out of the output (needs --tool-call-parser)")
+    p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
+                   help="tool-call format of the model family: hermes (Qwen2/3), llama3_json, mistral")
     add_engine_args(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -121,7 +128,8 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
             return None
         try:
             config = load_config(args.config)
-            return ServeOptions.from_config(config, lambda e: _entry_engine(args, e), **server)
+            return ServeOptions.from_config(config, lambda e: _entry_engine(args, e),
+                                            (args.tool_call_parser, args.enable_auto_tool_choice), **server)
         except (ConfigError, ValueError) as exc:
             console.print(f"[red]error:[/] {exc}", soft_wrap=True)
             return None
@@ -143,7 +151,8 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
         if not os.path.isdir(model):
             console.print(f"[red]error:[/] model folder {model!r} does not exist (give an HF checkpoint folder)")
             return None
-        llms = (LocalLLMSpec(args.served_model_name or model, config),)
+        llms = (LocalLLMSpec(args.served_model_name or model, config, tool_call_parser=args.tool_call_parser,
+                             enable_auto_tool_choice=args.enable_auto_tool_choice),)
     return ServeOptions(llms=llms, **server)
 
 

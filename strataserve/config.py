@@ -32,6 +32,8 @@ class ModelConfig:
     seed: int = 0
     tokenizer: str | None = None  # defaults to ``model``
     served_model_name: str | None = None
+    #: no tokenizer at all (vLLM's skip_tokenizer_init): token-id prompts in, token ids out, empty text
+    skip_tokenizer_init: bool = False
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model: give the path of an HF checkpoint folder")

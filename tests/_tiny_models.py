@@ -119,3 +119,18 @@ def load_hf_model(path: str | Path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_greedy(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """HF transformers' greedy continuation of each prompt, exactly ``max_new_tokens`` long (eos ignored).
+    ``model``: a checkpoint folder or an already loaded HF model."""
+    if isinstance(model, (str, Path)):
+        model = load_hf_model(model)
+    outs = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+            outs.append(gen[0, len(p):].tolist())
+    return outs

@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from _tiny_models import FAMILIES, load_hf_model, make_tiny_checkpoint
+from _tiny_models import FAMILIES, hf_greedy, load_hf_model, make_tiny_checkpoint
 from strataserve import LLM, SamplingParams
 
 MAX_NEW = 12
@@ -26,14 +26,7 @@ def _prompts(seed: int, n: int, vocab: int, shared_prefix: int = 0) -> list[list
 
 
 def _hf_greedy(model, prompts: list[list[int]]) -> list[list[int]]:
-    outs = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
-                                 min_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
-            outs.append(gen[0, len(p):].tolist())
-    return outs
+    return hf_greedy(model, prompts, MAX_NEW)
 
 
 def _ours(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:

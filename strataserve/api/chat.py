@@ -11,20 +11,28 @@ from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.errors import bad_request
 from strataserve.api.formatting import ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage
+from strataserve.api.guided import guided_params, validate
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
 from strataserve.api.serving import (ServerState, admit, engine_abort_error, engine_stream, forward, make_params,
                                      new_id, resolve_max_tokens, sse_body, traced, until_disconnect)
+from strataserve.api.tools import ToolPlan, ToolStreamer, assistant_message, message_dicts, plan_tools, tool_events
+from strataserve.engine.sampling_params import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
 from strataserve.router.metrics import RouteTrace
-from strataserve.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 router = APIRouter()
 
 
-def render_chat(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
-    """Token ids of the conversation through the model's chat template."""
-    plain = [{"role": m.role, "content": m.text()} for m in messages]
+def render_chat(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool,
+                tools: list[Any] | None = None) -> list[int]:
+    """Token ids of the conversation through the model's chat template (tool calls, tool results and the tool
+    definitions included, for templates that render them)."""
+    if state.tokenizer is None:
+        raise bad_request("this server runs without a tokenizer (--skip-tokenizer-init): chat needs one; use "
+                          "/v1/completions with token-id prompts", param="messages")
+    plain = message_dicts(messages)
+    extra = {"tools": [t.model_dump(exclude_none=True) for t in tools]} if tools else {}
     try:
-        ids = state.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
+        ids = state.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, **extra)
     except ValueError as exc:
         raise bad_request(f"cannot render the chat: {exc}", param="messages") from None
     if isinstance(ids, str):
@@ -63,12 +71,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return await forward(routed, request, "/v1/chat/completions", stream=body.stream,
                              prefix=_prefix(body.messages), first_events=body.n)
     state = routed.state
-    if body.tools:
-        raise bad_request("tools are not supported by this server", param="tools")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise bad_request("only response_format type 'text' is supported", param="response_format")
+    plan, guided = _tools_and_guided(state, body)
     top_n = _top_n(body)
-    prompt_ids = render_chat(state, body.messages, body.add_generation_prompt)
+    prompt_ids = render_chat(state, body.messages, body.add_generation_prompt, body.tools)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_tokens = resolve_max_tokens(state, len(prompt_ids), requested, param)
@@ -77,24 +82,39 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                          frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
                          seed=body.seed, stop=body.stop or None, stop_token_ids=body.stop_token_ids,
                          ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=top_n,
-                         skip_special_tokens=body.skip_special_tokens,
-                         include_stop_str_in_output=body.include_stop_str_in_output)
+                         skip_special_tokens=body.skip_special_tokens and not (plan and plan.keep_special_tokens),
+                         include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided)
     rid = new_id("chatcmpl")
     work = float(len(prompt_ids))
     routed.check(work)  # 429 when the queue ahead would make this request miss its class's TTFT
     priority = routed.priority(body.priority)
     if body.stream:
         state.check_capacity(body.n)
-        events = _events(state, body, rid, prompt_ids, params, top_n, priority)
+        events = _events(state, body, rid, prompt_ids, params, top_n, plan, priority)
         return StreamingResponse(sse_body(state, body.n, routed, work, events), media_type="text/event-stream")
     with state.admit(body.n), traced(routed.trace(work)) as trace:
-        result = await until_disconnect(request, _collect(state, body, rid, prompt_ids, params, top_n,
+        result = await until_disconnect(request, _collect(state, body, rid, prompt_ids, params, top_n, plan,
                                                           (priority, trace)))
     return Response(json_bytes(result), media_type="application/json")
 
 
+def _tools_and_guided(state: ServerState, body: ChatCompletionRequest
+                      ) -> tuple[ToolPlan | None, GuidedDecodingParams | None]:
+    """The tool plan (api/tools.py) and the output constraint: the request's own, else the one tool_choice
+    required / named implies."""
+    plan = plan_tools(body, state.tool_call_parser, state.enable_auto_tool_choice)
+    guided = guided_params(body)
+    if plan is not None and plan.guided is not None:
+        if guided is not None:
+            raise bad_request("tool_choice 'required' or a named function already constrains the output: drop "
+                              "response_format / guided_*", param="tool_choice")
+        validate(plan.guided, "tools")
+        guided = plan.guided
+    return plan, guided
+
+
 async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_ids: list[int],
-                   params: SamplingParams, top_n: int | None, job: tuple) -> dict[str, Any]:
+                   params: SamplingParams, top_n: int | None, plan: ToolPlan | None, job: tuple) -> dict[str, Any]:
     n = body.n
     namer = TokenNamer(state.tokenizer)
     parts: list[list[str]] = [[] for _ in range(n)]
@@ -113,17 +133,18 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
     for i in range(n):
         if finish[i] == "abort":
             raise engine_abort_error(stop_reason[i])
+    messages = [assistant_message(plan, "".join(parts[i]), finish[i]) for i in range(n)]
     return {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
-        "choices": [{"index": i, "message": {"role": "assistant", "content": "".join(parts[i])},
+        "choices": [{"index": i, "message": messages[i][0],
                      "logprobs": {"content": lps[i]} if top_n is not None else None,
-                     "finish_reason": finish[i], "stop_reason": stop_reason[i]} for i in range(n)],
+                     "finish_reason": messages[i][1], "stop_reason": stop_reason[i]} for i in range(n)],
         "usage": usage(len(prompt_ids), completion_tokens),
     }
 
 
-def _events(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_ids: list[int],
-            params: SamplingParams, top_n: int | None, priority: int) -> Callable[[RouteTrace], AsyncIterator[bytes]]:
+def _events(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_ids: list[int], params: SamplingParams,
+            top_n: int | None, plan: ToolPlan | None, priority: int) -> Callable[[RouteTrace], AsyncIterator[bytes]]:
     async def events(trace: RouteTrace) -> AsyncIterator[bytes]:
         with_usage = body.stream_options is not None and body.stream_options.include_usage
         head: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
@@ -136,6 +157,7 @@ def _events(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_id
                                                  "logprobs": None, "finish_reason": None}]})
                        for i in range(body.n))
         chunk = ChunkTemplate(head).delta
+        streamers = [ToolStreamer(plan) for _ in range(body.n)] if plan and plan.mode != "none" else None
         async for out in engine_stream(state, rid, prompt_ids, params, priority, trace):
             batch = []  # one write per engine output, however many choices it advanced
             for c in out.outputs:
@@ -146,6 +168,9 @@ def _events(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_id
                     continue  # an incomplete multi-byte character: nothing to show yet
                 lp = ({"content": chat_logprobs(namer, c.token_ids, c.logprobs, top_n)}
                       if top_n is not None else None)
+                if streamers is not None:
+                    batch.extend(tool_events(streamers[c.index], chunk, c.index, c.text, lp, c.finish_reason))
+                    continue
                 delta = {"content": c.text} if c.text or c.finish_reason is None else {}
                 batch.append(chunk(c.index, delta, lp, c.finish_reason))
             if batch:

@@ -11,6 +11,7 @@ from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.errors import bad_request
 from strataserve.api.formatting import ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
+from strataserve.api.guided import guided_params
 from strataserve.api.protocol import CompletionRequest
 from strataserve.api.serving import (ServerState, admit, check_token_ids, engine_abort_error, engine_stream,
                                      forward, make_params, merge_streams, new_id, resolve_max_tokens, sse_body,
@@ -23,6 +24,9 @@ router = APIRouter()
 
 def _prompts(state: ServerState, prompt: Any) -> list[tuple[str | None, list[int]]]:
     """(text or None, token ids) per prompt."""
+    if state.tokenizer is None and (isinstance(prompt, str) or (prompt and isinstance(prompt[0], str))):
+        raise bad_request("this server runs without a tokenizer (--skip-tokenizer-init): give token ids as the "
+                          "prompt", param="prompt")
     if isinstance(prompt, str):
         return [(prompt, state.tokenizer.encode(prompt))]
     if not prompt:
@@ -38,7 +42,7 @@ def _prompts(state: ServerState, prompt: Any) -> list[tuple[str | None, list[int
 
 
 class _Choice:
-    __slots__ = ("parts", "num_tokens", "finish_reason", "stop_reason", "logprobs")
+    __slots__ = ("parts", "num_tokens", "finish_reason", "stop_reason", "logprobs", "token_ids")
 
     def __init__(self, logprobs: CompletionLogprobs | None) -> None:
         self.parts: list[str] = []
@@ -46,6 +50,7 @@ class _Choice:
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
         self.logprobs = logprobs
+        self.token_ids: list[int] = []
 
 
 @router.post("/v1/completions")
@@ -59,12 +64,16 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of different from n is not supported", param="best_of")
     prompts = _prompts(state, body.prompt)
+    if state.tokenizer is None and (body.echo or body.logprobs is not None or body.stop):
+        raise bad_request("echo, logprobs and stop strings need a tokenizer; this server has none "
+                          "(--skip-tokenizer-init): read the token ids (return_token_ids)", param="prompt")
     common = dict(n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
                   presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                   repetition_penalty=body.repetition_penalty, seed=body.seed, stop=body.stop or None,
                   stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
                   logprobs=body.logprobs, skip_special_tokens=body.skip_special_tokens,
-                  include_stop_str_in_output=body.include_stop_str_in_output)
+                  include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided_params(body),
+                  prompt_logprobs=body.logprobs if _echo_logprobs(body) else None)
     params: list[SamplingParams] = []
     for _, ids in prompts:
         max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens")
@@ -102,6 +111,24 @@ def _echo_text(state: ServerState, text: str | None, ids: list[int]) -> str:
     return text if text is not None else state.tokenizer.decode(ids)
 
 
+def _token_ids(body: CompletionRequest, prompt_ids: list[int], ids: list[int]) -> dict[str, list[int]]:
+    """vLLM's ``return_token_ids``: the prompt's and the completion's token ids in each choice."""
+    return {"prompt_token_ids": prompt_ids, "token_ids": ids} if body.return_token_ids else {}
+
+
+def _echo_logprobs(body: CompletionRequest) -> bool:
+    """echo with logprobs: the logprobs cover the prompt tokens too (the engine's prompt_logprobs)."""
+    return body.echo and body.logprobs is not None
+
+
+def _add_prompt_logprobs(logprobs: list, first: int, n: int, ids: list[int], out: Any) -> list[Any]:
+    """Put the prompt's logprobs first in the n choices' logprobs starting at index ``first``, once, when the
+    engine's output carries them; returns each choice's part (for a stream chunk) or [] when not this time."""
+    if out.prompt_logprobs is None:
+        return []
+    return [logprobs[first + i].add(ids, out.prompt_logprobs) for i in range(n)]
+
+
 async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompts: list,
                    params: list, job: tuple) -> dict[str, Any]:
     n = body.n
@@ -110,16 +137,20 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
     for text, ids in prompts:
         prefix = _echo_text(state, text, ids) if body.echo else ""
         for _ in range(n):
-            lp = CompletionLogprobs(namer, body.logprobs, len(prefix)) if body.logprobs is not None else None
+            lp = (CompletionLogprobs(namer, body.logprobs, 0 if _echo_logprobs(body) else len(prefix))
+                  if body.logprobs is not None else None)
             choice = _Choice(lp)
             if prefix:
                 choice.parts.append(prefix)
             choices.append(choice)
     async for pi, out in merge_streams(_streams(state, rid, prompts, params, job)):
+        if _echo_logprobs(body):
+            _add_prompt_logprobs([ch.logprobs for ch in choices], pi * n, n, prompts[pi][1], out)
         for c in out.outputs:
             ch = choices[pi * n + c.index]
             ch.parts.append(c.text)
             ch.num_tokens += len(c.token_ids)
+            ch.token_ids.extend(c.token_ids)
             if ch.logprobs is not None:
                 ch.logprobs.add(c.token_ids, c.logprobs)
             if c.finish_reason is not None:
@@ -131,7 +162,8 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
         "choices": [{"index": k, "text": "".join(ch.parts), "finish_reason": ch.finish_reason,
                      "stop_reason": ch.stop_reason,
-                     "logprobs": ch.logprobs.result() if ch.logprobs is not None else None}
+                     "logprobs": ch.logprobs.result() if ch.logprobs is not None else None,
+                     **_token_ids(body, prompts[k // n][1], ch.token_ids)}
                     for k, ch in enumerate(choices)],
         "usage": usage(sum(len(ids) for _, ids in prompts), sum(ch.num_tokens for ch in choices)),
     }
@@ -152,9 +184,9 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
         for pi, (text, ids) in enumerate(prompts):
             prefix = _echo_text(state, text, ids) if body.echo else ""
             for i in range(n):
-                logprobs.append(CompletionLogprobs(namer, body.logprobs, len(prefix))
+                logprobs.append(CompletionLogprobs(namer, body.logprobs, 0 if _echo_logprobs(body) else len(prefix))
                                 if body.logprobs is not None else None)
-                if prefix:
+                if prefix and not _echo_logprobs(body):  # else sent with the prompt's logprobs, below
                     yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
                                                     "finish_reason": None}]})
         chunk = ChunkTemplate(head).text
@@ -163,6 +195,10 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
         async for item in (streams[0] if single else merge_streams(streams)):
             pi, out = (0, item) if single else item
             batch = []  # one write per engine output, however many choices it advanced
+            if _echo_logprobs(body):
+                text, ids = prompts[pi]
+                for i, part in enumerate(_add_prompt_logprobs(logprobs, pi * n, n, ids, out)):
+                    batch.append(chunk(pi * n + i, _echo_text(state, text, ids), part, None))
             for c in out.outputs:
                 k = pi * n + c.index
                 completion_tokens += len(c.token_ids)

@@ -63,11 +63,20 @@ class CompletionLogprobs:
         self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
 
-    def add(self, token_ids: list[int], entries: list[dict[int, Logprob]] | None) -> dict[str, Any]:
-        """Append these tokens; return just their part (for a stream chunk)."""
+    def add(self, token_ids: list[int], entries: list[dict[int, Logprob] | None] | None) -> dict[str, Any]:
+        """Append these tokens; return just their part (for a stream chunk). A None entry (the first prompt token
+        of an echo) has no logprob: OpenAI sends null for it."""
         start = len(self.tokens)
         for i, tid in enumerate(token_ids):
             step = entries[i] if entries is not None and i < len(entries) else {}
+            if step is None:
+                text = self.namer(tid)
+                self.tokens.append(text)
+                self.token_logprobs.append(None)
+                self.top_logprobs.append(None)
+                self.text_offset.append(self.offset)
+                self.offset += len(text)
+                continue
             chosen = step.get(tid)
             text = self.namer(tid, chosen)
             self.tokens.append(text)

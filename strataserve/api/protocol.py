@@ -23,6 +23,18 @@ class StreamOptions(_Base):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Base):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Base):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _SamplingFields(_Base):
     """Fields shared by completions and chat; names and defaults as OpenAI / vLLM."""
 
@@ -48,6 +60,14 @@ class _SamplingFields(_Base):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: Int64 = 0
+    # structured outputs (vLLM extras; ``api/guided.py`` turns them into one GuidedDecodingParams)
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    structured_outputs: dict | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -55,6 +75,7 @@ class CompletionRequest(_SamplingFields):
     max_tokens: Int64 | None = 16
     logprobs: Int64 | None = None
     echo: bool = False
+    return_token_ids: bool = False  # vLLM extra: prompt_token_ids + token_ids in each (non-streamed) choice
     suffix: str | None = None
     best_of: Int64 | None = None
 
@@ -64,10 +85,35 @@ class TextPart(_Base):
     text: str
 
 
+class FunctionCall(_Base):
+    name: str
+    arguments: str | dict = "{}"
+
+
+class ToolCallIn(_Base):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(_Base):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Base):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
 class ChatMessage(_Base):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool result: which call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -77,8 +123,6 @@ class ChatMessage(_Base):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(_Base):
-    type: Literal["text", "json_object", "json_schema"] = "text"
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -87,8 +131,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Int64 | None = None
     logprobs: bool = False
     top_logprobs: Int64 | None = None
-    response_format: ResponseFormat | None = None
-    tools: list[dict] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
 
 

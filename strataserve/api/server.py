@@ -45,6 +45,8 @@ class LocalLLMSpec:
     name: str
     engine: EngineConfig
     gpu_cost_per_hour: float | None = None
+    tool_call_parser: str | None = None  # hermes / llama3_json / mistral: parse tool calls out of the output
+    enable_auto_tool_choice: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,12 @@ class ServeOptions:
 
     @classmethod
     def from_config(cls, config: RouterConfig, base_engine: Callable[[LocalModel], EngineConfig],
-                    **server: Any) -> "ServeOptions":
-        """Options for a config file; ``base_engine`` builds an entry's EngineConfig (CLI defaults + its keys)."""
-        llms = tuple(LocalLLMSpec(m.name, base_engine(m), m.gpu_cost_per_hour)
+                    tools: tuple[str | None, bool] = (None, False), **server: Any) -> "ServeOptions":
+        """Options for a config file; ``base_engine`` builds an entry's EngineConfig (CLI defaults + its keys),
+        ``tools`` is the command line's (tool_call_parser, enable_auto_tool_choice), which an entry may override."""
+        llms = tuple(LocalLLMSpec(m.name, base_engine(m), m.gpu_cost_per_hour,
+                                  m.tool_call_parser if m.tool_call_parser is not None else tools[0],
+                                  m.enable_auto_tool_choice if m.enable_auto_tool_choice is not None else tools[1])
                      for m in config.models if isinstance(m, LocalModel))
         ups = tuple(m for m in config.models if not isinstance(m, LocalModel))
         classes = {k: SLA(k, v.priority, v.ttft_ms, v.tpot_ms) for k, v in config.sla_classes.items()}
@@ -141,7 +146,8 @@ def build_state(engine: Any, spec: LocalLLMSpec, metrics_group: MetricsGroup) ->
     sched = spec.engine.scheduler
     return ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=spec.name, max_model_len=max_len,
                        metrics=metrics, max_inflight_seqs=sched.max_num_seqs + sched.max_waiting_requests,
-                       vocab_size=_vocab_size(engine.tokenizer))
+                       vocab_size=getattr(engine, "vocab_size", None) or _vocab_size(engine.tokenizer),
+                       tool_call_parser=spec.tool_call_parser, enable_auto_tool_choice=spec.enable_auto_tool_choice)
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -38,6 +38,8 @@ class ServerState:
     metrics: ServerMetrics
     max_inflight_seqs: int  # running + waiting sequences beyond which we answer 503
     vocab_size: int | None = None
+    tool_call_parser: str | None = None  # --tool-call-parser (api/tool_parsers)
+    enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice
     created: int = field(default_factory=lambda: int(time.time()))
     inflight_seqs: int = 0
 

@@ -16,7 +16,8 @@ from typing import Any, AsyncIterator
 
 from strataserve.config import EngineConfig
 from strataserve.engine.core_client import CoreClient, EngineDeadError, InprocCoreClient
-from strataserve.engine.input_processor import InputProcessor, PromptType, as_tokenizer, load_tokenizer
+from strataserve.engine.input_processor import (InputProcessor, PromptType, as_tokenizer, load_tokenizer,
+                                                model_config_or_none)
 from strataserve.engine.output_processor import OutputProcessor, RequestOutputKind
 from strataserve.engine.outputs import CompletionOutput, RequestOutput
 from strataserve.engine.protocol import SchedulerStats
@@ -91,12 +92,16 @@ class AsyncLLM:
     def __init__(self, engine_config: EngineConfig, core_client: CoreClient | None = None, tokenizer: Any = None) -> None:
         self.config = engine_config
         if tokenizer is None:
-            tokenizer = load_tokenizer(engine_config.model.tokenizer or engine_config.model.model)
+            tokenizer = load_tokenizer(engine_config.model.tokenizer or engine_config.model.model,
+                                       engine_config.model.skip_tokenizer_init)
         #: strataserve ``Tokenizer`` (``.hf`` is the transformers tokenizer)
         self.tokenizer = as_tokenizer(tokenizer)
         self.core = core_client if core_client is not None else InprocCoreClient(engine_config)
         info = self.core.info
-        self.inputs = InputProcessor(self.tokenizer, info.max_model_len, info.max_pool_tokens)
+        self.inputs = InputProcessor(self.tokenizer, info.max_model_len, info.max_pool_tokens,
+                                     model_config_or_none(engine_config.model.model))
+        #: token ids a prompt may use (config.json's vocab_size, which may exceed the tokenizer's ids)
+        self.vocab_size: int | None = self.inputs.vocab_size
         self.outputs = OutputProcessor(self.tokenizer.hf if self.tokenizer is not None else None)
         #: the core's latest SchedulerStats (None until the first step)
         self.stats: SchedulerStats | None = None
@@ -112,7 +117,8 @@ class AsyncLLM:
         from strataserve.engine.engine_core import EngineCore
 
         if tokenizer is None:
-            tokenizer = load_tokenizer(engine_config.model.tokenizer or engine_config.model.model)
+            tokenizer = load_tokenizer(engine_config.model.tokenizer or engine_config.model.model,
+                                       engine_config.model.skip_tokenizer_init)
         return cls(engine_config, InprocCoreClient(core=EngineCore(engine_config, runner)), tokenizer)
 
     # ------------------------------------------------------------------ health

@@ -14,6 +14,7 @@ from strataserve.engine.outputs import SchedulerOutput
 from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from strataserve.engine.request import Request
 from strataserve.engine.scheduler import Scheduler
+from strataserve.engine.structured_output import StructuredOutputManager
 from strataserve.runner.base import ModelRunnerBase
 
 
@@ -34,6 +35,10 @@ class EngineCore:
         # Async scheduling (runners that can ``launch`` a step and report ``supports_async``, i.e. CUDA): step N+1
         # is scheduled and queued while step N runs on the device, and step N's tokens are applied after that,
         # so the host work of a step overlaps the device work of the previous one.
+        mcfg = getattr(runner, "model_config", None)
+        self.structured = StructuredOutputManager(
+            config.model.tokenizer or config.model.model, getattr(mcfg, "vocab_size", 0),
+            getattr(runner, "eos_token_ids", ()))
         self._async = bool(getattr(runner, "supports_async", False)) and hasattr(runner, "launch")
         self._in_flight: tuple[SchedulerOutput, Any, float] | None = None
         self._seq = itertools.count()
@@ -49,6 +54,9 @@ class EngineCore:
     def add_request(self, request: EngineCoreRequest) -> None:
         req = Request.from_core_request(request, max_model_len=self.max_model_len,
                                         max_pool_tokens=self.scheduler.max_pool_tokens, seq=next(self._seq))
+        spec = request.sampling_params.guided_decoding
+        if spec is not None:
+            req.grammar = self.structured.new_state(spec)  # compiled once per distinct spec (cached)
         self.scheduler.add_request(req)
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -68,6 +76,8 @@ class EngineCore:
         sched = self.scheduler.schedule()
         if not sched.chunks:
             return EngineCoreOutputs(outputs=[], stats=self.stats())
+        if self.scheduler.num_constrained:
+            sched.structured = self.structured.prepare(self.scheduler.sampled_requests(sched), None)
         t0 = time.perf_counter()
         result = self.runner.execute(sched)
         dt = time.perf_counter() - t0
@@ -84,7 +94,13 @@ class EngineCore:
             sched = self.scheduler.schedule()
         launched = None
         if sched is not None and sched.chunks:
+            if self.scheduler.num_constrained:
+                prev_handle = self._in_flight[1] if self._in_flight is not None else None
+                sched.structured = self.structured.prepare(self.scheduler.sampled_requests(sched),
+                                                           _pending_tokens(prev_handle))
             launched = (sched, self.runner.launch(sched), time.perf_counter())  # type: ignore[attr-defined]
+            if sched.structured is not None:
+                sched.structured.result()  # matchers are fed before this step's outputs are applied below
         outputs = []
         prev, self._in_flight = self._in_flight, launched
         if prev is not None:
@@ -120,4 +136,17 @@ class EngineCore:
         if not self._closed:
             self._closed = True
             self._in_flight = None
+            self.structured.shutdown()
             self.runner.shutdown()
+
+
+def _pending_tokens(handle: Any):
+    """{request id: token} of the step in flight, read when the grammar job needs it (``result()`` of a launched
+    step is idempotent and thread-safe)."""
+    if handle is None:
+        return None
+
+    def tokens() -> dict[str, int]:
+        out = handle.result()
+        return dict(zip(out.req_ids, out.sampled_token_ids))
+    return tokens

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from strataserve.engine.request import check_prompt_length
 from strataserve.engine.sampling_params import SamplingParams
+from strataserve.engine.structured_output import check_guided
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
 
@@ -26,27 +27,44 @@ def as_tokenizer(tokenizer: Any) -> Any:
     return Tokenizer(tokenizer, () if eos is None else (int(eos),))
 
 
-def load_tokenizer(model_dir: str) -> Any:
+def load_tokenizer(model_dir: str, skip: bool = False) -> Any:
+    """The checkpoint's tokenizer, or None when ``skip`` (``skip_tokenizer_init``)."""
     from strataserve.models.tokenizer import Tokenizer
 
-    return Tokenizer.from_pretrained(model_dir)
+    return None if skip else Tokenizer.from_pretrained(model_dir)
+
+
+def model_config_or_none(model_dir: str) -> Any:
+    """The checkpoint's ``DecoderConfig`` (vocab_size = embedding rows, often more than the tokenizer's ids; eos
+    ids without a tokenizer), or None when the folder has no readable config (engines over fake runners)."""
+    from strataserve.models.hf_config import load_decoder_config
+
+    try:
+        return load_decoder_config(model_dir)
+    except (ValueError, OSError):
+        return None
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Any, max_model_len: int, max_pool_tokens: int) -> None:
+    def __init__(self, tokenizer: Any, max_model_len: int, max_pool_tokens: int, model_config: Any = None) -> None:
         self.tokenizer = tokenizer  # strataserve Tokenizer (or None: token-id prompts only)
         self.max_model_len = max_model_len
         self.max_pool_tokens = max_pool_tokens
-        eos = tuple(tokenizer.eos_token_ids) if tokenizer is not None else ()
+        eos = tuple(tokenizer.eos_token_ids if tokenizer is not None else getattr(model_config, "eos_token_ids", ()))
         self.eos_token_id: int | None = eos[0] if eos else None
         self._extra_eos = list(eos[1:])  # generation_config may list several; the rest act as stop tokens
-        self._vocab = tokenizer.vocab_size if tokenizer is not None else None
+        # valid prompt ids: the model's embedding rows (config.json) when known, else the tokenizer's ids
+        self.vocab_size = (getattr(model_config, "vocab_size", None)
+                       or (tokenizer.vocab_size if tokenizer is not None else None))
 
     def process(self, prompt: PromptType, params: SamplingParams) -> tuple[str | None, list[int], SamplingParams]:
         """Return (prompt text or None, prompt token ids, params to send). Raises ValueError on bad input."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, not {type(params).__name__}")
         text, ids = self._tokenize(prompt)
+        check_guided(params.guided_decoding)
+        if self.tokenizer is None and params.stop:
+            raise ValueError("stop strings need a tokenizer (this engine skipped it): use stop_token_ids")
         check_prompt_length(len(ids), self.max_model_len, self.max_pool_tokens)
         if self._extra_eos and not params.ignore_eos:
             extra = [t for t in self._extra_eos if t not in params.stop_token_ids]
@@ -76,7 +94,7 @@ class InputProcessor:
             raise ValueError("prompt_token_ids must be a list of integers") from None
         if any(isinstance(t, bool) for t in ids):
             raise ValueError("prompt_token_ids must be a list of integers")
-        if out and (min(out) < 0 or (self._vocab is not None and max(out) >= self._vocab)):
+        if out and (min(out) < 0 or (self.vocab_size is not None and max(out) >= self.vocab_size)):
             bad = min(out) if min(out) < 0 else max(out)
-            raise ValueError(f"prompt token id {bad} is out of range: ids must be in [0, {self._vocab})")
+            raise ValueError(f"prompt token id {bad} is out of range: ids must be in [0, {self.vocab_size})")
         return out

@@ -33,7 +33,7 @@ class LLM:
                  gpu_memory_utilization: float = 0.90, num_blocks: int | None = None, block_size: int = 16,
                  enable_prefix_caching: bool = True, seed: int = 0, mode: str = "auto", cuda_graph_max_bs: int = 256,
                  served_model_name: str | None = None, runner: ModelRunnerBase | None = None,
-                 tokenizer_obj: Any = None, **kwargs: Any) -> None:
+                 tokenizer_obj: Any = None, skip_tokenizer_init: bool = False, **kwargs: Any) -> None:
         for k, v in kwargs.items():
             if k not in _IGNORED:
                 raise TypeError(f"LLM() got an unexpected argument {k!r}")
@@ -41,12 +41,13 @@ class LLM:
                 warnings.warn(f"LLM({k}={v!r}) is not supported by strataserve and is ignored", stacklevel=2)
         if runner is None and not Path(model).is_dir():
             raise ValueError(f"model={str(model)!r} is not a directory: give the path of an HF checkpoint folder "
-                             "(config.json + *.safetensors + tokenizer files)")
+                             "(config.json + *.safetensors + tokenizer files, or skip_tokenizer_init=True)")
         if kwargs.get("enforce_eager") and mode == "auto":
             mode = "eager"
         self.config = EngineConfig(
             model=ModelConfig(model=str(model), dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,  # type: ignore[arg-type]
-                              tokenizer=tokenizer, served_model_name=served_model_name),
+                              tokenizer=tokenizer, served_model_name=served_model_name,
+                              skip_tokenizer_init=skip_tokenizer_init),
             cache=CacheConfig(block_size=block_size, kv_cache_memory_gib=kv_cache_memory_gib,
                               gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_blocks,
                               enable_prefix_caching=enable_prefix_caching),

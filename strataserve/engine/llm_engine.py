@@ -5,7 +5,8 @@ from typing import Any
 
 from strataserve.config import EngineConfig
 from strataserve.engine.engine_core import EngineCore
-from strataserve.engine.input_processor import InputProcessor, PromptType, as_tokenizer, load_tokenizer
+from strataserve.engine.input_processor import (InputProcessor, PromptType, as_tokenizer, load_tokenizer,
+                                                model_config_or_none)
 from strataserve.engine.output_processor import OutputProcessor, RequestOutputKind
 from strataserve.engine.outputs import RequestOutput
 from strataserve.engine.protocol import SchedulerStats
@@ -17,10 +18,11 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, runner: ModelRunnerBase | None = None, tokenizer: Any = None) -> None:
         self.config = config
         if tokenizer is None:
-            tokenizer = load_tokenizer(config.model.tokenizer or config.model.model)
+            tokenizer = load_tokenizer(config.model.tokenizer or config.model.model, config.model.skip_tokenizer_init)
         self.tokenizer = as_tokenizer(tokenizer)
         self.core = EngineCore(config, runner)
-        self.inputs = InputProcessor(self.tokenizer, self.core.max_model_len, self.core.scheduler.max_pool_tokens)
+        self.inputs = InputProcessor(self.tokenizer, self.core.max_model_len, self.core.scheduler.max_pool_tokens,
+                                     model_config_or_none(config.model.model))
         self.outputs = OutputProcessor(self.tokenizer.hf if self.tokenizer is not None else None)
         self.stats: SchedulerStats | None = None
 
@@ -30,8 +32,8 @@ class LLMEngine:
 
     @property
     def vocab_size(self) -> int | None:
-        """Token ids a prompt may use (the tokenizer's vocabulary)."""
-        return self.tokenizer.vocab_size if self.tokenizer is not None else None
+        """Token ids a prompt may use: the model's vocabulary (padded beyond the tokenizer's ids or not)."""
+        return self.inputs.vocab_size
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, *, priority: int = 0,
                     kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY, arrival_time: float | None = None) -> None:

@@ -23,6 +23,13 @@ from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from strataserve.engine.sampling_params import SamplingParams
 
 
+def _ended_by_token(finish: str | None, stop_reason: int | str | None, params: SamplingParams) -> bool:
+    """True when the last token is the eos or a stop token id and its text would show (special tokens kept): as
+    vLLM, it stays out of the output (with special tokens skipped an eos has no text anyway)."""
+    return (finish == "stop" and not isinstance(stop_reason, str) and not params.skip_special_tokens
+            and not params.include_stop_str_in_output)
+
+
 class RequestOutputKind(enum.Enum):
     FINAL_ONLY = "final_only"
     DELTA = "delta"
@@ -62,6 +69,8 @@ class _Request:
     num_unfinished: int = 0
     num_cached_tokens: int = 0
     changed: list[_Completion] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs_sent: bool = False
 
 
 @dataclass(slots=True)
@@ -146,12 +155,17 @@ class OutputProcessor:
                 self._first_output(req, o, now)
             req.changed.append(comp)
             comp.token_ids.extend(o.new_token_ids)
+            if o.prompt_logprobs is not None and req.prompt_logprobs is None:
+                req.prompt_logprobs = [None, *self._convert(o.prompt_logprobs)]
             if comp.raw_logprobs is not None and o.new_logprobs:
                 comp.raw_logprobs.extend(o.new_logprobs)
                 comp.cumulative_logprob += sum(lp.logprob for lp in o.new_logprobs)  # type: ignore[operator]
             finish, stop_reason = o.finish_reason, o.stop_reason
-            if comp.detok is not None and o.new_token_ids:
-                stop = comp.detok.update(o.new_token_ids)
+            new_ids = o.new_token_ids
+            if _ended_by_token(finish, stop_reason, req.params) and new_ids:
+                new_ids = new_ids[:-1]  # as vLLM: the eos / stop token's own text is not part of the output
+            if comp.detok is not None and new_ids:
+                stop = comp.detok.update(new_ids)
                 if stop is not None:
                     if finish is None:
                         to_abort.append(o.request_id)
@@ -194,16 +208,20 @@ class OutputProcessor:
                 if c.index not in seen:
                     seen.add(c.index)
                     comps.append(self._delta(c))
+        plp = req.prompt_logprobs if not req.prompt_logprobs_sent else None  # sent once (DELTA)
+        if plp is not None and req.kind is RequestOutputKind.DELTA:
+            req.prompt_logprobs_sent = True
         return RequestOutput(request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                              outputs=comps, finished=finished, num_cached_tokens=req.num_cached_tokens,
-                             metrics=req.metrics)
+                             metrics=req.metrics, prompt_logprobs=plp)
 
     def _final(self, c: _Completion) -> CompletionOutput:
         if c.detok is not None:
             c.detok.finish()
             text = c.detok.text
         elif self._decode is not None:
-            text = decode_all(self._decode, c.parent.prompt_token_ids, c.token_ids, c.parent.params.skip_special_tokens)
+            ids = c.token_ids[:-1] if _ended_by_token(c.finish_reason, c.stop_reason, c.parent.params) else c.token_ids
+            text = decode_all(self._decode, c.parent.prompt_token_ids, ids, c.parent.params.skip_special_tokens)
         else:
             text = ""
         return CompletionOutput(c.index, text, c.token_ids, c.cumulative_logprob, self._logprobs(c, 0),
@@ -221,11 +239,13 @@ class OutputProcessor:
                                 c.finish_reason, c.stop_reason)
 
     def _logprobs(self, c: _Completion, start: int) -> list[dict[int, Logprob]] | None:
-        if c.raw_logprobs is None:
-            return None
+        return None if c.raw_logprobs is None else self._convert(c.raw_logprobs[start:])
+
+    def _convert(self, raw: list[TokenLogprobs]) -> list[dict[int, Logprob]]:
+        """The engine's TokenLogprobs -> vLLM's {token id: Logprob} per position (chosen token first)."""
         tt = self._token_text
         out = []
-        for lp in c.raw_logprobs[start:]:
+        for lp in raw:
             d = {lp.token_id: Logprob(lp.logprob, lp.rank, tt(lp.token_id) if tt else None)}
             for rank, (tid, val) in enumerate(zip(lp.top_token_ids, lp.top_logprobs), start=1):
                 if tid not in d:

@@ -7,6 +7,7 @@ names and fields as vLLM's so user code ports by changing an import.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from strataserve.engine.sampling_params import SamplingParams
 
@@ -45,6 +46,9 @@ class SchedulerOutput:
     # Requests the runner must forget (finished, aborted or preempted) before running this step.
     finished_req_ids: list[str]
     total_num_scheduled_tokens: int
+    #: the grammar bitmask job of this step (``engine/structured_output.StructuredStep``) when a sampled request is
+    #: constrained: ``structured.result()`` gives a ``GrammarBitmask`` to apply to the logits before sampling
+    structured: Any = None
 
     @property
     def is_empty(self) -> bool:
@@ -69,6 +73,8 @@ class ModelRunnerOutput:
     req_ids: list[str]
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    #: request id -> (s, logprobs of prompt tokens s + 1, s + 2, ...) computed this step (prompt_logprobs)
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] | None = None
 
 
 # ----------------------------------------------------------------------------- engine -> user (vLLM names)
@@ -110,3 +116,5 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    #: vLLM's shape: None for the first prompt token, then {token id: Logprob} per prompt token (prompt_logprobs)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

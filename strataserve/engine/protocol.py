@@ -24,6 +24,7 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None  # prompt tokens 1.. (sent with the first output)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (sent with the first output)

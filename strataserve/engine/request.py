@@ -57,7 +57,7 @@ class Request:
         "request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "sampling_params", "eos_token_id",
         "arrival_time", "priority", "status", "num_computed_tokens", "num_cached_tokens", "stop_reason",
         "block_hashes", "num_preemptions", "max_len", "min_len", "stop_token_ids", "seq", "first_scheduled_time",
-        "queued_time", "_sent_first", "num_pending", "sync_only",
+        "queued_time", "_sent_first", "num_pending", "sync_only", "grammar", "prompt_logprobs",
     )
 
     def __init__(
@@ -102,8 +102,13 @@ class Request:
         self.num_pending = 0
         #: sampling reads this request's past tokens on the host (penalties, min_tokens, seeds, logprobs), so
         #: the engine must know its last token before scheduling its next step
+        #: the grammar matcher of a constrained request (``engine/structured_output.py``), set by the engine core
+        self.grammar = None
+        #: prompt logprobs gathered so far, for prompt positions 1, 2, ... (None: not asked)
+        self.prompt_logprobs: list | None = [] if sampling_params.prompt_logprobs is not None else None
         self.sync_only = (sampling_params.uses_penalties or sampling_params.min_tokens > 0
-                          or sampling_params.seed is not None or sampling_params.logprobs is not None)
+                          or sampling_params.seed is not None or sampling_params.logprobs is not None
+                          or self.prompt_logprobs is not None)
 
     @classmethod
     def from_core_request(cls, req: EngineCoreRequest, *, max_model_len: int, max_pool_tokens: int,
@@ -142,6 +147,12 @@ class Request:
             self.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
+
+    def add_prompt_logprobs(self, start: int, entries: list) -> None:
+        """Entries for prompt tokens start + 1, ...; those already held (a recompute after preemption) are kept."""
+        have = self.prompt_logprobs
+        if have is not None and start <= len(have):
+            have.extend(entries[len(have) - start:])
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "

@@ -1,7 +1,9 @@
 """Sampling parameters, named and defaulted as vLLM's ``SamplingParams`` so a vLLM user switches by import."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 # Upper bound on top-N logprobs, like OpenAI's top_logprobs limit.
 MAX_LOGPROBS = 20
@@ -9,6 +11,47 @@ MAX_LOGPROBS = 20
 
 def _fail(name: str, value: object, want: str) -> None:
     raise ValueError(f"{name}={value!r} is out of range: {want}")
+
+
+@dataclass(frozen=True)
+class GuidedDecodingParams:
+    """One output constraint (vLLM's ``GuidedDecodingParams`` / ``StructuredOutputsParams``): exactly one of a JSON
+    schema, a regex, a list of choices, an EBNF grammar, or any JSON object. ``json`` may be given as a dict; it is
+    kept as canonical JSON text so equal schemas share one compiled grammar and the params stay msgspec-encodable.
+    """
+
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        if self.json is not None and not isinstance(self.json, str):
+            try:
+                object.__setattr__(self, "json", json.dumps(self.json))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"guided json schema is not JSON-serialisable: {exc}") from None
+        if self.choice is not None:
+            object.__setattr__(self, "choice", [str(c) for c in self.choice])
+            if not self.choice:
+                _fail("choice", self.choice, "give at least one choice")
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError(f"guided decoding takes exactly one of json, regex, choice, grammar, json_object; got "
+                             f"{', '.join(given) or 'none'}")
+
+    @property
+    def kind(self) -> str:
+        for k in ("json", "regex", "choice", "grammar"):
+            if getattr(self, k) is not None:
+                return k
+        return "json_object"
+
+
+#: vLLM's newer name for the same thing
+StructuredOutputsParams = GuidedDecodingParams
 
 
 @dataclass(frozen=True)
@@ -38,6 +81,11 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    #: constrain the output with a grammar (``structured_outputs`` is accepted as vLLM's newer name)
+    guided_decoding: GuidedDecodingParams | None = None
+    #: logprobs of every prompt token after the first (top N; 0 = the prompt token's own only)
+    prompt_logprobs: int | None = None
+    structured_outputs: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         # Accept a single stop string / tuple like vLLM does; store lists so msgspec round-trips them.
@@ -69,6 +117,15 @@ class SamplingParams:
             _fail("min_tokens", self.min_tokens, "must be >= 0 and <= max_tokens")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             _fail("logprobs", self.logprobs, f"must be in [0, {MAX_LOGPROBS}]")
+        if self.structured_outputs is not None:
+            if self.guided_decoding is not None and self.guided_decoding != self.structured_outputs:
+                raise ValueError("give guided_decoding or structured_outputs, not both")
+            object.__setattr__(self, "guided_decoding", self.structured_outputs)
+            object.__setattr__(self, "structured_outputs", None)
+        if isinstance(self.guided_decoding, dict):
+            object.__setattr__(self, "guided_decoding", GuidedDecodingParams(**self.guided_decoding))
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            _fail("prompt_logprobs", self.prompt_logprobs, f"must be in [0, {MAX_LOGPROBS}]")
         if any(not s for s in self.stop):
             _fail("stop", self.stop, "stop strings must be non-empty")
         if any(t < 0 for t in self.stop_token_ids):

@@ -54,6 +54,7 @@ class Scheduler:
         self._forget: list[str] = []  # ids the runner must drop before the next step
         self._step_reqs: dict[int, list[Request]] = {}  # id(SchedulerOutput) -> Request of each chunk
         self._num_sync_only = 0  # unfinished requests whose sampling reads their past tokens on the host
+        self.num_constrained = 0  # unfinished requests with a grammar (structured outputs)
         # Keep ~1% of blocks free when admitting, unless nothing runs (then a lone request may use them all).
         self._reserve = max(1, num_blocks // 100)
         self.num_preemptions = 0
@@ -75,6 +76,7 @@ class Scheduler:
         self.check_prompt(request.num_prompt_tokens)
         self.requests[request.request_id] = request
         self._num_sync_only += request.sync_only
+        self.num_constrained += request.grammar is not None
         self._push_waiting(request)
 
     def _push_waiting(self, req: Request) -> None:
@@ -90,6 +92,7 @@ class Scheduler:
             if req is None:
                 continue
             self._num_sync_only -= req.sync_only
+            self.num_constrained -= req.grammar is not None
             if req.status == _RUNNING:
                 drop_running = True
                 self._forget.append(rid)
@@ -207,7 +210,8 @@ class Scheduler:
                 break
             blocks = None
             if len(running) < max_seqs:
-                hit_blocks, hit_tokens = kv.get_computed_blocks(req)
+                # prompt logprobs need every prompt position's hidden state: no prefix-cache hit for those
+                hit_blocks, hit_tokens = kv.get_computed_blocks(req) if req.prompt_logprobs is None else ([], 0)
                 if kv.prefix_in_flight(req, len(hit_blocks)):
                     deferred.append(heapq.heappop(waiting))  # its next block is being computed right now
                     continue
@@ -286,6 +290,11 @@ class Scheduler:
         return returned
 
     # ------------------------------------------------------------------ results of one step
+    def sampled_requests(self, sched: SchedulerOutput) -> list[Request | None]:
+        """The ``Request`` of each sampling chunk of a step this scheduler produced, in chunk order."""
+        reqs = self._step_reqs.get(id(sched)) or [self.requests.get(c.req_id) for c in sched.chunks]
+        return [r for c, r in zip(sched.chunks, reqs) if c.sample]
+
     def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         requests = self.requests
         cache_computed = self.kv.cache_computed
@@ -294,9 +303,12 @@ class Scheduler:
             reqs = [requests.get(c.req_id) for c in sched.chunks]
         n_decodes = 0  # single-token sampling chunks; every other token counts as prefill (incl. recompute)
         sampled: list[Request | None] = []
+        plp = result.prompt_logprobs
         for c, req in zip(sched.chunks, reqs):
             if req is not None and req.status == _RUNNING:
                 cache_computed(req)
+                if plp and c.req_id in plp:
+                    req.add_prompt_logprobs(*plp[c.req_id])
             if c.sample:
                 sampled.append(req)
                 if len(c.token_ids) == 1:
@@ -319,6 +331,8 @@ class Scheduler:
                 continue  # aborted or preempted after it was scheduled (identity, not id: ids may be reused)
             req.num_pending -= 1
             finished = req.append_token(tok)
+            if req.grammar is not None:
+                req.grammar.advance(req.output_token_ids)
             lp = logprobs[j] if logprobs else None
             out = EngineCoreOutput(request_id=rid, new_token_ids=[tok], new_logprobs=None if lp is None else [lp])
             if not req._sent_first:
@@ -326,6 +340,7 @@ class Scheduler:
                 out.num_cached_tokens = req.num_cached_tokens
                 out.queued_time = req.queued_time
                 out.scheduled_time = req.first_scheduled_time
+                out.prompt_logprobs = req.prompt_logprobs
             if finished:
                 any_finished = True
                 out.finish_reason = req.status.finish_reason
@@ -333,6 +348,7 @@ class Scheduler:
                 out.num_preemptions = req.num_preemptions
                 del requests[rid]
                 self._num_sync_only -= req.sync_only
+                self.num_constrained -= req.grammar is not None
                 self.kv.free(req)
                 self._forget.append(rid)
             outputs.append(out)

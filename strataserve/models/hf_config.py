@@ -77,12 +77,22 @@ class DecoderConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def max_model_len(self) -> int:
-        """Longest usable context.
+    def window_every_layer(self) -> bool:
+        """Mistral windows every layer (the runner masks it); Qwen2/3 window only some layers, not masked here."""
+        return self.sliding_window is not None and self.architecture == "MistralForCausalLM"
 
-        Sliding-window attention is not implemented; instead the context is capped at the window, where full
-        attention and sliding-window attention give the same result (Mistral v0.1: 4096 of 32768).
+    @property
+    def max_model_len(self) -> int:
+        """Longest usable context with the window masked in attention (``runner/input_batch.py``, torch backend).
+
+        Where the window is not masked (Qwen2/3's per-layer windows; the Triton kernels), the runner caps the
+        context at the window instead (``full_attention_len``): there full and windowed attention agree.
         """
+        return self.max_position_embeddings
+
+    @property
+    def full_attention_len(self) -> int:
+        """Longest context where full attention equals the checkpoint's windowed attention."""
         if self.sliding_window is not None:
             return min(self.max_position_embeddings, self.sliding_window)
         return self.max_position_embeddings

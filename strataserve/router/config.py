@@ -54,6 +54,9 @@ class LocalModel(_ModelBase):
     enable_prefix_caching: bool | None = None
     runner_mode: Literal["auto", "eager", "triton", "graph", "hybrid"] | None = None
     seed: int | None = None
+    skip_tokenizer_init: bool | None = None
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
+    enable_auto_tool_choice: bool | None = None
 
     @field_validator("path")
     @classmethod
@@ -66,7 +69,7 @@ class LocalModel(_ModelBase):
         """The engine flags this entry sets (argparse dest names), for building its EngineConfig."""
         keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",
                 "block_size", "kv_cache_memory_gib", "gpu_memory_utilization", "num_gpu_blocks_override",
-                "enable_prefix_caching", "runner_mode", "seed")
+                "enable_prefix_caching", "runner_mode", "seed", "skip_tokenizer_init")
         return {k: getattr(self, k) for k in keys if k in self.model_fields_set}
 
 

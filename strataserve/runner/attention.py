@@ -119,7 +119,13 @@ class TorchAttention:
         for seg in meta.prefills:
             s, e = seg.start, seg.start + seg.query_len
             if seg.context_len == 0:
-                out[s:e] = self._causal(q3[s:e], k3[s:e], v3[s:e])
+                if seg.mask is None:
+                    out[s:e] = self._causal(q3[s:e], k3[s:e], v3[s:e])
+                else:  # a sliding window cuts into the chunk: causal-and-windowed mask over its own K/V
+                    o = F.scaled_dot_product_attention(q3[s:e].transpose(0, 1), k3[s:e].transpose(0, 1),
+                                                       v3[s:e].transpose(0, 1), attn_mask=seg.mask,
+                                                       enable_gqa=hq != hkv)
+                    out[s:e] = o.transpose(0, 1)
                 continue
             if seg.block_ids is None or seg.mask is None:
                 raise ValueError("torch attention needs block ids + mask for a chunk after cached tokens: "

@@ -105,7 +105,7 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _decode_groups(nblocks: np.ndarray, ctx: torch.Tensor, tables: torch.Tensor, block_size: int,
-                   mask_dtype: torch.dtype) -> list[DecodeGroup]:
+                   mask_dtype: torch.dtype, window: int | None = None) -> list[DecodeGroup]:
     """Split rows (sorted by length) into equal-count groups, each padded to its own longest row."""
     b = len(nblocks)
     if b == 0:
@@ -117,21 +117,26 @@ def _decode_groups(nblocks: np.ndarray, ctx: torch.Tensor, tables: torch.Tensor,
         if e <= s:
             continue
         nb = int(nblocks[e - 1])
-        mask = _additive(torch.arange(nb * block_size) < ctx[s:e, None], mask_dtype)
+        keys = torch.arange(nb * block_size)
+        allowed = keys < ctx[s:e, None]
+        if window is not None:  # the query at ctx - 1 sees keys (ctx - 1 - window, ctx - 1]
+            allowed &= keys >= ctx[s:e, None] - window
+        mask = _additive(allowed, mask_dtype)
         groups.append(DecodeGroup(s, e, tables[s:e, :nb].contiguous(), mask[:, None, None, :]))
     return groups
 
 
 def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
                       mask_dtype: torch.dtype = torch.float32, torch_views: bool = True,
-                      rows: BlockTableRows | None = None) -> InputBatch:
+                      rows: BlockTableRows | None = None, sliding_window: int | None = None) -> InputBatch:
     """``mask_dtype``: the model dtype (the torch backend's additive masks must match the queries').
     ``torch_views=False`` skips ``decode_groups`` and the prefill segments' block ids/masks, which only the torch
     attention backend reads (kernel backends use the generic tensors). ``rows``: the runner's persistent block
     tables (decode tables are gathered from it); without it they are padded from the chunks' lists.
 
     Token ids < 0 (a token still being sampled by the step in flight) are passed through as they are; the
-    runner replaces them on the device."""
+    runner replaces them on the device. ``sliding_window``: each query sees only the last ``sliding_window``
+    positions, itself included (Mistral); the torch backend's masks carry it."""
     dec: list[int] = []
     pre: list[int] = []
     for i, c in enumerate(chunks):
@@ -174,9 +179,14 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
         pos_parts.append(pos)
         slot_parts.append(bt[pos // bs] * bs + pos % bs)
         seg = PrefillSegment(offset, n, start)
-        if start > 0 and torch_views:
-            seg.block_ids = torch.from_numpy(bt)
-            seg.mask = _additive(torch.arange(total)[None, :] <= torch.arange(start, total)[:, None], mask_dtype)
+        windowed = sliding_window is not None and total > sliding_window
+        if (start > 0 or windowed) and torch_views:
+            seg.block_ids = torch.from_numpy(bt) if start > 0 else None
+            keys, queries = torch.arange(total)[None, :], torch.arange(start, total)[:, None]
+            allowed = keys <= queries
+            if windowed:
+                allowed &= keys > queries - sliding_window
+            seg.mask = _additive(allowed if start > 0 else allowed[:, start:], mask_dtype)
         segments.append(seg)
         p_tables.append(table)
         p_ctx.append(start)
@@ -203,7 +213,7 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
     groups: list[DecodeGroup] = []
     if torch_views:
         d_long = torch.from_numpy(d_tables.astype(np.int64))
-        groups = _decode_groups(d_nb, torch.from_numpy(d_ctx), d_long, bs, mask_dtype)
+        groups = _decode_groups(d_nb, torch.from_numpy(d_ctx), d_long, bs, mask_dtype, sliding_window)
         if device.type != "cpu":
             groups = [DecodeGroup(g.start, g.end, _mv(g.block_tables, device), _mv(g.mask, device)) for g in groups]
             segments = [PrefillSegment(s.start, s.query_len, s.context_len,

@@ -17,6 +17,7 @@ tokens travel to pinned host memory behind an event, and the next step's chunks 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,9 @@ from strataserve.models.loader import load_model, resolve_device, resolve_dtype
 from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_block, TorchAttention
 from strataserve.runner.base import ModelRunnerBase
 from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
+from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.ops import OpSet, TorchOps
+from strataserve.runner.prompt_logprobs import PromptRows, prompt_logprobs, prompt_rows
 from strataserve.runner.sampler import Sampler, SamplingRequest
 
 log = logging.getLogger(__name__)
@@ -78,11 +81,14 @@ class ModelRunner(ModelRunnerBase):
         self.device = resolve_device(mc.device)
         self.model_config = load_decoder_config(mc.model)
         self.dtype = resolve_dtype(mc.dtype, self.model_config, self.device)
-        self.max_model_len = self._max_model_len(mc.max_model_len)
         self.block_size = config.cache.block_size
         self.plan = select_ops(config.runner.mode, self.model_config, self.device)
         # only the torch backend reads the per-group / per-segment views; kernel backends skip building them
         self._torch_views = isinstance(self.plan.ops.attention, TorchAttention)
+        #: sliding window masked in attention: the eager torch backend (its masks); elsewhere the context is capped
+        self.sliding_window = (self.model_config.sliding_window if self.model_config.window_every_layer
+                               and self._torch_views and not self.plan.cuda_graphs else None)
+        self.max_model_len = self._max_model_len(mc.max_model_len)
         self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len)
         self.num_blocks = self._num_blocks()
         # One spare block past the pool: CUDA-graph padding rows write their K/V there, never into a real block.
@@ -109,12 +115,15 @@ class ModelRunner(ModelRunnerBase):
 
     # ------------------------------------------------------------------ start-up
     def _max_model_len(self, requested: int | None) -> int:
-        limit = self.model_config.max_model_len
+        cfg = self.model_config
+        limit = cfg.max_model_len if self.sliding_window is not None or cfg.sliding_window is None \
+            else cfg.full_attention_len
         if requested is None:
             return limit
         if requested > limit:
             raise ValueError(f"max_model_len={requested} exceeds what the model supports ({limit}, from "
-                             "config.json max_position_embeddings / sliding_window); lower it")
+                             "config.json max_position_embeddings; sliding_window where the window is not masked: "
+                             "runner mode eager masks Mistral's); lower it")
         return requested
 
     def _num_blocks(self) -> int:
@@ -219,24 +228,32 @@ class ModelRunner(ModelRunnerBase):
         chunks = scheduler_output.chunks
         if not chunks:
             return LaunchedStep([], [], None, [], [])
-        batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views, self._rows)
+        batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views, self._rows,
+                                  self.sliding_window)
         self._fill_pending_tokens(batch, chunks)
         req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
         reqs = [self.requests[r] for r in req_ids]
-        logits, tokens = self._logits(batch, all(r.plain_greedy for r in reqs))
+        prompt = prompt_rows(chunks, batch, self.requests)
+        plain = all(r.plain_greedy for r in reqs)
+        structured = scheduler_output.structured
+        # the graph's argmax is the answer only when no grammar mask has to be applied to the logits first
+        logits, tokens, prompt_lps = self._logits(batch, plain, prompt, graph_argmax=plain and structured is None)
         if logits is None and tokens is None:
-            return LaunchedStep([], [], None, [], [])
+            return LaunchedStep([], [], None, [], [], prompt_lps)
         if tokens is not None:  # all plain greedy: the graph's argmax is the sampler's answer
             logprobs: list = [None] * len(reqs)
             if not self.supports_async:
-                return LaunchedStep(req_ids, reqs, None, logprobs, tokens.tolist())
-        elif not self.supports_async:  # synchronous: the sampler's host lists, as any Sampler subclass returns them
-            ids, logprobs = self.sampler(logits, reqs)
-            return LaunchedStep(req_ids, reqs, None, logprobs, ids)
+                return LaunchedStep(req_ids, reqs, None, logprobs, tokens.tolist(), prompt_lps)
         else:
+            if structured is not None:  # wait for the grammar worker only now, after the forward
+                mask = structured.result()
+                apply_token_bitmask(logits, mask.rows, mask.bitmask)
+            if not self.supports_async:  # synchronous: the sampler's host lists, as any Sampler subclass returns them
+                ids, logprobs = self.sampler(logits, reqs)
+                return LaunchedStep(req_ids, reqs, None, logprobs, ids, prompt_lps)
             tokens, logprobs = self.sampler.sample(logits, reqs)
         self._last = (tokens, {rid: j for j, rid in enumerate(req_ids)})
-        step = LaunchedStep(req_ids, reqs, tokens, logprobs)
+        step = LaunchedStep(req_ids, reqs, tokens, logprobs, None, prompt_lps)
         step.copy_to_host()
         return step
 
@@ -258,11 +275,11 @@ class ModelRunner(ModelRunnerBase):
             n = len(dst)
             batch.input_ids.index_copy_(0, idx[:n], self._last[0].index_select(0, idx[n:]))  # type: ignore[index]
 
-    def _logits(self, batch: InputBatch,
-                plain_greedy: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """``(logits, None)``: float32 logits of the sampling chunks in chunk order; ``(None, tokens)``: their greedy
-        tokens, taken from the graph's argmax (all plain greedy); ``(None, None)`` if none samples (KV is written
-        anyway).
+    def _logits(self, batch: InputBatch, plain_greedy: bool = False, prompt: PromptRows | None = None, *,
+                graph_argmax: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None, dict | None]:
+        """``(logits, None, plp)``: float32 logits of the sampling chunks in chunk order (None if none samples; KV
+        is written anyway); ``(None, tokens, plp)``: their greedy tokens, taken from the graph's argmax (allowed by
+        ``graph_argmax``). ``plp``: the prompt logprobs of ``prompt``'s rows (None without).
 
         Decode-only steps that fit a captured graph replay it (the graph computes logits for every row, so the
         lm_head runs inside it too); everything else runs eagerly with logits only for the sampled rows.
@@ -276,17 +293,21 @@ class ModelRunner(ModelRunnerBase):
                 and self.graphs.can_run(t, meta.decode_block_tables.shape[1])):
             out = self.graphs.run(batch.input_ids, batch.positions, meta.slot_mapping, meta.decode_block_tables,
                                   meta.decode_context_lens)
-            if not batch.sample_chunk_ids:
-                return None, None
             all_logits, argmax = out if isinstance(out, tuple) else (out, None)
-            if plain_greedy and argmax is not None:
-                return None, argmax.index_select(0, batch.logits_indices)
+            plp = None if prompt is None else prompt_logprobs(all_logits.index_select(0, prompt.flat_rows).float(),
+                                                               prompt)
+            if not batch.sample_chunk_ids:
+                return None, None, plp
+            if graph_argmax and argmax is not None:
+                return None, argmax.index_select(0, batch.logits_indices), plp
             rows = all_logits.index_select(0, batch.logits_indices)
-            return (rows if plain_greedy else rows.float()), None
+            return (rows if plain_greedy else rows.float()), None, plp
         hidden = self.model(batch.input_ids, batch.positions, meta)
+        plp = None if prompt is None else prompt_logprobs(
+            self.model.compute_logits(hidden.index_select(0, prompt.flat_rows)), prompt)
         if not batch.sample_chunk_ids:
-            return None, None
-        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices)), None
+            return None, None, plp
+        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices)), None, plp
 
     def shutdown(self) -> None:
         if self.graphs is not None:
@@ -305,14 +326,19 @@ class ModelRunner(ModelRunnerBase):
 class LaunchedStep:
     """One launched step: its sampled tokens (a device tensor until ``result``) and logprobs."""
 
-    __slots__ = ("req_ids", "reqs", "tokens", "logprobs", "ids", "_host", "_event")
+    __slots__ = ("req_ids", "reqs", "tokens", "logprobs", "ids", "prompt_logprobs", "_host", "_event", "_out",
+                 "_lock")
 
     def __init__(self, req_ids: list[str], reqs: list[SamplingRequest], tokens: torch.Tensor | None,
-                 logprobs: list, ids: list[int] | None = None) -> None:
+                 logprobs: list, ids: list[int] | None = None, prompt_logprobs: dict | None = None) -> None:
         self.req_ids, self.reqs, self.tokens, self.logprobs = req_ids, reqs, tokens, logprobs
+        self.prompt_logprobs = prompt_logprobs
         self.ids = ids  # token ids already on the host (synchronous launch)
         self._host: torch.Tensor | None = None
         self._event = None
+        self._out: ModelRunnerOutput | None = None
+        # the grammar worker may read the tokens (async scheduling) before the engine loop does
+        self._lock = threading.Lock()
 
     def copy_to_host(self) -> None:
         """Start the device -> pinned host copy of the tokens (CUDA), so ``result`` only waits for an event."""
@@ -325,7 +351,14 @@ class LaunchedStep:
         self._event.record()
 
     def result(self) -> ModelRunnerOutput:
-        """Wait for the tokens and append each to its request's sampling state (penalties, seeds read it)."""
+        """Wait for the tokens and append each to its request's sampling state (penalties, seeds read it).
+        Idempotent: later calls return the same output."""
+        with self._lock:
+            if self._out is None:
+                self._out = self._result()
+            return self._out
+
+    def _result(self) -> ModelRunnerOutput:
         if self.ids is not None:
             ids = self.ids
         elif self._event is not None:
@@ -335,4 +368,4 @@ class LaunchedStep:
             ids = self.tokens.tolist()  # type: ignore[union-attr]
         for req, tok in zip(self.reqs, ids):
             req.output_token_ids.append(tok)
-        return ModelRunnerOutput(self.req_ids, ids, self.logprobs)
+        return ModelRunnerOutput(self.req_ids, ids, self.logprobs, self.prompt_logprobs)

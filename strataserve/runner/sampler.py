@@ -230,31 +230,32 @@ class Sampler:
     # ------------------------------------------------------------------ logprobs
     @staticmethod
     def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, params: Sequence[SamplingParams]) -> list[TokenLogprobs | None]:
-        out: list[TokenLogprobs | None] = [None] * len(params)
-        rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-        if not rows:
-            return out
-        whole = len(rows) == len(params)
-        rows_t = None if whole else torch.tensor(rows, device=raw.device)
-        lps = torch.log_softmax(raw if whole else raw[rows_t], dim=-1)
-        chosen = (tokens if whole else tokens[rows_t]).unsqueeze(1)
-        chosen_lp = lps.gather(1, chosen)
-        ranks = ((lps > chosen_lp).sum(dim=-1) + 1).tolist()
-        n_max = max(params[i].logprobs or 0 for i in rows)
-        top_ids: list[list[int]] = [[] for _ in rows]
-        top_lps: list[list[float]] = [[] for _ in rows]
-        if n_max > 0:
-            top = lps.topk(min(n_max, lps.shape[1]), dim=-1)
-            top_ids, top_lps = top.indices.tolist(), top.values.tolist()
-        chosen_l = chosen.squeeze(1).tolist()
-        chosen_lp_l = chosen_lp.squeeze(1).tolist()
-        for j, i in enumerate(rows):
-            n = params[i].logprobs or 0
-            out[i] = TokenLogprobs(
-                token_id=chosen_l[j],
-                logprob=chosen_lp_l[j],
-                rank=ranks[j],
-                top_token_ids=top_ids[j][:n],
-                top_logprobs=top_lps[j][:n],
-            )
+        return token_logprobs(raw, tokens, [p.logprobs for p in params])
+
+
+def token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, top_ns: Sequence[int | None]) -> list[TokenLogprobs | None]:
+    """Per row: the logprob and rank of ``tokens[row]`` under log_softmax(raw[row]) plus the top ``top_ns[row]``
+    (None = no logprobs for that row)."""
+    out: list[TokenLogprobs | None] = [None] * len(top_ns)
+    rows = [i for i, n in enumerate(top_ns) if n is not None]
+    if not rows:
         return out
+    whole = len(rows) == len(top_ns)
+    rows_t = None if whole else torch.tensor(rows, device=raw.device)
+    lps = torch.log_softmax(raw if whole else raw[rows_t], dim=-1)
+    chosen = (tokens if whole else tokens[rows_t]).unsqueeze(1)
+    chosen_lp = lps.gather(1, chosen)
+    ranks = ((lps > chosen_lp).sum(dim=-1) + 1).tolist()
+    n_max = max(top_ns[i] or 0 for i in rows)
+    top_ids: list[list[int]] = [[] for _ in rows]
+    top_lps: list[list[float]] = [[] for _ in rows]
+    if n_max > 0:
+        top = lps.topk(min(n_max, lps.shape[1]), dim=-1)
+        top_ids, top_lps = top.indices.tolist(), top.values.tolist()
+    chosen_l = chosen.squeeze(1).tolist()
+    chosen_lp_l = chosen_lp.squeeze(1).tolist()
+    for j, i in enumerate(rows):
+        n = top_ns[i] or 0
+        out[i] = TokenLogprobs(token_id=chosen_l[j], logprob=chosen_lp_l[j], rank=ranks[j],
+                               top_token_ids=top_ids[j][:n], top_logprobs=top_lps[j][:n])
+    return out

@@ -65,8 +65,14 @@ def launch(ckpt: Path, log: Path, *extra: str, api_key: str | None = API_KEY, wa
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     server = Server(proc, port, log, api_key)
-    if not wait:
-        return server
+    if wait:
+        wait_ready(server)
+    return server
+
+
+def wait_ready(server: Server) -> Server:
+    """Block until ``server`` answers /health (a launch(..., wait=False) server); stops it on failure."""
+    proc = server.proc
     deadline = time.monotonic() + 300  # generous: a shared, busy CI box can be slow to import torch
     try:
         while True:

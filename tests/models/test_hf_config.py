@@ -101,15 +101,15 @@ def test_attention_bias_flag_and_bad_fields():
         decoder_config_from_dict(raw)
 
 
-def test_sliding_window_caps_context():
+def test_sliding_window_fields():
     mistral = decoder_config_from_dict(base(architectures=["MistralForCausalLM"], sliding_window=128,
                                             max_position_embeddings=1024))
-    assert mistral.max_model_len == 128
+    assert mistral.max_model_len == 1024 and mistral.full_attention_len == 128 and mistral.window_every_layer
     assert decoder_config_from_dict(base(architectures=["MistralForCausalLM"], sliding_window=None)).max_model_len == 256
     # Qwen2 carries a window but ignores it unless use_sliding_window is set
     qwen = base(architectures=["Qwen2ForCausalLM"], sliding_window=64, use_sliding_window=False)
     assert decoder_config_from_dict(qwen).max_model_len == 256
-    assert decoder_config_from_dict({**qwen, "use_sliding_window": True}).max_model_len == 64
+    assert decoder_config_from_dict({**qwen, "use_sliding_window": True}).full_attention_len == 64
 
 
 def test_eos_ids_merge_config_and_generation_config(tmp_path):

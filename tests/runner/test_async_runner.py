@@ -6,9 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
-from _tiny_models import load_hf_model, make_tiny_checkpoint
+from _tiny_models import hf_greedy, make_tiny_checkpoint
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.engine_core import EngineCore
 from strataserve.engine.protocol import EngineCoreRequest
@@ -21,18 +20,6 @@ MAX_NEW = 10
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return make_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3"), vocab_size=300, tokenizer=False)
-
-
-def hf_greedy(path, prompts, n):
-    model = load_hf_model(path)
-    outs = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                 min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-            outs.append(gen[0, len(p):].tolist())
-    return outs
 
 
 class EagerGraphs:

@@ -1,0 +1,233 @@
+"""Tool calling on ``/v1/chat/completions``: ``tools`` + ``tool_choice`` -> a ``ToolPlan`` (what to constrain,
+how to parse), the assistant message of a finished choice, and streamed ``tool_calls`` deltas.
+
+``tool_choice`` as in vLLM: ``"none"`` (plain content), ``"auto"`` (the server's ``--tool-call-parser`` reads the
+text; needs ``--enable-auto-tool-choice``), ``"required"`` (output constrained by the grammar engine to a JSON
+list of ``{"name", "parameters"}``), or ``{"type": "function", "function": {"name": ...}}`` (output constrained to
+that function's parameters schema). With ``required`` and a named function the call always parses.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from strataserve.api.errors import bad_request
+from strataserve.api.tool_parsers import ToolCall, ToolParser, get_parser
+from strataserve.engine.sampling_params import GuidedDecodingParams
+
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+@dataclass(slots=True)
+class ToolPlan:
+    mode: str  # "none" | "auto" | "required" | "named"
+    parser: ToolParser | None = None
+    function: str | None = None  # mode "named"
+    guided: GuidedDecodingParams | None = None
+
+    @property
+    def keep_special_tokens(self) -> bool:
+        """Markers such as Mistral's [TOOL_CALLS] or Llama's <|python_tag|> are special tokens: keep them."""
+        return self.mode == "auto"
+
+
+def _required_schema(tools: list[Any], parallel: bool) -> dict[str, Any]:
+    items = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                               "parameters": t.function.parameters or _ANY_OBJECT},
+              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def plan_tools(body: Any, parser_name: str | None, auto_enabled: bool) -> ToolPlan | None:
+    """Validate ``tools`` / ``tool_choice``; None when the request uses no tools. Raises 400 APIErrors."""
+    tools = body.tools or []
+    choice = body.tool_choice
+    if not tools:
+        if choice not in (None, "none"):
+            raise bad_request("tool_choice needs tools: give the functions in 'tools'", param="tool_choice")
+        return None
+    names = [t.function.name for t in tools]
+    if len(set(names)) != len(names):
+        raise bad_request("tool function names must be unique", param="tools")
+    if choice is None:
+        choice = "auto"
+    if isinstance(choice, dict):
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise bad_request("a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                              param="tool_choice")
+        if name not in names:
+            raise bad_request(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})",
+                              param="tool_choice")
+        params = tools[names.index(name)].function.parameters or _ANY_OBJECT
+        return ToolPlan("named", function=name, guided=GuidedDecodingParams(json=params))
+    if choice == "none":
+        return ToolPlan("none")
+    if choice == "required":
+        return ToolPlan("required", guided=GuidedDecodingParams(json=_required_schema(tools,
+                                                                                     body.parallel_tool_calls)))
+    if choice == "auto":
+        if not auto_enabled or parser_name is None:
+            raise bad_request('"auto" tool choice needs the server started with --enable-auto-tool-choice and '
+                              "--tool-call-parser", param="tool_choice")
+        return ToolPlan("auto", parser=get_parser(parser_name))
+    raise bad_request(f"tool_choice={choice!r}: use 'none', 'auto', 'required' or a named function",
+                      param="tool_choice")
+
+
+def _call_dict(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": call_id(), "type": "function",
+                         "function": {"name": call.name, "arguments": call.arguments}}
+    return d if index is None else {"index": index, **d}
+
+
+def _required_calls(text: str) -> list[ToolCall] | None:
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("name"), str)
+                                              for i in items):
+        return None
+    return [ToolCall(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False)) for i in items]
+
+
+def _calls(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content, tool calls) of a complete output."""
+    if plan.mode == "named":
+        return None, [ToolCall(plan.function or "", text)]
+    if plan.mode == "required":
+        calls = _required_calls(text)
+        return (None, calls) if calls else (text, [])
+    if plan.mode == "auto" and plan.parser is not None:
+        parsed = plan.parser.parse(text)
+        return parsed.content, parsed.tool_calls
+    return text, []
+
+
+def _finish(plan: ToolPlan, calls: list[ToolCall], reason: str | None) -> str | None:
+    # OpenAI: "tool_calls" when the model chose to call; a forced (named) call finishes with "stop"
+    return "tool_calls" if calls and reason == "stop" and plan.mode != "named" else reason
+
+
+def assistant_message(plan: ToolPlan | None, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+    """The ``message`` of a finished choice and its finish_reason."""
+    if plan is None or plan.mode == "none":
+        return {"role": "assistant", "content": text}, reason
+    content, calls = _calls(plan, text)
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = [_call_dict(c) for c in calls]
+    return msg, _finish(plan, calls, reason)
+
+
+class ToolStreamer:
+    """Turns one choice's text deltas into chat ``delta`` dicts: content passes through until a tool-call section
+    may have begun; a section is held and sent as ``tool_calls`` deltas (id + name, then arguments) when it ends.
+    A named call streams its arguments as they are generated."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.text = ""
+        self.sent = 0  # characters of ``text`` already sent as content
+        self.in_call = False
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        if not text:
+            return []
+        self.text += text
+        plan = self.plan
+        if plan.mode == "named":
+            if not self.in_call:
+                self.in_call = True
+                self.calls = [ToolCall(plan.function or "", "")]
+                head = _call_dict(self.calls[0], 0)
+                head["function"]["arguments"] = text
+                return [{"tool_calls": [head]}]
+            return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}]
+        if plan.mode == "required" or self.in_call:
+            self.in_call = True
+            return []
+        if plan.mode == "auto" and plan.parser is not None:
+            start = plan.parser.call_start(self.text)
+            end = start if start >= 0 else len(self.text) - plan.parser.holdback(self.text)
+            self.in_call = start >= 0
+            while end > self.sent and self.text[end - 1].isspace():
+                end -= 1  # whitespace before a call is dropped (as in the whole-output parse): hold it
+        else:
+            end = len(self.text)
+        return self._content(end)
+
+    def _content(self, end: int) -> list[dict[str, Any]]:
+        if end <= self.sent:
+            return []
+        piece, self.sent = self.text[self.sent:end], end
+        return [{"content": piece}]
+
+    def finish(self, reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """The deltas still held back and the choice's finish_reason."""
+        if self.plan.mode == "named":
+            return [], reason
+        if not self.in_call:
+            return self._content(len(self.text)), reason
+        _, calls = _calls(self.plan, self.text)
+        if not calls:  # not a valid call after all: the held text is content
+            return self._content(len(self.text)), reason
+        self.calls = calls
+        return [{"tool_calls": [_call_dict(c, k)]} for k, c in enumerate(calls)], _finish(self.plan, calls, reason)
+
+
+def message_dicts(messages: list[Any]) -> list[dict[str, Any]]:
+    """OpenAI messages -> the dicts chat templates read: assistant ``tool_calls`` with their arguments as objects
+    (templates such as Qwen's render them with ``tojson``), ``tool`` results with ``tool_call_id`` and ``name``."""
+    out = []
+    for m in messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.name is not None:
+            d["name"] = m.name
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function",
+                                "function": {"name": c.function.name, "arguments": _args(c.function.arguments)}}
+                               for c in m.tool_calls]
+        out.append(d)
+    return out
+
+
+def _args(arguments: str | dict) -> Any:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        raise bad_request("an assistant tool call's arguments must be a JSON object (text)",
+                          param="messages") from None
+
+
+def tool_events(streamer: ToolStreamer, chunk: Any, index: int, text: str, logprobs: Any,
+                finish_reason: str | None) -> list[bytes]:
+    """SSE chunks for one engine delta of a choice with tools; the finish_reason rides on the last one."""
+    deltas = streamer.feed(text)
+    reason = finish_reason
+    if finish_reason is not None:
+        tail, reason = streamer.finish(finish_reason)
+        deltas += tail
+    if not deltas:
+        if reason is None and logprobs is None:
+            return []
+        deltas = [{}]
+    last = len(deltas) - 1
+    return [chunk(index, d, logprobs if k == 0 else None, reason if k == last else None)
+            for k, d in enumerate(deltas)]

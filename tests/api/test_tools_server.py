@@ -1,0 +1,159 @@
+"""Tool calling through real servers (one per ``--tool-call-parser``) and the official ``openai`` client.
+
+A random model never writes a tool call by itself, so the auto-choice tests make it write one in its family's
+format with a grammar constraint (``guided_regex``), then check what the parser and the client make of it; free
+output must come back as plain content. ``required`` / named choices are grammar-constrained by the server."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from _tiny_models import make_tiny_checkpoint, make_tiny_tokenizer
+from api_server import launch, wait_ready
+
+pytest.importorskip("xgrammar")
+
+# A Hermes-style template that renders the tools, assistant tool calls and tool results.
+TOOL_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'tool' %}<tool_response>"
+    "{{ m['tool_call_id'] }}:{{ m['content'] }}</tool_response>{% else %}{{ m['content'] or '' }}{% endif %}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": "
+    "{{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "forecast", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+MSG = [{"role": "user", "content": "weather in paris?"}]
+ARGS = r'\{"city": "[a-z]{1,6}", "days": [1-7]\}'
+# the same call in each family's format, forced by a regex so the random model writes it
+FORCED = {
+    "hermes": r'Sure\. <tool_call>\n\{"name": "get_weather", "arguments": ' + ARGS + r'\}\n</tool_call>',
+    "llama3_json": r'\{"name": "get_weather", "parameters": ' + ARGS + r'\}',
+    "mistral": r'\[TOOL_CALLS\]\[\{"name": "get_weather", "arguments": ' + ARGS + r'\}\]',
+}
+CONTENT = {"hermes": "Sure.", "llama3_json": None, "mistral": None}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    path = make_tiny_checkpoint("llama", tmp_path_factory.mktemp("tools_ckpt"))
+    tok = make_tiny_tokenizer(512)
+    tok.chat_template = TOOL_TEMPLATE
+    tok.save_pretrained(path)
+    logs = tmp_path_factory.mktemp("tool_servers")
+    started = {name: launch(path, logs / f"{name}.log", "--enable-auto-tool-choice", "--tool-call-parser", name, "--max-model-len", "1024",
+                            wait=False) for name in FORCED}  # start together: the imports overlap
+    try:
+        for s in started.values():
+            wait_ready(s)
+        yield {name: openai.OpenAI(base_url=f"{s.url}/v1", api_key=s.api_key, max_retries=0, timeout=120)
+               for name, s in started.items()}
+    finally:
+        for s in started.values():
+            s.stop()
+
+
+def _stream(client, **kw):
+    """The completion the openai library itself assembles from the chunks (its stream helper)."""
+    with client.chat.completions.stream(model="tiny", messages=kw.pop("messages", MSG), **kw) as s:
+        for _ in s:
+            pass
+        return s.get_final_completion()
+
+
+def _check_weather_call(choice, content):
+    assert choice.finish_reason == "tool_calls"
+    assert (choice.message.content or None) == content  # a stream starts with content "" (role chunk)
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+
+
+@pytest.mark.parametrize("parser", list(FORCED))
+def test_auto_parses_each_family_format_streamed_and_not(servers, parser):
+    client = servers[parser]
+    kw = dict(tools=TOOLS, tool_choice="auto", max_tokens=200, temperature=1.0, seed=3,
+              extra_body={"guided_regex": FORCED[parser]})
+    r = client.chat.completions.create(model="tiny", messages=MSG, **kw)
+    _check_weather_call(r.choices[0], CONTENT[parser])
+    s = _stream(client, **kw)
+    _check_weather_call(s.choices[0], CONTENT[parser])
+    assert s.choices[0].message.tool_calls[0].function.arguments == r.choices[0].message.tool_calls[0].function.arguments
+
+
+@pytest.mark.parametrize("parser", list(FORCED))
+def test_output_that_is_not_a_call_is_plain_content(servers, parser):
+    client = servers[parser]
+    kw = dict(tools=TOOLS, max_tokens=12, temperature=0, extra_body={"guided_regex": "[a-z ]{12}"})
+    r = client.chat.completions.create(model="tiny", messages=MSG, **kw)
+    s = _stream(client, **kw)
+    for c in (r.choices[0], s.choices[0]):
+        assert not c.message.tool_calls and c.finish_reason in ("stop", "length")
+    assert s.choices[0].message.content == r.choices[0].message.content and len(r.choices[0].message.content) == 12
+
+
+def test_required_and_named_choices_always_parse(servers):
+    client = servers["hermes"]
+    schemas = {"get_weather": WEATHER, "get_time": TIME}
+    for stream in (False, True):
+        for seed in range(2):
+            kw = dict(tools=TOOLS, tool_choice="required", max_tokens=200, temperature=1.0, seed=seed,
+                      parallel_tool_calls=False)  # one call: a random model may otherwise add calls until length
+            r = _stream(client, **kw) if stream else client.chat.completions.create(model="tiny", messages=MSG, **kw)
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls" and c.message.tool_calls
+            for call in c.message.tool_calls:
+                jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        kw = dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=40)
+        r = _stream(client, **kw) if stream else client.chat.completions.create(model="tiny", messages=MSG, **kw)
+        c = r.choices[0]
+        assert c.finish_reason == "stop" and not c.message.content
+        (call,) = c.message.tool_calls
+        assert call.function.name == "get_time"
+        jsonschema.validate(json.loads(call.function.arguments), TIME)
+
+
+def test_none_gives_content_and_tool_turns_go_through_the_template(servers):
+    client = servers["hermes"]
+    r = client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice="none", max_tokens=20,
+                                       extra_body={"guided_regex": FORCED["hermes"]})
+    assert r.choices[0].message.content.startswith("Sure. <tool_call>") and not r.choices[0].message.tool_calls
+    history = MSG + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": '{"city": "paris", "days": 2}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    r = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, tool_choice="none", max_tokens=1)
+    # the reference: the same conversation rendered by transformers with the arguments as an object
+    tok = make_tiny_tokenizer(512)
+    ref_msgs = MSG + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": {"city": "paris", "days": 2}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    text = tok.apply_chat_template(ref_msgs, tools=TOOLS, chat_template=TOOL_TEMPLATE, tokenize=False,
+                                   add_generation_prompt=True)
+    assert '<tool_response>call_1:sunny</tool_response>' in text and '"days": 2' in text
+    assert r.usage.prompt_tokens == len(tok.encode(text, add_special_tokens=False))
+
+
+def test_bad_tool_requests_are_400(servers, server):
+    client = servers["hermes"]
+    bad = [dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+           dict(tool_choice="required"),
+           dict(tools=TOOLS, tool_choice="sometimes"),
+           dict(tools=TOOLS + TOOLS[:1]),
+           dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"})]
+    for kw in bad:
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4, **kw)
+    plain = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="enable-auto-tool-choice"):
+        plain.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, max_tokens=4)
