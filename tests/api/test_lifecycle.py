@@ -66,8 +66,9 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
     repo = tmp_path / "repo"
     weights = add_onnx_mlp(repo, name="mlp")[1]
     grpc_port = free_port()
+    # Without the supervisor: the dead engine stays dead (test_self_healing.py covers the restart).
     srv = launch(tiny_ckpt, tmp_path / "server.log", "--model-repository", str(repo), "--grpc-port",
-                 str(grpc_port), api_key=None)
+                 str(grpc_port), "--no-engine-restart", api_key=None)
     x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
 
     def kserve_infer() -> None:  # the repository's model, over the same HTTP port and over gRPC
