@@ -128,7 +128,8 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
 
 
 def test_sigterm_with_a_stream_in_flight_stops_everything(tiny_ckpt, tmp_path):
-    srv = launch(tiny_ckpt, tmp_path / "server.log", api_key=None)
+    # A short drain: the 480-token stream is still running when it ends, so shutdown cancels it (aborted in the engine).
+    srv = launch(tiny_ckpt, tmp_path / "server.log", "--shutdown-timeout", "1", api_key=None)
     try:
         engine = _engine_pid(srv.proc.pid)
         body = {"model": MODEL, "prompt": "keep going", "max_tokens": 480, "ignore_eos": True, "stream": True}
