@@ -74,10 +74,11 @@ class EngineSupervisor:
     def _next_backoff(self) -> float:
         if time.monotonic() - self._started_at >= self.stable_s:
             self._backoff = 0.0  # it ran long enough: this crash is not part of a loop
-        elif self._backoff == 0.0:
-            self._backoff = self.min_backoff_s
-        else:
-            self._backoff = min(self._backoff * 2, self.max_backoff_s)
+            return 0.0
+        return self._grow()
+
+    def _grow(self) -> float:
+        self._backoff = min(max(self._backoff * 2, self.min_backoff_s), self.max_backoff_s)
         return self._backoff
 
     async def _restart(self) -> None:
@@ -95,8 +96,7 @@ class EngineSupervisor:
                     break
                 except Exception as exc:  # noqa: BLE001 -- a failed start is one more turn of the crash loop
                     self.last_error = f"restart failed: {exc}"
-                    self._started_at = time.monotonic()
-                    wait = self._next_backoff()
+                    wait = self._grow()  # a load that fails will likely fail again: never retry hot
                     log.error("engine of model %s failed to restart (%s); next try in %.1fs", self.name, exc, wait)
                     await asyncio.sleep(wait)
             self._set(new)
