@@ -77,7 +77,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=_port, default=8000)
     p.add_argument("--api-key", default=envs.STRATA_API_KEY,
-                   help="require 'Authorization: Bearer KEY' (health, metrics and docs stay open)")
+                   help="require 'Authorization: Bearer KEY' on HTTP and gRPC (the probes and docs stay open, "
+                        "and /metrics unless --metrics-require-key)")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder path)")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])

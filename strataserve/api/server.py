@@ -77,7 +77,7 @@ class ServeOptions:
     load_models: tuple[str, ...] = ()  # explicit mode: load these at start ("*" = all)
     grpc_port: int | None = 8001
     startup_timeout_s: float | None = None
-    graceful_shutdown_s: int = 10
+    graceful_shutdown_s: float = 10.0  # --shutdown-timeout: the drain's limit
     health_check_interval_s: float = 2.0
     affinity_chars: int = 256
     affinity_slack: int = 2

@@ -96,9 +96,9 @@ class Routed:
         """Admission of ``work`` prompt tokens: the prompt limit, the key's tokens per minute (``tokens``: the
         most this request may use) and the class's TTFT target."""
         self.limits.check_prompt(int(work))
-        if tokens is not None:
-            self.router.quota.take_tokens(self.key, tokens)
         self.router.check_admission(self.backend, self.sla, work)
+        if tokens is not None:  # charged last: a request refused above spends nothing
+            self.router.quota.take_tokens(self.key, tokens)
 
     def trace(self, work: float) -> RouteTrace:
         return self.router.trace(self.backend, self.sla, work)

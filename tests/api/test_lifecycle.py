@@ -153,7 +153,8 @@ def test_sigterm_with_a_stream_in_flight_stops_everything(tiny_ckpt, tmp_path):
 
 def _serve(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "strataserve", "serve", *args, "--device", "cpu", "--port", str(free_port())]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    env = {**os.environ, "COLUMNS": "200"}  # rich wraps at 80 columns otherwise, splitting long tmp paths' messages
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
 
 
 def test_bad_model_path_fails_fast_with_a_message(tmp_path):

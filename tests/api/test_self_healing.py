@@ -107,9 +107,8 @@ def test_engine_and_isolated_model_heal_then_sigterm_drains(tiny_ckpt, tmp_path)
         t.join(30)
         failed = slow["r"]
         assert failed.status_code == 503 and "model 'iso'" in failed.json()["error"], failed.text
-        t0 = time.monotonic()
-        new_pid, y = _y(_infer(url, 41))
-        assert new_pid != pid and y == 42 and time.monotonic() - t0 < 5.0
+        new_pid, y = _y(_infer(url, 41))  # waits for the new process (benchmarks/restart_bench.py: how long)
+        assert new_pid != pid and y == 42
         assert _metric(url, "strata:model_restarts", 'model="iso"') == 1.0
 
         # 3. SIGTERM with requests in flight: they finish; new ones are refused; then the server exits.
