@@ -6,7 +6,8 @@ with an isolated Python model), CPU by default:
   is an upper bound of it, since it also imports the server);
 - python: SIGKILL the isolated model's process, then time until an inference succeeds again (goal: <= 5 s).
 
-Each round kills both once, ``--gap-s`` apart; rounds alternate which is killed first. Prints one line per round and a summary:
+Each round kills both once, ``--gap-s`` apart; rounds alternate which is killed first. Prints one line per
+round and a summary:
 ``engine_restart_s_max=... python_restart_s_max=... startup_s=...``.
 
     python benchmarks/restart_bench.py                 # 3 rounds
@@ -74,6 +75,8 @@ def kill_engine(url: str, server_pid: int) -> float:
     engine = _engine_pid(server_pid, _python_pid(url))
     t0 = time.perf_counter()
     os.kill(engine, signal.SIGKILL)
+    while httpx.get(f"{url}/health", timeout=10).status_code == 200:  # until the death is noticed
+        time.sleep(0.01)
     while httpx.get(f"{url}/health", timeout=10).status_code != 200:
         time.sleep(0.05)
     body = {"model": "chat", "prompt": "w5 w6 w7", "max_tokens": 4}

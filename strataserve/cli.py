@@ -105,15 +105,17 @@ def _add_door_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests-per-minute", type=_positive_int, default=None, help="per API key; beyond: 429")
     g.add_argument("--tokens-per-minute", type=_positive_int, default=None,
                    help="per API key, counting prompt + n x max_tokens at admission; beyond: 429")
-    g.add_argument("--limit-n", type=_positive_int, default=None, help="largest n of one request")
-    g.add_argument("--limit-max-tokens", type=_positive_int, default=None, help="largest max_tokens of a request")
-    g.add_argument("--limit-prompt-tokens", type=_positive_int, default=None, help="longest prompt, in tokens")
-    g.add_argument("--limit-stop", type=_positive_int, default=None, help="most stop strings per request")
-    g.add_argument("--limit-logit-bias", type=_positive_int, default=None, help="most logit_bias entries")
+    g.add_argument("--limit-n", type=_positive_int, default=None, help="largest n of one request (unset: 128)")
+    g.add_argument("--limit-max-tokens", type=_positive_int, default=None,
+                   help="largest max_tokens of a request (unset: the context)")
+    g.add_argument("--limit-prompt-tokens", type=_positive_int, default=None,
+                   help="longest prompt, in tokens (unset: the context)")
+    g.add_argument("--limit-stop", type=_positive_int, default=None, help="most stop strings per request (unset: 16)")
+    g.add_argument("--limit-logit-bias", type=_positive_int, default=None, help="most logit_bias entries (unset: 300)")
     g.add_argument("--max-queued-mib", type=float, default=1024.0,
                    help="total size of the request bodies in flight; beyond it new requests get 503")
     g.add_argument("--grpc-max-message-mib", type=float, default=None,
-                   help="largest gRPC message (default: --max-request-body-mib)")
+                   help="largest gRPC message (unset: --max-request-body-mib)")
     g.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="on SIGTERM, seconds to let in-flight requests finish (new ones get 503) before stopping")
     g.add_argument("--engine-restart", action=argparse.BooleanOptionalAction, default=True,

@@ -40,7 +40,8 @@ class EngineSupervisor:
         self.name = name
         self._get, self._set, self._factory = get_engine, set_engine, factory
         self._counter = metrics.model(name)
-        self.poll_s, self.min_backoff_s, self.max_backoff_s, self.stable_s = poll_s, min_backoff_s, max_backoff_s, stable_s
+        self.poll_s, self.stable_s = poll_s, stable_s
+        self.min_backoff_s, self.max_backoff_s = min_backoff_s, max_backoff_s
         self.restarts = 0
         self.restarting = False
         self.last_error = ""
