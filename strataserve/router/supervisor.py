@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
+from strataserve.engine.core_client import EngineDeadError
+
 log = logging.getLogger("strataserve.supervisor")
 
 
@@ -63,12 +65,12 @@ class EngineSupervisor:
         """"serving", "restarting" or "dead" (between the crash and the supervisor noticing it)."""
         if self.restarting:
             return "restarting"
-        return "dead" if self._get().errored else "serving"
+        return "dead" if _dead(self._get()) else "serving"
 
     async def _run(self) -> None:
         while True:
             # Polling costs one waitpid per tick; the output pump already fails in-flight requests at once.
-            while not self._get().errored:
+            while not _dead(self._get()):
                 await asyncio.sleep(self.poll_s)
             await self._restart()
 
@@ -107,3 +109,12 @@ class EngineSupervisor:
             log.warning("engine of model %s restarted (restart %d)", self.name, self.restarts)
         finally:
             self.restarting = False
+
+
+def _dead(engine: Any) -> bool:
+    """``check_health`` polls the process too (``errored`` alone only sees a death the output pump noticed)."""
+    try:
+        engine.check_health()
+    except EngineDeadError:
+        return True
+    return False

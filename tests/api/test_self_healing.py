@@ -8,12 +8,13 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
 from _model_repos import write_python_model
 from api_server import MODEL, launch
-from test_lifecycle import _engine_pid
+from test_lifecycle import _children
 
 # X >= 100: sleeps X ms first; the answer is [pid, X + 1].
 SLEEPY = """
@@ -58,6 +59,28 @@ def _metric(url: str, name: str, label: str) -> float | None:
     return None
 
 
+def _engine_pid(srv) -> int:
+    """The server's spawned child that is not the isolated model's process (which answers with its pid)."""
+    model = _y(_infer(srv.url, 1))[0]
+    kids = []
+    for kid in _children(srv.proc.pid):
+        try:
+            if kid != model and b"spawn_main" in Path(f"/proc/{kid}/cmdline").read_bytes():  # a zombie has none
+                kids.append(kid)
+        except OSError:
+            continue
+    assert len(kids) == 1, kids
+    return kids[0]
+
+
+def _wait_health(srv, status: int) -> None:
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{srv.url}/health").status_code != status:
+        assert time.monotonic() < deadline, srv.log_tail()
+        assert srv.proc.poll() is None
+        time.sleep(0.1)
+
+
 def _in_thread(fn) -> tuple[threading.Thread, dict]:
     out: dict = {}
     t = threading.Thread(target=lambda: out.setdefault("r", fn()))
@@ -75,7 +98,7 @@ def test_engine_and_isolated_model_heal_then_sigterm_drains(tiny_ckpt, tmp_path)
     try:
         before = httpx.post(f"{url}/v1/completions", json=greedy, timeout=60).json()["choices"][0]["text"]
         # 1. The engine core dies mid-stream.
-        engine = _engine_pid(srv.proc.pid)
+        engine = _engine_pid(srv)
         long = {**greedy, "max_tokens": 480, "stream": True}
         with httpx.Client(timeout=60) as client, client.stream("POST", f"{url}/v1/completions", json=long) as r:
             lines = r.iter_lines()
@@ -89,15 +112,17 @@ def test_engine_and_isolated_model_heal_then_sigterm_drains(tiny_ckpt, tmp_path)
         refused = httpx.post(f"{url}/v1/completions", json=greedy, timeout=30)
         assert refused.status_code == 503 and refused.headers["retry-after"]
         assert _y(_infer(url, 7))[1] == 8  # the repository model keeps serving meanwhile
-        deadline = time.monotonic() + 120
-        while httpx.get(f"{url}/health").status_code != 200:
-            assert time.monotonic() < deadline, srv.log_tail()
-            assert srv.proc.poll() is None
-            time.sleep(0.2)
-        assert _engine_pid(srv.proc.pid) != engine
+        _wait_health(srv, 200)
+        assert _engine_pid(srv) != engine
         after = httpx.post(f"{url}/v1/completions", json=greedy, timeout=60).json()["choices"][0]["text"]
         assert after == before  # same weights, greedy: the restarted engine answers as the first did
         assert _metric(url, "strata:engine_restarts_total", f'model_name="{MODEL}"') == 1.0
+        # An idle engine's death is noticed too (no request is there to see it), and healed again.
+        os.kill(_engine_pid(srv), signal.SIGKILL)
+        _wait_health(srv, 503)
+        _wait_health(srv, 200)
+        assert httpx.post(f"{url}/v1/completions", json=greedy, timeout=60).json()["choices"][0]["text"] == before
+        assert _metric(url, "strata:engine_restarts_total", f'model_name="{MODEL}"') == 2.0
 
         # 2. The isolated Python model's process dies with a request inside it.
         pid = _y(_infer(url, 1))[0]

@@ -6,19 +6,23 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
+from strataserve.engine.core_client import EngineDeadError
 from strataserve.router.supervisor import EngineSupervisor, RestartMetrics
 
 
 class FakeEngine:
     def __init__(self, n: int) -> None:
         self.n = n
-        self.errored = False
+        self.errored = False  # never set: the supervisor must not rely on it
         self.dead_error: Exception | None = None
         self.shut = False
 
-    def die(self) -> None:
-        self.errored = True
+    def die(self) -> None:  # as a killed process: only check_health (which polls it) notices
         self.dead_error = RuntimeError(f"engine {self.n} killed")
+
+    def check_health(self) -> None:
+        if self.dead_error is not None:
+            raise EngineDeadError(str(self.dead_error))
 
     def shutdown(self) -> None:
         self.shut = True
