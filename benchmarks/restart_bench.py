@@ -104,9 +104,9 @@ def kill_python(url: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--gap-s", type=float, default=65.0,
-                   help="wait between kills, longer than the supervisors' 60 s / 30 s crash-loop windows, so each "
-                        "kill is timed as a lone crash (no back-off)")
+    p.add_argument("--gap-s", type=float, default=32.0,
+                   help="wait after each kill; kills of the same process are two gaps apart, beyond the supervisors' "
+                        "60 s / 30 s crash-loop windows, so each is timed as a lone crash (no back-off)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="restart-bench-") as tmp:
         ckpt = write_random_llama(Path(tmp) / "llama")
