@@ -80,7 +80,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=_port, default=8000)
     p.add_argument("--api-key", default=envs.STRATA_API_KEY,
-                   help="require 'Authorization: Bearer KEY' (health, metrics and docs stay open)")
+                   help="require 'Authorization: Bearer KEY' on HTTP and gRPC (the probes and docs stay open, "
+                        "and /metrics unless --metrics-require-key)")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder path)")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
@@ -98,8 +99,53 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="let tool_choice='auto' parse tool calls out of the output (needs --tool-call-parser)")
     p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
                    help="tool-call format of the model family: hermes (Qwen2/3), llama3_json, mistral")
+    _add_door_args(p)
     add_engine_args(p)
     p.set_defaults(func=_cmd_serve)
+
+
+def _add_door_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("security, limits, lifecycle")
+    g.add_argument("--ssl-certfile", default=None, help="serve HTTPS and gRPC over TLS with this certificate (PEM)")
+    g.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM)")
+    g.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")
+    g.add_argument("--requests-per-minute", type=_positive_int, default=None, help="per API key; beyond: 429")
+    g.add_argument("--tokens-per-minute", type=_positive_int, default=None,
+                   help="per API key, counting prompt + n x max_tokens at admission; beyond: 429")
+    g.add_argument("--limit-n", type=_positive_int, default=None, help="largest n of one request (unset: 128)")
+    g.add_argument("--limit-max-tokens", type=_positive_int, default=None,
+                   help="largest max_tokens of a request (unset: the context)")
+    g.add_argument("--limit-prompt-tokens", type=_positive_int, default=None,
+                   help="longest prompt, in tokens (unset: the context)")
+    g.add_argument("--limit-stop", type=_positive_int, default=None, help="most stop strings per request (unset: 16)")
+    g.add_argument("--limit-logit-bias", type=_positive_int, default=None, help="most logit_bias entries (unset: 300)")
+    g.add_argument("--max-queued-mib", type=float, default=1024.0,
+                   help="total size of the request bodies in flight; beyond it new requests get 503")
+    g.add_argument("--grpc-max-message-mib", type=float, default=None,
+                   help="largest gRPC message (unset: --max-request-body-mib)")
+    g.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="on SIGTERM, seconds to let in-flight requests finish (new ones get 503) before stopping")
+    g.add_argument("--engine-restart", action=argparse.BooleanOptionalAction, default=True,
+                   help="restart a crashed engine process (with back-off on a crash loop)")
+
+
+def _door_options(args: argparse.Namespace) -> dict:
+    """ServeOptions fields of the security / limits / lifecycle flags (ValueError names a bad value)."""
+    from strataserve.api.limits import RequestLimits
+    from strataserve.router.quota import RateLimits
+
+    if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+        raise ValueError("give both --ssl-certfile and --ssl-keyfile, or neither")
+    limits = {k: v for k, v in (("max_n", args.limit_n), ("max_tokens", args.limit_max_tokens),
+                                ("max_prompt_tokens", args.limit_prompt_tokens), ("max_stop", args.limit_stop),
+                                ("max_logit_bias", args.limit_logit_bias)) if v is not None}
+    grpc_mib = args.grpc_max_message_mib
+    return dict(ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                metrics_require_key=args.metrics_require_key,
+                rate=RateLimits(args.requests_per_minute, args.tokens_per_minute), limits=RequestLimits(**limits),
+                max_queued_bytes=int(args.max_queued_mib * 2**20),
+                grpc_max_message_bytes=int(grpc_mib * 2**20) if grpc_mib else None,
+                graceful_shutdown_s=args.shutdown_timeout, restart_engines=args.engine_restart)
 
 
 def _entry_engine(args: argparse.Namespace, entry) -> EngineConfig:
@@ -119,6 +165,11 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
                   access_log=not args.disable_uvicorn_access_log, model_repository=args.model_repository,
                   model_control_mode=args.model_control_mode, load_models=tuple(args.load_model),
                   grpc_port=args.grpc_port or None)
+    try:
+        server.update(_door_options(args))
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return None
     if args.config is not None:
         from strataserve.router.config import ConfigError, load_config
 

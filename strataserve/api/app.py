@@ -12,7 +12,9 @@ from starlette.responses import JSONResponse, Response
 
 from strataserve.api import chat, completions
 from strataserve.api.console import mount_console
+from strataserve.api.door import Door
 from strataserve.api.errors import APIError, install_error_handlers
+from strataserve.api.limits import RequestLimits
 from strataserve.api.middleware import GuardMiddleware
 from strataserve.api.protocol import DetokenizeRequest, TokenizeRequest
 from strataserve.api.serving import check_token_ids, forward_plain, route
@@ -20,20 +22,20 @@ from strataserve.api.speech import make_speech_router
 from strataserve.router.router import Router
 from strataserve.router.types import Payload
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 CREATED = int(time.time())
 
 
-def build_app(router: Router, *, registry: CollectorRegistry, api_key: str | None = None,
-              extra_api_keys: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The HTTP front of everything ``router`` serves; ``registry`` backs ``/metrics``. With ``api_key`` (or
-    keys mapped to SLA classes in the config) set, every route but the probes needs one of the keys."""
+def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None = None,
+              limits: RequestLimits | None = None) -> FastAPI:
+    """The HTTP front of everything ``router`` serves; ``registry`` backs ``/metrics``. The ``door`` holds the
+    API keys (every route but the probes needs one when any is set), rate limits and drain state; ``limits``
+    bounds what one OpenAI request may ask for."""
     app = FastAPI(title="strataserve", version="0.1.0",
                   description="OpenAI-compatible LLM serving and KServe v2 inference.")
     app.state.router = router
+    app.state.limits = limits or RequestLimits()
     install_error_handlers(app)
-    keys = tuple(k for k in (api_key, *extra_api_keys) if k)
-    app.add_middleware(GuardMiddleware, api_keys=keys, max_body_bytes=max_body_bytes)
+    app.add_middleware(GuardMiddleware, door=door or Door())
     app.include_router(completions.router)
     app.include_router(chat.router)
     if router.of_kind(Payload.SPEECH):
@@ -42,11 +44,16 @@ def build_app(router: Router, *, registry: CollectorRegistry, api_key: str | Non
     @app.get("/health")
     async def health(request: Request) -> Response:
         """200 when every local engine is alive (an upstream being down is reported, not fatal: the other
-        models keep serving); 503 naming the dead ones otherwise."""
-        dead = [b.name for b in router.local_backends() if not b.ready()]
-        if dead:
-            return APIError(503, f"the engine process of model(s) {', '.join(dead)} is not running",
-                            type="service_unavailable", code="engine_dead").response()
+        models keep serving); 503 with a JSON body naming each model's state otherwise (``degraded``: an engine
+        is dead or restarting; the others serve)."""
+        states = {b.name: b.status() for b in router.local_backends()}
+        down = [name for name, st in states.items() if st != "serving"]
+        if down:
+            err = APIError(503, f"the engine process of model(s) {', '.join(down)} is not running"
+                           f"{' (restarting)' if 'restarting' in states.values() else ''}",
+                           type="service_unavailable", code="engine_dead")
+            return JSONResponse({"status": "degraded", "models": states, **err.body()}, status_code=503,
+                                headers={"Retry-After": "5"})
         ms = router.tensors
         if ms is not None and not ms.live():
             return APIError(503, "model server is not live", type="service_unavailable").response()

@@ -86,7 +86,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                          include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided)
     rid = new_id("chatcmpl")
     work = float(len(prompt_ids))
-    routed.check(work)  # 429 when the queue ahead would make this request miss its class's TTFT
+    # 429 when the key's tokens per minute are spent or the queue ahead would make it miss its class's TTFT
+    routed.check(work, work + body.n * max_tokens)
     priority = routed.priority(body.priority)
     if body.stream:
         state.check_capacity(body.n)

@@ -58,8 +58,9 @@ def from_value_error(exc: ValueError) -> APIError:
 
 def engine_dead(exc: BaseException | None = None) -> APIError:
     detail = f": {exc}" if exc is not None and str(exc) else ""
+    # Retry-After: the engine's supervisor restarts it (api/server.py), so a retry may well succeed.
     return APIError(503, f"the inference engine is not running{detail}", code="engine_dead",
-                    type="service_unavailable")
+                    type="service_unavailable", headers={"Retry-After": "5"})
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

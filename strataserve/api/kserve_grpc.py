@@ -51,7 +51,6 @@ _CONTENTS_FIELD = {
 }
 _EMPTY_FINAL = "triton_enable_empty_final_response"
 _FINAL_FLAG = "triton_final_response"
-_UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
 def _bad(message: str) -> ModelServerError:
@@ -312,13 +311,29 @@ class GrpcServerHandle:
         await self.server.stop(grace_s)
 
 
-async def start_grpc_server(model_server: Any, host: str = "0.0.0.0", port: int = 8001) -> GrpcServerHandle:
-    """Start the gRPC front on the running asyncio loop; port=0 picks a free port (see handle.port)."""
-    server = grpc.aio.server(options=_UNLIMITED)
+async def start_grpc_server(model_server: Any, host: str = "0.0.0.0", port: int = 8001, *, door: Any = None,
+                            max_message_bytes: int | None = None,
+                            tls: tuple[str, str] | None = None) -> GrpcServerHandle:
+    """Start the gRPC front on the running asyncio loop; port=0 picks a free port (see handle.port). ``door``
+    (``api/door.py``) adds API keys, rate limits and drain; ``max_message_bytes`` bounds a message each way
+    (a larger one fails with RESOURCE_EXHAUSTED); ``tls`` = (certfile, keyfile) serves TLS only."""
+    limit = -1 if max_message_bytes is None else max_message_bytes
+    options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    interceptors = []
+    if door is not None:
+        from strataserve.api.grpc_door import DoorInterceptor
+
+        interceptors.append(DoorInterceptor(door))
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(model_server), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if tls is not None:
+            with open(tls[0], "rb") as cert, open(tls[1], "rb") as key:
+                creds = grpc.ssl_server_credentials([(key.read(), cert.read())])
+            bound = server.add_secure_port(address, creds)
+        else:
+            bound = server.add_insecure_port(address)
     except RuntimeError as exc:
         raise OSError(f"cannot bind the KServe gRPC server to {address}: {exc}") from None
     if not bound:

@@ -1,29 +1,33 @@
-"""Pure-ASGI guards in front of every route (no BaseHTTPMiddleware: it would buffer SSE streams).
+"""Pure-ASGI guard in front of every route (no BaseHTTPMiddleware: it would buffer SSE streams), enforcing the
+``Door`` (``api/door.py``): API keys, the drain state, the per-key request rate and the queued-bytes budget.
 
 - Body limit: a declared Content-Length over the limit is refused before reading; otherwise the body is read
   (counting the actual bytes, so a lying or chunked upload is caught too) and replayed to the app.
-- API keys: with any key set (``--api-key``, or keys mapped to SLA classes), every route except the open ones needs ``Authorization: Bearer <key>``.
-  Open: health and metrics probes (``/health``, ``/metrics``, ``/v2/health/*``), ``/openapi.json`` and the docs,
-  because orchestrators and scrapers probe them without credentials; and the web console's page and static files
-  (``/``, ``/console/static/``), which hold no data: the page asks for the key and sends it to the data routes.
+- API keys: with any key set (``--api-key``, or keys mapped to SLA classes), every route except the open ones
+  needs ``Authorization: Bearer <key>``. Open: the probes (``/health``, ``/v2/health/*``), ``/openapi.json`` and
+  the docs, and ``/metrics`` unless ``--metrics-require-key``, because orchestrators and scrapers probe them
+  without credentials; and the web console's page and static files (``/``, ``/console/static/``), which hold no
+  data: the page asks for the key and sends it to the data routes.
+- Drain: while the server drains, the probes ``/health`` and ``/v2/health/ready`` answer 503 and every other
+  route 503 + Retry-After; requests already admitted run to the end (they count in ``Door.inflight``).
 """
 from __future__ import annotations
 
-import hmac
 from typing import Any, Callable
 
+import msgspec
+
+from strataserve.api.door import Door, draining_error
 from strataserve.api.errors import APIError
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
-
-OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
-                        "/v2/health/live", "/v2/health/ready", "/"})
-OPEN_PREFIXES = ("/console/static/",)
+_DRAIN_PROBES = frozenset({"/health", "/v2/health/ready"})
 
 
-async def _send_error(send: Callable, err: APIError) -> None:
-    body = err.response().body
+async def _send_error(send: Callable, err: APIError, path: str = "") -> None:
+    # KServe clients (tritonclient) read {"error": "<message>"}; OpenAI clients the nested object.
+    body = msgspec.json.encode({"error": err.message}) if path.startswith("/v2") else err.response().body
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     for k, v in (err.headers or {}).items():
         headers.append((k.lower().encode(), v.encode()))
@@ -34,35 +38,45 @@ async def _send_error(send: Callable, err: APIError) -> None:
 
 
 class GuardMiddleware:
-    def __init__(self, app: Callable, *, api_keys: tuple[str, ...] = (), max_body_bytes: int) -> None:
+    def __init__(self, app: Callable, *, door: Door) -> None:
         self.app = app
-        self.expected = [f"Bearer {k}".encode() for k in api_keys] or None
-        self.max_body_bytes = max_body_bytes
+        self.door = door
+        self.max_body_bytes = door.config.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        path = scope["path"]
-        if self.expected is not None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
-            got = headers.get(b"authorization", b"")
-            # Compare with every key (no early exit), each in constant time, so timing tells nothing.
-            ok = False
-            for key in self.expected:
-                ok |= hmac.compare_digest(got, key)
-            if not ok:
-                await _send_error(send, APIError(401, "missing or invalid API key: send 'Authorization: Bearer "
-                                                 "<key>'", code="invalid_api_key"))
+        door, path = self.door, scope["path"]
+        if door.is_open(path):
+            if door.draining and path in _DRAIN_PROBES:
+                await _send_error(send, draining_error(), path)
                 return
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        auth = headers.get(b"authorization")
+        try:
+            door.authorize(auth)
+            declared = headers.get(b"content-length")
+            size = int(declared) if declared is not None and declared.isdigit() else 0
+            if size > self.max_body_bytes:
+                raise _too_large(self.max_body_bytes)
+            door.admit(auth, size)
+        except APIError as err:
+            await _send_error(send, err, path)
+            return
+        door.enter(size)
+        try:
+            await self._guarded(scope, receive, send, size)
+        finally:
+            door.leave(size)
+
+    async def _guarded(self, scope: Scope, receive: Callable, send: Callable, declared: int) -> None:
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
         limit = self.max_body_bytes
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _send_error(send, _too_large(limit))
-            return
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -72,11 +86,18 @@ class GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                await _send_error(send, _too_large(limit))
+                await _send_error(send, _too_large(limit), scope["path"])
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        extra = max(0, size - declared)  # a chunked or understated upload: count what actually arrived
+        if extra:
+            try:
+                self.door.reserve_bytes(extra)
+            except APIError as err:
+                await _send_error(send, err, scope["path"])
+                return
         body = b"".join(chunks)
         replayed = False
 
@@ -87,7 +108,10 @@ class GuardMiddleware:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # after the body: wait for the disconnect, as the server would
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            self.door.queued_bytes -= extra
 
 
 def _too_large(limit: int) -> APIError:

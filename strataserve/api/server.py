@@ -2,9 +2,12 @@
 repository + gRPC, uvicorn.
 
 Order: load each local engine (its own child process, handshake) → build the router (upstream backends start
-their health checks; the model server loads) → bind HTTP (and gRPC) → print the ready URLs. On SIGINT/SIGTERM
-uvicorn drains, then gRPC, the router's backends, the model server and the engine processes are stopped, in that
-order, so no port, socket file or child process outlives the server.
+their health checks; the model server loads; each local engine gets a supervisor that restarts it after a
+crash) → bind HTTP (and gRPC), with TLS when given → print the ready URLs. On SIGTERM (or SIGINT) the server
+drains: new requests get 503 + Retry-After and /health 503 while admitted ones finish, for up to
+``--shutdown-timeout`` seconds (a second signal cuts it short); then uvicorn, gRPC, the router's backends, the
+model server and the engine processes are stopped, in that order, so no port, socket file or child process
+outlives the server.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 
-from strataserve.api.app import DEFAULT_MAX_BODY_BYTES, build_app
+from strataserve.api.app import build_app
+from strataserve.api.door import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED_BYTES, Door, DoorConfig
+from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import MetricsGroup, ServerMetrics
 from strataserve.api.serving import ServerState
 from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir
@@ -31,8 +36,10 @@ from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
 from strataserve.router.backends.tts import TTSBackend
 from strataserve.router.config import KServeUpstream, LocalModel, OpenAIUpstream, RouterConfig
 from strataserve.router.metrics import RouterMetrics
+from strataserve.router.quota import KeyQuota, RateLimits
 from strataserve.router.router import Router
 from strataserve.router.sla import SLA, SLAPolicy
+from strataserve.router.supervisor import EngineSupervisor, RestartMetrics
 from strataserve.router.tensors import TensorRouter
 
 log = logging.getLogger("strataserve.server")
@@ -59,6 +66,14 @@ class ServeOptions:
     api_key: str | None = None
     extra_api_keys: tuple[str, ...] = ()  # keys mapped to SLA classes in the config
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    grpc_max_message_bytes: int | None = None  # None: max_body_bytes
+    metrics_require_key: bool = False
+    rate: RateLimits = field(default_factory=RateLimits)
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    restart_engines: bool = True
     uvicorn_log_level: str = "info"
     access_log: bool = True
     model_repository: str | None = None
@@ -66,7 +81,7 @@ class ServeOptions:
     load_models: tuple[str, ...] = ()  # explicit mode: load these at start ("*" = all)
     grpc_port: int | None = 8001
     startup_timeout_s: float | None = None
-    graceful_shutdown_s: int = 10
+    graceful_shutdown_s: float = 10.0  # --shutdown-timeout: the drain's limit
     health_check_interval_s: float = 2.0
     affinity_chars: int = 256
     affinity_slack: int = 2
@@ -141,13 +156,16 @@ def _vocab_size(tokenizer: Any) -> int | None:
 
 def build_state(engine: Any, spec: LocalLLMSpec, metrics_group: MetricsGroup) -> ServerState:
     max_len = int(engine.max_model_len)
-    metrics = ServerMetrics(spec.name, max_len, lambda: getattr(engine, "stats", None), register=False)
+    state: ServerState | None = None  # the engine is read through the state: a restart replaces it
+    metrics = ServerMetrics(spec.name, max_len, lambda: getattr(state.engine, "stats", None) if state else None,
+                            register=False)
     metrics_group.add(metrics)
     sched = spec.engine.scheduler
-    return ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=spec.name, max_model_len=max_len,
+    state = ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=spec.name, max_model_len=max_len,
                        metrics=metrics, max_inflight_seqs=sched.max_num_seqs + sched.max_waiting_requests,
                        vocab_size=getattr(engine, "vocab_size", None) or _vocab_size(engine.tokenizer),
                        tool_call_parser=spec.tool_call_parser, enable_auto_tool_choice=spec.enable_auto_tool_choice)
+    return state
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -160,14 +178,18 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
     ``engines`` maps each local model's name to its ``AsyncLLM`` or, for a speech checkpoint, its ``AsyncTTS``."""
     from strataserve.engine.async_tts import AsyncTTS
 
-    router = Router(options.sla, RouterMetrics(registry))
+    router = Router(options.sla, RouterMetrics(registry), KeyQuota(options.rate))
     group, speech_group = MetricsGroup(registry), MetricsGroup(registry)
+    restarts = RestartMetrics(registry)
     for spec in options.llms:
         engine = engines[spec.name]
-        if isinstance(engine, AsyncTTS):
+        if isinstance(engine, AsyncTTS):  # in-process: no engine process to supervise
             router.add(TTSBackend(engine, speech_group, spec.gpu_cost_per_hour))
-        else:
-            router.add(LocalLLMBackend(build_state(engine, spec, group), spec.gpu_cost_per_hour))
+            continue
+        backend = LocalLLMBackend(build_state(engine, spec, group), spec.gpu_cost_per_hour)
+        if options.restart_engines:
+            backend.supervisor = _supervisor(backend, spec, options, engines, restarts, console)
+        router.add(backend)
     kserve: dict[str, KServeUpstreamBackend] = {}
     for up in options.upstreams:
         if isinstance(up, OpenAIUpstream):
@@ -193,22 +215,53 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
     return router
 
 
+def _supervisor(backend: LocalLLMBackend, spec: LocalLLMSpec, options: ServeOptions, engines: dict[str, Any],
+                restarts: RestartMetrics, console: Console) -> EngineSupervisor:
+    state = backend.state
+
+    def replace(engine: Any) -> None:
+        state.engine = engines[spec.name] = engine  # the final shutdown stops the live one
+
+    return EngineSupervisor(spec.name, lambda: state.engine, replace,
+                            lambda: load_engine(spec.engine, console, options.startup_timeout_s, spec.name), restarts)
+
+
+def build_door(options: ServeOptions, router: Router) -> Door:
+    keys = tuple(k for k in (options.api_key, *options.extra_api_keys) if k)
+    return Door(DoorConfig(keys, options.metrics_require_key, options.max_body_bytes, options.max_queued_bytes,
+                           options.rate), router.quota)
+
+
 async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: Console) -> None:
     registry = CollectorRegistry()
     router = await build_router(options, engines, registry, console)
     grpc_handle = None
-    app = build_app(router, registry=registry, api_key=options.api_key, extra_api_keys=options.extra_api_keys,
-                    max_body_bytes=options.max_body_bytes)
+    door = build_door(options, router)
+    app = build_app(router, registry=registry, door=door, limits=options.limits)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.uvicorn_log_level,
                             access_log=options.access_log, timeout_keep_alive=30, lifespan="off",
-                            # On SIGTERM, let in-flight generations finish for a while, then cancel them (the
-                            # cancellation aborts them in the engine) so shutdown never hangs on a long stream.
-                            timeout_graceful_shutdown=options.graceful_shutdown_s)
+                            ssl_certfile=options.ssl_certfile, ssl_keyfile=options.ssl_keyfile,
+                            # The drain already waited for in-flight requests; what is left (past the timeout)
+                            # is cancelled, which aborts it in the engine, so shutdown never hangs on a stream.
+                            timeout_graceful_shutdown=1)
     server = _Server(config)
     loop = asyncio.get_running_loop()
+    drain_task: asyncio.Future | None = None
+
+    async def drain() -> None:
+        door.begin_drain()
+        console.print(f"draining: refusing new requests, waiting up to {options.graceful_shutdown_s}s for "
+                      f"{door.inflight} in flight")
+        if not await door.wait_idle(options.graceful_shutdown_s):
+            console.print(f"shutdown timeout: cancelling {door.inflight} request(s) still in flight")
+        server.should_exit = True
 
     def stop(sig: signal.Signals) -> None:
-        if server.should_exit and sig == signal.SIGINT:
+        nonlocal drain_task
+        if drain_task is None and server.started:
+            drain_task = asyncio.ensure_future(drain())
+            return
+        if server.should_exit or drain_task is not None:
             server.force_exit = True
         server.should_exit = True
 
@@ -218,7 +271,10 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
         if router.tensors is not None and options.grpc_port:
             from strataserve.api.kserve_grpc import start_grpc_server
 
-            grpc_handle = await _maybe_await(start_grpc_server(router.tensors, options.host, options.grpc_port))
+            tls = (options.ssl_certfile, options.ssl_keyfile) if options.ssl_certfile and options.ssl_keyfile else None
+            grpc_handle = await _maybe_await(start_grpc_server(
+                router.tensors, options.host, options.grpc_port, door=door, tls=tls,
+                max_message_bytes=options.grpc_max_message_bytes or options.max_body_bytes))
         serving = asyncio.ensure_future(server.serve())
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
@@ -230,6 +286,8 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
         await app.state.console.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if drain_task is not None:
+            drain_task.cancel()
         if grpc_handle is not None:
             await _maybe_await(grpc_handle.stop())
         await router.stop()
@@ -239,7 +297,7 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
 
 def _banner(console: Console, options: ServeOptions, router: Router, grpc_port: int | None) -> None:
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
-    url = f"http://{host}:{options.port}"
+    url = f"{'https' if options.ssl_certfile else 'http'}://{host}:{options.port}"
     for card in router.cards():
         where = {"text": f"{url}/v1", "speech": f"{url}/v1/audio/speech", "tensors": f"{url}/v2"}[card.payload.value]
         note = "" if card.ready else " [yellow](not ready: see /v1/models)[/]"

@@ -15,13 +15,14 @@ from starlette.responses import Response
 
 from strataserve.api.errors import APIError, bad_request, engine_dead, from_value_error
 from strataserve.api.formatting import DONE, sse
+from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import ServerMetrics
 from strataserve.engine.core_client import EngineDeadError
 from strataserve.engine.outputs import RequestOutput
 from strataserve.engine.sampling_params import SamplingParams
 from strataserve.router.metrics import RouteTrace
 from strataserve.router.router import Router, outcome_of
-from strataserve.router.sla import SLA
+from strataserve.router.sla import SLA, bearer_key
 from strataserve.router.types import Backend, Payload
 
 T = TypeVar("T")
@@ -78,6 +79,8 @@ class Routed:
     router: Router
     backend: Backend
     sla: SLA
+    key: str | None = None  # the request's API key (rate limits are per key)
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
     @property
     def upstream(self) -> bool:
@@ -91,8 +94,13 @@ class Routed:
         """The engine priority: the class's, plus the request's own (vLLM's ``priority`` field) within it."""
         return self.sla.priority + requested
 
-    def check(self, work: float) -> None:
+    def check(self, work: float, tokens: float | None = None) -> None:
+        """Admission of ``work`` prompt tokens: the prompt limit, the key's tokens per minute (``tokens``: the
+        most this request may use) and the class's TTFT target."""
+        self.limits.check_prompt(int(work))
         self.router.check_admission(self.backend, self.sla, work)
+        if tokens is not None:  # charged last: a request refused above spends nothing
+            self.router.quota.take_tokens(self.key, tokens)
 
     def trace(self, work: float) -> RouteTrace:
         return self.router.trace(self.backend, self.sla, work)
@@ -138,7 +146,8 @@ def router_of(request: Request) -> Router:
 def route(request: Request, model: str | None, payload: Payload = Payload.TEXT) -> Routed:
     router = router_of(request)
     backend = router.resolve(model, payload)
-    return Routed(router, backend, router.sla(request))
+    return Routed(router, backend, router.sla(request), bearer_key(request.headers.get("authorization")),
+                  request.app.state.limits)
 
 
 def local_state(routed: Routed) -> ServerState:
@@ -161,6 +170,7 @@ def admit(request: Request, body: Any) -> Routed:
     """Checks shared by the OpenAI generation routes, before any route-specific validation: the route (404 for
     an unknown model, 400 for a non-text one), the SLA class, and the checks every backend needs."""
     routed = route(request, body.model)
+    routed.limits.check(body)
     check_stream_options(body)
     if not routed.upstream:
         local_state(routed)

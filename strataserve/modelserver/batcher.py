@@ -2,7 +2,13 @@
 
 Invariants: a queued request is in exactly one deque (its priority level's, or `delayed` once its timeout hit
 with action DELAY); only the event-loop thread touches the queues; an instance runs one execution at a time
-(its worker awaits the executor thread). Without `dynamic_batching` each request executes alone (FIFO).
+(its worker awaits the instance's own executor thread). Without `dynamic_batching` each request executes alone.
+
+Faults in model code stay with the requests that caused them: when an execution of several requests raises,
+each is run again alone, so only the culprits fail (not done for decoupled models, which may have answered
+already). With ``parameters { key: "EXECUTION_TIMEOUT_MS" ... }`` an execution that runs longer fails its
+requests with DEADLINE_EXCEEDED; an isolated Python model's process is then killed (and restarted), an
+in-process one's thread is abandoned and the instance gets a fresh thread, so later requests are not blocked.
 """
 
 from __future__ import annotations
@@ -15,11 +21,27 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from strataserve.modelserver.backends.base import Backend, BackendRequest
-from strataserve.modelserver.config import ModelSpec
+from strataserve.modelserver.config import ConfigError, ModelSpec
 from strataserve.modelserver.stats import ModelStats
 from strataserve.modelserver.types import ModelServerError
 
 log = logging.getLogger(__name__)
+TIMEOUT_KEY = "EXECUTION_TIMEOUT_MS"
+
+
+def execution_timeout_s(spec: ModelSpec) -> float | None:
+    """The model's ``parameters.EXECUTION_TIMEOUT_MS`` in seconds (None: no timeout)."""
+    raw = spec.parameters.get(TIMEOUT_KEY)
+    if raw in (None, ""):
+        return None
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = -1.0
+    if not ms > 0:
+        raise ConfigError(spec.source, f"parameters.{TIMEOUT_KEY}", f"'{raw}' is not a positive number of "
+                          "milliseconds")
+    return ms / 1000.0
 
 
 class Pending:
@@ -62,8 +84,9 @@ class Scheduler:
         self.queues: list[deque[Pending]] = [deque() for _ in range(self.levels)]
         self.delayed: deque[Pending] = deque()
         self.changed = asyncio.Event()
-        self.executor = ThreadPoolExecutor(len(instances), thread_name_prefix=f"model-{spec.name}")
-        self.workers = [asyncio.create_task(self._worker(i)) for i in instances]
+        self.timeout_s = execution_timeout_s(spec)
+        self.executors = [self._executor() for _ in instances]
+        self.workers = [asyncio.create_task(self._worker(i)) for i in range(len(instances))]
         self.running = 0
         self.closing = False
 
@@ -166,8 +189,10 @@ class Scheduler:
         return cands[:best] if best else cands
 
     # -- execution ---------------------------------------------------------------------------------------------
-    async def _worker(self, instance: Backend) -> None:
-        loop = asyncio.get_running_loop()
+    def _executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(1, thread_name_prefix=f"model-{self.spec.name}")
+
+    async def _worker(self, index: int) -> None:
         while True:
             try:
                 batch = await self._next_batch()
@@ -182,31 +207,59 @@ class Scheduler:
                 p.queue_ns = start - p.enqueued_ns
             self.running += 1
             try:
-                results, times = await loop.run_in_executor(self.executor, self._run, instance,
-                                                            [p.request for p in batch])
-            except BaseException as e:  # noqa: BLE001 - one bad execution fails its requests, not the worker
-                if isinstance(e, asyncio.CancelledError):
-                    for p in batch:
-                        p.push(None, self._unloaded(), True)
-                    raise
-                err = e if isinstance(e, ModelServerError) else ModelServerError(
-                    "internal", f"model '{self.spec.name}' version {self.version}: {type(e).__name__}: {e}")
-                for p in batch:
-                    p.push(None, err, True)
-                continue
+                await self._execute(index, batch)
             finally:
                 self.running -= 1
-            self.stats.execution_done(len(batch), sum(p.request.rows for p in batch), *times)
-            if len(results) != len(batch):  # a backend bug must not leave requests waiting forever
-                results = [ModelServerError("internal", f"model '{self.spec.name}': the backend answered "
-                                            f"{len(results)} of {len(batch)} requests")] * len(batch)
-            for p, r in zip(batch, results):
-                if isinstance(r, BaseException):
-                    p.deliver(None, r, True)
-                elif r is not None:
-                    p.deliver(r, None, True)
-                elif not self.spec.decoupled:
-                    p.deliver(None, ModelServerError("internal", f"model '{self.spec.name}' gave no response"), True)
+
+    async def _execute(self, index: int, batch: list[Pending]) -> None:
+        try:
+            results, times = await self._call(index, [p.request for p in batch])
+        except BaseException as e:  # noqa: BLE001 - one bad execution fails its requests, not the worker
+            if isinstance(e, asyncio.CancelledError):
+                for p in batch:
+                    p.push(None, self._unloaded(), True)
+                raise
+            err = e if isinstance(e, ModelServerError) else ModelServerError(
+                "internal", f"model '{self.spec.name}' version {self.version}: {type(e).__name__}: {e}")
+            if len(batch) > 1 and not self.spec.decoupled and err.code == "internal":
+                for p in batch:  # find the requests that fail on their own; the others still get answers
+                    await self._execute(index, [p])
+                return
+            for p in batch:
+                p.push(None, err, True)
+            return
+        self.stats.execution_done(len(batch), sum(p.request.rows for p in batch), *times)
+        if len(results) != len(batch):  # a backend bug must not leave requests waiting forever
+            results = [ModelServerError("internal", f"model '{self.spec.name}': the backend answered "
+                                        f"{len(results)} of {len(batch)} requests")] * len(batch)
+        for p, r in zip(batch, results):
+            if isinstance(r, BaseException):
+                p.deliver(None, r, True)
+            elif r is not None:
+                p.deliver(r, None, True)
+            elif not self.spec.decoupled:
+                p.deliver(None, ModelServerError("internal", f"model '{self.spec.name}' gave no response"), True)
+
+    async def _call(self, index: int, requests: list[BackendRequest]):
+        """Run one execution on the instance's thread, bounded by the model's execution timeout."""
+        loop = asyncio.get_running_loop()
+        instance = self.instances[index]
+        if self.timeout_s is None:
+            return await loop.run_in_executor(self.executors[index], self._run, instance, requests)
+        # Waiting for a restarting instance is not execution time: only the model's own work is timed.
+        await loop.run_in_executor(self.executors[index], instance.wait_ready)
+        fut = loop.run_in_executor(self.executors[index], self._run, instance, requests)
+        try:
+            return await asyncio.wait_for(fut, self.timeout_s)
+        except asyncio.TimeoutError:
+            log.error("model %s: an execution passed %s=%s", self.spec.name, TIMEOUT_KEY,
+                      self.spec.parameters.get(TIMEOUT_KEY))
+            if not instance.on_timeout():
+                self.executors[index].shutdown(wait=False)  # its thread is stuck in model code: leave it
+                self.executors[index] = self._executor()
+            raise ModelServerError("deadline_exceeded", f"model '{self.spec.name}' version {self.version}: the "
+                                   f"execution did not finish within {self.timeout_s * 1000:.0f} ms "
+                                   f"(parameters.{TIMEOUT_KEY} in config.pbtxt)") from None
 
     @staticmethod
     def _run(instance: Backend, requests: list[BackendRequest]):
@@ -232,5 +285,6 @@ class Scheduler:
             w.cancel()
         await asyncio.gather(*self.workers, return_exceptions=True)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.executor, lambda: [i.close() for i in self.instances])
-        self.executor.shutdown(wait=False)
+        await loop.run_in_executor(None, lambda: [i.close() for i in self.instances])
+        for ex in self.executors:
+            ex.shutdown(wait=False)

@@ -43,6 +43,14 @@ def tensor_metadata(spec: ModelSpec, tensors) -> list[dict]:
     return [{"name": t.name, "datatype": t.datatype, "shape": prefix + list(t.dims)} for t in tensors]
 
 
+def _check_output_shape(spec: ModelSpec, name: str, shape: tuple, dims) -> None:
+    """A model answering with a shape its config does not declare fails that request with a clear error."""
+    expect = ([-1] if spec.max_batch_size > 0 else []) + list(dims)
+    if len(shape) != len(expect) or any(e != -1 and e != d for e, d in zip(expect, shape)):
+        raise ModelServerError("internal", f"model '{spec.name}' returned output '{name}' with shape "
+                               f"{list(shape)}, but its config declares {expect} (-1: any size)")
+
+
 class ServedVersion:
     """What the server needs of a ready model version (ModelVersion, EnsembleVersion, LLMVersion)."""
 
@@ -77,7 +85,7 @@ class ModelVersion(ServedVersion):
         try:
             for i in range(spec.instance_count):
                 ctx = InstanceContext(spec, version, source.model_dir, source.versions[version], i, _device(spec, i),
-                                      server)
+                                      server, stats)
                 instances.append(await loop.run_in_executor(None, create_backend, ctx))
         except BaseException:
             for inst in instances:
@@ -163,6 +171,7 @@ class ModelVersion(ServedVersion):
                 arr = as_bytes_array(arr)
             elif arr.dtype != KSERVE_DTYPES[ts.datatype]:
                 arr = arr.astype(KSERVE_DTYPES[ts.datatype])
+            _check_output_shape(spec, name, arr.shape, ts.reshape if ts.reshape is not None else ts.dims)
             if ts.reshape is not None:
                 lead = arr.shape[:1] if spec.max_batch_size > 0 else ()
                 arr = arr.reshape(tuple(lead) + tuple(ts.dims))

@@ -42,6 +42,7 @@ class ModelStats:
         self.inference_count = 0  # batch rows served
         self.execution_count = 0  # backend executions (batches)
         self.pending = 0  # requests queued or executing
+        self.restarts = 0  # model processes restarted after they died (EXECUTION_ISOLATION: process)
         self.success = _Duration()
         self.fail = _Duration()
         self.phases = {p: _Duration() for p in _PHASES}
@@ -63,6 +64,10 @@ class ModelStats:
             for phase, ns in (("compute_input", input_ns), ("compute_infer", infer_ns), ("compute_output", output_ns)):
                 self.phases[phase].add(ns, requests)
                 self.batch[rows][phase].add(ns)
+
+    def restarted(self) -> None:
+        with self._lock:
+            self.restarts += 1
 
     def add_pending(self, delta: int) -> None:
         with self._lock:
@@ -95,6 +100,7 @@ _METRICS = (
     ("strata:inference_request_failure", "Number of failed inference requests", _CUMULATIVE, lambda s: s.fail.count),
     ("strata:inference_count", "Number of inferences performed (batch rows)", _CUMULATIVE, lambda s: s.inference_count),
     ("strata:inference_exec_count", "Number of model executions (batches)", _CUMULATIVE, lambda s: s.execution_count),
+    ("strata:model_restarts", "Model processes restarted after they died", _CUMULATIVE, lambda s: s.restarts),
     ("strata:inference_pending_request_count", "Requests queued or executing", "gauge", lambda s: s.pending),
     ("strata:inference_queue_duration_us", "Cumulative queue time of requests", _CUMULATIVE,
      lambda s: s.phases["queue"].ns // 1000),

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from strataserve.api.errors import APIError
 from strataserve.router.admission import AdmissionController
 from strataserve.router.metrics import RouterMetrics, RouteTrace
+from strataserve.router.quota import KeyQuota
 from strataserve.router.sla import SLA, SLA_HEADER, SLAPolicy, bearer_key
 from strataserve.router.tensors import TensorRouter
 from strataserve.router.types import Backend, ModelCard, Payload
@@ -24,9 +25,11 @@ _ROUTE_HINT = {Payload.TEXT: "/v1/completions or /v1/chat/completions", Payload.
 
 
 class Router:
-    def __init__(self, policy: SLAPolicy | None = None, metrics: RouterMetrics | None = None) -> None:
+    def __init__(self, policy: SLAPolicy | None = None, metrics: RouterMetrics | None = None,
+                 quota: KeyQuota | None = None) -> None:
         self.policy = policy or SLAPolicy.single()
         self.metrics = metrics or RouterMetrics(None)
+        self.quota = quota or KeyQuota()  # per-key requests / tokens per minute
         self.backends: dict[str, Backend] = {}
         self.tensors: TensorRouter | None = None
         self._upstream_admission: dict[str, AdmissionController] = {}

@@ -50,6 +50,10 @@ class Backend(abc.ABC):
     def ready(self) -> bool:
         """True when a request sent now can be served."""
 
+    def status(self) -> str:
+        """One word for ``/health``: "serving", or why not ("dead", "restarting", ...)."""
+        return "serving" if self.ready() else "unavailable"
+
     @abc.abstractmethod
     def card(self) -> ModelCard:
         ...

@@ -66,8 +66,9 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
     repo = tmp_path / "repo"
     weights = add_onnx_mlp(repo, name="mlp")[1]
     grpc_port = free_port()
+    # Without the supervisor: the dead engine stays dead (test_self_healing.py covers the restart).
     srv = launch(tiny_ckpt, tmp_path / "server.log", "--model-repository", str(repo), "--grpc-port",
-                 str(grpc_port), api_key=None)
+                 str(grpc_port), "--no-engine-restart", api_key=None)
     x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
 
     def kserve_infer() -> None:  # the repository's model, over the same HTTP port and over gRPC
@@ -127,7 +128,8 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
 
 
 def test_sigterm_with_a_stream_in_flight_stops_everything(tiny_ckpt, tmp_path):
-    srv = launch(tiny_ckpt, tmp_path / "server.log", api_key=None)
+    # A short drain: the 480-token stream is still running when it ends, so shutdown cancels it (aborted in the engine).
+    srv = launch(tiny_ckpt, tmp_path / "server.log", "--shutdown-timeout", "1", api_key=None)
     try:
         engine = _engine_pid(srv.proc.pid)
         body = {"model": MODEL, "prompt": "keep going", "max_tokens": 480, "ignore_eos": True, "stream": True}
@@ -151,7 +153,8 @@ def test_sigterm_with_a_stream_in_flight_stops_everything(tiny_ckpt, tmp_path):
 
 def _serve(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "strataserve", "serve", *args, "--device", "cpu", "--port", str(free_port())]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    env = {**os.environ, "COLUMNS": "200"}  # rich wraps at 80 columns otherwise, splitting long tmp paths' messages
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
 
 
 def test_bad_model_path_fails_fast_with_a_message(tmp_path):

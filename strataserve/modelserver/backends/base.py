@@ -41,6 +41,7 @@ class InstanceContext:
     instance_index: int
     device: str  # "cpu" or "cuda:N"
     server: Any = None  # the ModelServer (Python models call other models through it)
+    stats: Any = None  # the version's ModelStats (restarts of an isolated instance count there)
 
 
 class Backend(ABC):
@@ -60,6 +61,15 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release the instance's resources; called once, after its last execution."""
+
+    def wait_ready(self) -> None:
+        """Block until the instance can execute (an isolated model's process may be restarting); bounded."""
+
+    def on_timeout(self) -> bool:
+        """An execution passed the model's timeout and its thread is still inside ``infer``. Return True when
+        the instance can end that execution (e.g. by killing its process) so the thread comes back; False
+        when the thread stays stuck (the scheduler then gives the instance a fresh thread)."""
+        return False
 
 
 class ArrayBackend(Backend):

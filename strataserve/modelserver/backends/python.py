@@ -76,7 +76,8 @@ class PythonBackend(Backend):
         if isolation == "process":
             from strataserve.modelserver.backends.python_isolated import IsolatedModel
 
-            self.model = IsolatedModel(path, args, spec.name)
+            self.model = IsolatedModel(path, args, spec.name,
+                                       on_restart=ctx.stats.restarted if ctx.stats is not None else None)
             return
         self.model = load_model_class(path)()
         if hasattr(self.model, "initialize"):
@@ -139,6 +140,18 @@ class PythonBackend(Backend):
             msg = err.message() if isinstance(err, pb_utils.TritonError) else str(err)
             return ModelServerError(code, f"model '{self.spec.name}': {msg}")
         return {t.name(): t.as_numpy() for t in resp.output_tensors()}
+
+    def wait_ready(self) -> None:
+        wait = getattr(self.model, "wait_ready", None)
+        if wait is not None:
+            wait()
+
+    def on_timeout(self) -> bool:
+        kill = getattr(self.model, "kill", None)  # only an isolated model can be stopped mid-execution
+        if kill is None:
+            return False
+        kill()
+        return True
 
     def close(self) -> None:
         if hasattr(self.model, "finalize"):

@@ -14,8 +14,10 @@ import itertools
 import multiprocessing as mp
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Callable
 
 from strataserve.modelserver import pb_utils
 from strataserve.modelserver.types import ModelServerError
@@ -65,44 +67,96 @@ def _child_main(conn, path: str, args: dict) -> None:
 
 
 class IsolatedModel:
-    """Parent-side proxy of a TritonPythonModel living in a child process."""
+    """Parent-side proxy of a TritonPythonModel living in a child process.
 
-    def __init__(self, path: Path, args: dict, name: str):
-        self.name = name
-        ctx = mp.get_context("spawn")  # never fork a process that runs threads and an event loop
-        self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_child_main, args=(child_conn, str(path), args), daemon=True,
-                                 name=f"strata-pymodel-{name}")
-        self._proc.start()
-        child_conn.close()
-        first = self._recv_or_dead()
-        if first[0] != "ready":
-            self._proc.join(5)
-            raise ModelServerError("invalid_argument", f"{path}: {first[1]}")
+    Self-healing: when the child dies (SIGKILL, segfault, OOM, or killed by ``kill`` after an execution
+    timeout), the calls in flight fail with an error naming the model, and the reader thread starts a new child
+    (``initialize`` runs again) -- at once after a crash, with a doubling back-off (up to 30 s) when children keep
+    dying within ``STABLE_S`` of their start. Meanwhile ``execute`` waits up to ``RESTART_WAIT_S`` for the new
+    child, then answers UNAVAILABLE."""
+
+    STABLE_S = 30.0
+    MAX_BACKOFF_S = 30.0
+    RESTART_WAIT_S = 10.0
+
+    def __init__(self, path: Path, args: dict, name: str, on_restart: Callable[[], None] | None = None):
+        self.name, self._path, self._args = name, path, args
+        self._on_restart = on_restart
         self._calls: dict[int, Future] = {}
         self._senders: dict[int, pb_utils.InferenceResponseSender] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._dead: str | None = None
+        self._closing = False
         self._finalized = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True, name=f"strata-pymodel-reader-{name}")
+        self._up = threading.Event()  # a child is running
+        self.restarts = 0
+        self._conn, self._proc = self._spawn()
+        self._started = time.monotonic()
+        self._up.set()
+        self._reader = threading.Thread(target=self._supervise, daemon=True, name=f"strata-pymodel-reader-{name}")
         self._reader.start()
 
-    def _recv_or_dead(self):
+    def _spawn(self):
+        ctx = mp.get_context("spawn")  # never fork a process that runs threads and an event loop
+        conn, child_conn = ctx.Pipe()
+        proc = ctx.Process(target=_child_main, args=(child_conn, str(self._path), self._args), daemon=True,
+                           name=f"strata-pymodel-{self.name}")
+        proc.start()
+        child_conn.close()
         try:
-            return self._conn.recv()
+            first = conn.recv()
         except EOFError:
-            return ("init_error", f"the model process exited with code {self._proc.exitcode}")
+            first = ("init_error", f"the model process exited with code {proc.exitcode}")
+        if first[0] != "ready":
+            proc.join(5)
+            conn.close()
+            raise ModelServerError("invalid_argument", f"{self._path}: {first[1]}")
+        return conn, proc
+
+    def _supervise(self) -> None:
+        backoff = 0.0
+        while True:
+            self._read()
+            if self._closing or self._finalized.is_set():
+                return
+            quick = time.monotonic() - self._started < self.STABLE_S
+            backoff = min(max(backoff * 2, 0.25), self.MAX_BACKOFF_S) if quick else 0.0
+            while not self._closing:
+                time.sleep(backoff)
+                try:
+                    conn, proc = self._spawn()
+                    break
+                except Exception as e:  # noqa: BLE001 - keep trying, slower each time
+                    self._dead = f"model '{self.name}': its process died and restarting it failed: {e}"
+                    backoff = min(max(backoff * 2, 0.25), self.MAX_BACKOFF_S)
+            else:
+                return
+            if self._closing:  # unloaded while the new child started
+                proc.kill()
+                conn.close()
+                return
+            with self._lock:
+                self._conn, self._proc = conn, proc
+                self._dead = None
+            self._up.set()
+            self._started = time.monotonic()
+            self.restarts += 1
+            if self._on_restart is not None:
+                self._on_restart()
 
     def _read(self) -> None:
+        conn = self._conn
         while True:
             try:
-                msg = self._conn.recv()
+                msg = conn.recv()
             except (EOFError, OSError):
                 break
             if msg[0] == "result":
                 _, call_id, result, error = msg
-                fut = self._calls.pop(call_id)
+                fut = self._calls.pop(call_id, None)
+                if fut is None:
+                    continue  # its caller gave up (execution timeout)
                 if error is None:
                     fut.set_result(result)
                 else:
@@ -114,19 +168,29 @@ class IsolatedModel:
             elif msg[0] == "finalized":
                 self._finalized.set()
                 break
-        self._dead = f"model '{self.name}': its process exited (code {self._proc.exitcode})"
-        err = ModelServerError("internal", self._dead)
-        for fut in list(self._calls.values()):
-            fut.set_exception(err)
-        for sender in list(self._senders.values()):
+        self._up.clear()
+        self._proc.join(1)
+        self._dead = (f"model '{self.name}': its process exited (code {self._proc.exitcode}) during the request; "
+                      "it is being restarted")
+        err = ModelServerError("unavailable", self._dead)
+        with self._lock:
+            calls, senders = list(self._calls.values()), list(self._senders.values())
+            self._calls.clear()
+            self._senders.clear()
+        for fut in calls:
+            if not fut.done():
+                fut.set_exception(err)
+        for sender in senders:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(self._dead)),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        self._calls.clear()
-        self._senders.clear()
+        conn.close()
+
+    def wait_ready(self) -> None:
+        self._up.wait(self.RESTART_WAIT_S)
 
     def execute(self, requests: list[pb_utils.InferenceRequest]):
-        if self._dead:
-            raise ModelServerError("unavailable", self._dead)
+        if not self._up.wait(self.RESTART_WAIT_S) or self._closing:
+            raise ModelServerError("unavailable", self._dead or f"model '{self.name}': its process is not running")
         items = []
         for req in requests:
             sender, req._sender = req._sender, None  # the child attaches its own sender
@@ -139,10 +203,19 @@ class IsolatedModel:
         with self._lock:
             call_id = next(self._ids)
             self._calls[call_id] = fut
-            self._conn.send(("execute", call_id, items))
+            try:
+                self._conn.send(("execute", call_id, items))
+            except (OSError, BrokenPipeError):
+                self._calls.pop(call_id, None)
+                raise ModelServerError("unavailable", f"model '{self.name}': its process is not running") from None
         return fut.result()
 
+    def kill(self) -> None:
+        """End the child now (a hung execution); the reader fails its calls and starts a new child."""
+        self._proc.kill()
+
     def finalize(self) -> None:
+        self._closing = True
         try:
             if not self._dead:
                 self._conn.send(("finalize",))

@@ -1,4 +1,5 @@
-"""A local LLM engine (its own engine-core process, driven by ``AsyncLLM``) behind the router."""
+"""A local LLM engine (its own engine-core process, driven by ``AsyncLLM``) behind the router; with a
+``EngineSupervisor`` attached, a crashed core is replaced (``router/supervisor.py``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,6 +7,7 @@ from typing import Any
 from strataserve.api.serving import ServerState
 from strataserve.engine.core_client import EngineDeadError
 from strataserve.router.admission import AdmissionController
+from strataserve.router.supervisor import EngineSupervisor
 from strataserve.router.types import Backend, ModelCard, Payload
 
 
@@ -18,6 +20,21 @@ class LocalLLMBackend(Backend):
         super().__init__(state.model_name, gpu_cost_per_hour)
         self.state = state
         self.admission = AdmissionController(state.model_name)
+        self.supervisor: EngineSupervisor | None = None
+
+    async def start(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.start()
+
+    async def stop(self) -> None:
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+
+    def status(self) -> str:
+        """"serving", "restarting" or "dead" (no supervisor, or before it noticed)."""
+        if self.supervisor is not None:
+            return self.supervisor.status()
+        return "serving" if self.ready() else "dead"
 
     @property
     def engine(self) -> Any:
@@ -32,5 +49,6 @@ class LocalLLMBackend(Backend):
 
     def card(self) -> ModelCard:
         ok = self.ready()
-        return ModelCard(self.name, Payload.TEXT, "local-llm", ok, "" if ok else "engine process is not running",
-                         max_model_len=self.state.max_model_len)
+        reason = "" if ok else ("engine process is restarting" if self.status() == "restarting"
+                                else "engine process is not running")
+        return ModelCard(self.name, Payload.TEXT, "local-llm", ok, reason, max_model_len=self.state.max_model_len)

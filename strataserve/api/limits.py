@@ -1,0 +1,56 @@
+"""Operator limits on what one OpenAI request may ask for, checked at the door before any tokenising.
+
+Each limit answers 400 naming the field, the value and the limit, so a client knows what to change. Defaults
+are generous (a normal client never meets them) but bounded, so no single request can pin the engine or the
+detokeniser: e.g. 10,000 stop strings would be searched after every token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from strataserve.api.errors import bad_request
+from strataserve.api.protocol import MAX_N
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_n: int = MAX_N
+    max_tokens: int | None = None  # None: the context length is the only bound
+    max_prompt_tokens: int | None = None
+    max_stop: int = 16  # stop strings per request
+    max_stop_chars: int = 256  # length of one stop string
+    max_logit_bias: int = 300  # entries, OpenAI's own bound
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None and v < 1:
+                raise ValueError(f"{f.name}={v}: must be >= 1")
+
+    def check(self, body: Any) -> None:
+        """The body's n, max_tokens, stop strings and logit_bias against the limits."""
+        if body.n > self.max_n:
+            raise bad_request(f"n={body.n} is above this server's limit of {self.max_n}", param="n",
+                              code="limit_exceeded")
+        for name in ("max_tokens", "max_completion_tokens"):
+            v = getattr(body, name, None)
+            if v is not None and self.max_tokens is not None and v > self.max_tokens:
+                raise bad_request(f"{name}={v} is above this server's limit of {self.max_tokens}", param=name,
+                                  code="limit_exceeded")
+        stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+        if len(stops) > self.max_stop:
+            raise bad_request(f"{len(stops)} stop strings given; this server allows at most {self.max_stop}",
+                              param="stop", code="limit_exceeded")
+        for s in stops:
+            if len(s) > self.max_stop_chars:
+                raise bad_request(f"a stop string of {len(s)} characters is longer than this server's limit of "
+                                  f"{self.max_stop_chars}", param="stop", code="limit_exceeded")
+        if body.logit_bias and len(body.logit_bias) > self.max_logit_bias:
+            raise bad_request(f"logit_bias has {len(body.logit_bias)} entries; this server allows at most "
+                              f"{self.max_logit_bias}", param="logit_bias", code="limit_exceeded")
+
+    def check_prompt(self, num_tokens: int) -> None:
+        if self.max_prompt_tokens is not None and num_tokens > self.max_prompt_tokens:
+            raise bad_request(f"the prompt has {num_tokens} tokens, above this server's limit of "
+                              f"{self.max_prompt_tokens}; shorten it", param="prompt", code="limit_exceeded")
