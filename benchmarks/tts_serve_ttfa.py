@@ -55,9 +55,12 @@ def write_checkpoint(path: Path) -> Path:
             p.normal_(0, 0.02)
     (path / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(path)
+    written = json.loads((path / "config.json").read_text())
+    written["talker_config"]["torch_dtype"] = "bfloat16"  # served in bf16, as the released checkpoints are
+    (path / "config.json").write_text(json.dumps(written, indent=1))
     save_file({k: v.contiguous().cpu() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
     del model
-    tok = make_tiny_tokenizer(4000)  # any byte-level tokenizer: the weights are random
+    tok = make_tiny_tokenizer(1000)  # any byte-level tokenizer: the weights are random
     tok.backend_tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.add_tokens(["assistant", "user"])
     tok.save_pretrained(path)
