@@ -4,7 +4,7 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-(CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=8 timeout 300 taskset -c 8-15 python3 -m pytest -x -q -p no:cacheprovider \
+(CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=8 timeout 230 taskset -c 8-15 python3 -m pytest -x -q -p no:cacheprovider \
   --basetemp=/tmp/pt-ttsg tests/tts > "$OUT/tests_tts.log" 2>&1; echo "rc=$?" >> "$OUT/tests_tts.log") &
 SHAPE=1.7B N=20 timeout 130 taskset -c 0-7 python3 benchmarks/tts_serve_ttfa.py > "$OUT/ttfa.log" 2>&1
 echo "ttfa rc=$?"; grep TTFA "$OUT/ttfa.log" || tail -5 "$OUT/ttfa.log"
