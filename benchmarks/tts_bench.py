@@ -4,6 +4,8 @@ the same random 40-token texts, greedy talker and code predictor, no eos, FRAMES
 (the reference's way of counting: frames = complete codec frames). Rounds alternate reference and ours.
 Also the in-process time to first audio at batch 1 (AsyncTTS, first chunk = 2 frames, codec decode included).
 
+faster-qwen3-tts (batch 1, CUDA only, when installed) runs on the reference's model in the same rounds.
+
 Prints one parseable line per measurement (``TTSBENCH {...}``) and a final ``RESULT {...}``.
 
     python benchmarks/tts_bench.py                      # H200: SHAPES=1.7B,0.6B ROUNDS=3 FRAMES=100
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from strataserve.engine.async_tts import AsyncTTS  # noqa: E402
 from strataserve.engine.protocol import EngineCoreRequest  # noqa: E402
@@ -40,7 +42,7 @@ DT = torch.bfloat16 if DEV == "cuda" else torch.float32
 FRAMES = int(os.environ.get("FRAMES", 100))
 ROUNDS = int(os.environ.get("ROUNDS", 3))
 BATCHES = [int(b) for b in os.environ.get("BATCHES", "1,8,16,32").split(",")]
-MODE = os.environ.get("MODE", "auto")  # auto = Triton kernels + the code predictor's loop in CUDA graphs
+MODE = os.environ.get("MODE", "auto")  # auto = Triton kernels; all-decode steps in CUDA graphs
 TEXT_LEN = 40
 
 
@@ -65,17 +67,35 @@ def sync() -> None:
 
 # ---------------------------------------------------------------------------------------------------- reference
 def reference_model(name: str, raw: dict):
-    from _tiny_tts import import_reference, tiny_config
+    from _tiny_tts import import_reference, reference_rope, tiny_config
 
     ref = import_reference()
     cfg = tiny_config(ref) if name == "tiny" else ref.Config(**{k: v for k, v in raw.items() if k != "model_type"})
     torch.manual_seed(0)
-    with torch.device(DEV):
+    with torch.device(DEV), reference_rope():  # its rotary modules need the reference's RoPE initialiser
         m = ref.Model(cfg).to(DT).eval()
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0, 0.02)
     return m
+
+
+def faster_runner(name: str, ref, text: list[int]):
+    """faster-qwen3-tts on the reference's model (CUDA only), warmed up; None (reported) if it cannot run."""
+    if ref is None or DEV != "cuda" or os.environ.get("SKIP_FASTER"):
+        return None
+    try:
+        from _faster_qwen3_tts import FasterRunner
+
+        fast = FasterRunner(ref, DEV, DT)
+        fast.run(text, FRAMES)  # warm-up: captures its graphs
+        return fast
+    except Exception:  # noqa: BLE001 - benchmark: say what broke and go on
+        import traceback
+
+        traceback.print_exc()
+        emit(shape=name, runner="faster-qwen3-tts", error="could not run, see traceback")
+        return None
 
 
 def run_reference(m, texts: list[list[int]]) -> tuple[int, float]:
@@ -192,11 +212,16 @@ def main() -> None:
                 emit(shape=name, runner="reference", error="could not build the reference, see traceback")
         if ref is not None:
             run_reference(ref, texts[:1])
+        fast = faster_runner(name, ref, texts[0])
         rows = []
         for rnd in range(ROUNDS):
-            order = ["ref", "ours"] if rnd % 2 == 0 else ["ours", "ref"]
+            order = ["ref", "faster", "ours"] if rnd % 2 == 0 else ["ours", "faster", "ref"]
             for who in order:
-                if who == "ref" and ref is not None:
+                if who == "faster" and fast is not None:
+                    n, dt = fast.run(texts[0], FRAMES)
+                    rows.append(emit(shape=name, round=rnd, runner="faster-qwen3-tts", batch=1, frames=n,
+                                     s=round(dt, 3), per_sample_fps=round(n / dt, 2)))
+                elif who == "ref" and ref is not None:
                     n, dt = run_reference(ref, texts[:1])
                     rows.append(emit(shape=name, round=rnd, runner="reference", batch=1, frames=n, s=round(dt, 3),
                                      per_sample_fps=round(n / dt, 2)))
@@ -210,13 +235,19 @@ def main() -> None:
         rows.append(emit(shape=name, runner="strataserve", metric="time_to_first_audio_s", batch=1,
                          values=[round(v, 4) for v in ttfa], median=round(sorted(ttfa)[len(ttfa) // 2], 4)))
         refs = [r["per_sample_fps"] for r in rows if r.get("runner") == "reference"]
+        fasts = [r["per_sample_fps"] for r in rows if r.get("runner") == "faster-qwen3-tts"]
+        ours1 = [r["per_sample_fps"] for r in rows if r.get("runner") == "strataserve" and r.get("batch") == 1
+                 and "metric" not in r]
+        if fasts:
+            result[f"{name}_bs1_vs_faster_per_round"] = [round(o / f, 2) for o, f in zip(ours1, fasts)]
+        result[f"{name}_graph_steps"] = [runner.fused_steps, runner.graph_steps]
         for b in BATCHES:
             ours = [r["per_sample_fps"] for r in rows if r.get("runner") == "strataserve" and r.get("batch") == b
                     and "metric" not in r]
             if refs:
                 result[f"{name}_bs{b}_vs_ref_bs1_per_round"] = [round(o / r, 2) for o, r in zip(ours, refs)]
         result[f"{name}_rows"] = rows
-        del ref, model, core, runner
+        del ref, fast, model, core, runner
         if DEV == "cuda":
             torch.cuda.empty_cache()
     print("RESULT " + json.dumps(result), flush=True)

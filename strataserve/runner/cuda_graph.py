@@ -11,6 +11,10 @@ Prefill and mixed steps run eagerly.
 
 The step function is given by the model runner; it must be capturable: no host synchronisation, no allocation
 whose size depends on tensor values, and the same kernel launches whatever the values in the buffers.
+A step that needs more per-row inputs than token ids (e.g. the TTS talker: embeddings, sampling settings) names
+them as ``extra`` buffers ``[max_bs, ...]``; it receives their bucket rows as keyword arguments, and ``run`` copies
+the caller's rows in. Their padding rows keep whatever they last held (real, finite values once any ran, the
+caller's initial fill before), so the step must keep padding rows to their own state.
 """
 from __future__ import annotations
 
@@ -71,7 +75,7 @@ class CudaGraphDecoder:
     """Captures ``step`` for every bucket size and replays the right graph for a decode batch."""
 
     def __init__(self, step: DecodeStep, max_bs: int, max_blocks_per_seq: int, device: torch.device,
-                 pad_slot: int = -1) -> None:
+                 pad_slot: int = -1, extra: dict[str, torch.Tensor] | None = None) -> None:
         self.step = step
         self.pad_slot = pad_slot
         self.sizes = graph_batch_sizes(max_bs)
@@ -84,6 +88,11 @@ class CudaGraphDecoder:
             slot_mapping=torch.full((self.max_bs,), pad_slot, dtype=torch.long, **z),
             block_tables=torch.zeros(self.max_bs, max_blocks_per_seq, dtype=torch.int32, **z),
             context_lens=torch.zeros(self.max_bs, dtype=torch.int32, **z))
+        self.extra = dict(extra or {})
+        for name, t in self.extra.items():
+            if t.shape[0] < self.max_bs or t.device != self.device:
+                raise ValueError(f"extra buffer {name!r}: needs >= {self.max_bs} rows on {self.device}, "
+                                 f"got {tuple(t.shape)} on {t.device}")
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor | tuple[torch.Tensor, ...]] = {}
         self.capture_seconds = 0.0
@@ -92,22 +101,25 @@ class CudaGraphDecoder:
         b = self.buf
         return b.input_ids[:bs], b.positions[:bs], b.slot_mapping[:bs], b.block_tables[:bs], b.context_lens[:bs]
 
+    def _extra_views(self, bs: int) -> dict[str, torch.Tensor]:
+        return {name: t[:bs] for name, t in self.extra.items()}
+
     @torch.inference_mode()
     def capture(self) -> float:
         """Capture every bucket, largest first (so smaller ones reuse its memory pool); returns seconds taken."""
         t0 = time.perf_counter()
         pool = None
         for bs in reversed(self.sizes):
-            args = self._views(bs)
+            args, kw = self._views(bs), self._extra_views(bs)
             # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
             s = torch.cuda.Stream(self.device)
             s.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(s):
-                self.step(*args)
+                self.step(*args, **kw)
             torch.cuda.current_stream(self.device).wait_stream(s)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
-                self.outputs[bs] = self.step(*args)
+                self.outputs[bs] = self.step(*args, **kw)
             pool = g.pool()
             self.graphs[bs] = g
         torch.cuda.synchronize(self.device)
@@ -121,9 +133,10 @@ class CudaGraphDecoder:
         return next(s for s in self.sizes if s >= batch)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-            block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """Copy a decode batch of n rows into the buffers, replay its bucket's graph, return the first n rows
-        (of each output, if the step returns a tuple).
+            block_tables: torch.Tensor, context_lens: torch.Tensor,
+            **extra: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Copy a decode batch of n rows (and its ``extra`` rows, one tensor per named buffer) into the buffers,
+        replay its bucket's graph, return the first n rows (of each output, if the step returns a tuple).
 
         The returned tensors are the graph's static outputs: read them before the next ``run``.
         """
@@ -131,8 +144,12 @@ class CudaGraphDecoder:
         if not self.can_run(n, block_tables.shape[1]):
             raise ValueError(f"decode batch {n} x {block_tables.shape[1]} blocks does not fit the captured graphs "
                              f"(max batch {self.max_bs}, {self.buf.block_tables.shape[1]} blocks)")
+        if extra.keys() != self.extra.keys():
+            raise ValueError(f"extra inputs {sorted(extra)} do not match the captured ones {sorted(self.extra)}")
         bs = self.bucket(n)
         b = self.buf
+        for name, src in extra.items():
+            self.extra[name][:n].copy_(src, non_blocking=True)
         b.input_ids[:n].copy_(input_ids, non_blocking=True)
         b.positions[:n].copy_(positions, non_blocking=True)
         b.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)

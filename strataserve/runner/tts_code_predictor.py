@@ -74,7 +74,7 @@ class CodePredictorLoop:
             raise ValueError(f"code predictor batch {b} exceeds its capacity {self.max_bs}")
         bucket = next((n for n in sorted(self._graphs) if n >= b), None)
         if bucket is None:
-            return self._loop(past_hidden, first, sampling, uniforms)
+            return self.loop(past_hidden, first, sampling, uniforms)
         graph, ins, out = self._graphs[bucket]
         for buf, src in zip(ins, (past_hidden, first, sampling.temperature, sampling.top_k, sampling.top_p,
                                   sampling.greedy, uniforms)):
@@ -96,7 +96,7 @@ class CodePredictorLoop:
                    torch.ones(bs, dtype=torch.bool, device=dev), torch.zeros(bs, self.groups - 1, device=dev))
 
             def loop() -> torch.Tensor:
-                return self._loop(ins[0], ins[1], RowSampling(*ins[2:6]), ins[6])
+                return self.loop(ins[0], ins[1], RowSampling(*ins[2:6]), ins[6])
 
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
@@ -109,8 +109,9 @@ class CodePredictorLoop:
             pool = graph.pool()
             self._graphs[bs] = (graph, ins, out)
 
-    def _loop(self, past_hidden: torch.Tensor, first: torch.Tensor, sampling: RowSampling,
-              uniforms: torch.Tensor) -> torch.Tensor:
+    def loop(self, past_hidden: torch.Tensor, first: torch.Tensor, sampling: RowSampling,
+             uniforms: torch.Tensor) -> torch.Tensor:
+        """The inner loop itself (capturable: no host sync); ``run`` replays it, the talker's fused step embeds it."""
         m = self.model
         b = past_hidden.shape[0]
         dev = past_hidden.device

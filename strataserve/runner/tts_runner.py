@@ -12,6 +12,12 @@ such rows, from the hidden state the talker produced before it. Then the talker 
 control ids at the top of the vocabulary are suppressed (eos excepted) and codebook 0 is sampled with the LLM
 sampler (repetition penalty, min 2 frames before eos, temperature/top-k/top-p, per-request seeds).
 
+An all-decode step (every row is a fresh frame of a decoding request, the common case) runs as one fused step:
+code predictor loop -> frame embedding -> talker -> logits, with no host sync inside; on CUDA it is captured per
+batch bucket with the LLM runner's ``CudaGraphDecoder`` (the step's embeddings and sampling settings travel as its
+extra buffers), so a step is a few input copies and one replay instead of ~340 kernel launches. Mixed steps
+(prefill chunks, recompute) run eagerly as above.
+
 Completed frames accumulate in each request's ``TTSRequestState.frames``, which the engine front reads; the state
 lives from ``register`` to ``release`` (it must outlive a preemption, when the scheduler makes the runner forget
 the request), so the front releases it once it has read the last frame.
@@ -27,9 +33,9 @@ from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from strataserve.engine.sampling_params import SamplingParams
 from strataserve.models.qwen3_tts.prompt import TalkerPrompt
 from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
-from strataserve.runner.attention import TorchAttention, allocate_kv_cache
+from strataserve.runner.attention import AttentionMetadata, TorchAttention, allocate_kv_cache
 from strataserve.runner.base import ModelRunnerBase
-from strataserve.runner.cuda_graph import graph_batch_sizes
+from strataserve.runner.cuda_graph import CudaGraphDecoder, decode_metadata, graph_batch_sizes
 from strataserve.runner.input_batch import BlockTableRows, build_input_batch
 from strataserve.runner.sampler import Sampler, SamplingRequest, row_seed, uniform
 from strataserve.runner.tts_code_predictor import CodePredictorLoop, RowSampling
@@ -70,11 +76,15 @@ class TTSRunner(ModelRunnerBase):
         self._torch_views = isinstance(model.talker.ops.attention, TorchAttention)
         self._rows = BlockTableRows(max_num_seqs, -(-max_model_len // block_size))
         self.cp = CodePredictorLoop(model, max_num_seqs)
-        if cuda_graphs:
-            self.cp.capture(graph_batch_sizes(max_num_seqs))
         self.sampler = Sampler()
         self.eos_id = cfg.codec_eos_id
         self._suppress = torch.tensor(cfg.suppressed_ids, dtype=torch.long, device=model.device)
+        self.fused_steps = 0  # all-decode steps run fused (replayed, or eagerly without graphs)
+        self.graph_steps = 0  # ... of which replayed a captured graph
+        self.graphs: CudaGraphDecoder | None = None
+        if cuda_graphs:
+            self.cp.capture(graph_batch_sizes(max_num_seqs))  # mixed steps still replay the inner loop alone
+            self.graphs = self._capture_decode(max_num_seqs)
         self.states: dict[str, TTSRequestState] = {}
         self._active: set[str] = set()
         self._released: collections.deque[str] = collections.deque()  # appended by the front's thread
@@ -114,6 +124,8 @@ class TTSRunner(ModelRunnerBase):
         m.talker.ops.attention.bind_kv_cache(self.kv_caches)
         batch = build_input_batch(chunks, self.block_size, m.device, m.dtype, self._torch_views, self._rows)
         dec = [chunks[i] for i in batch.decode_chunk_ids]
+        if len(dec) == len(chunks) and len(batch.sample_chunk_ids) == len(chunks) and self._all_fresh_frames(dec):
+            return self._execute_decode(chunks, dec, batch)
         pre = [c for c in chunks if len(c.token_ids) != 1]
         self._complete_frames(dec + pre)
         parts = ([self._decode_rows(dec)] if dec else []) + [self._rows_for(c) for c in pre]
@@ -124,13 +136,96 @@ class TTSRunner(ModelRunnerBase):
         last = hidden.index_select(0, batch.logits_indices)
         logits = m.talker.compute_logits(last)
         logits.index_fill_(1, self._suppress, float("-inf"))
-        req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
+        return self._sample(chunks, batch.sample_chunk_ids, last, logits)
+
+    def _sample(self, chunks, sample_chunk_ids: list[int], last: torch.Tensor,
+                logits: torch.Tensor) -> ModelRunnerOutput:
+        """Codebook 0 for every sampling chunk (logits rows in ``sample_chunk_ids`` order, control ids already
+        suppressed); ``last`` holds their talker hidden states, the next frame's code predictor input."""
+        req_ids = [chunks[i].req_id for i in sample_chunk_ids]
         states = [self.states[r] for r in req_ids]
         tokens, _ = self.sampler(logits, [s.sampling for s in states])  # type: ignore[misc]
         for j, (st, tok) in enumerate(zip(states, tokens)):
             st.sampling.output_token_ids.append(tok)  # type: ignore[union-attr]
             st.past_hidden = last[j]
         return ModelRunnerOutput(req_ids, tokens, [None] * len(tokens))
+
+    # ------------------------------------------------------------------ the fused all-decode step
+    def _all_fresh_frames(self, dec) -> bool:
+        """Every one-token chunk carries its request's newest codebook-0 id (not a one-token prompt piece)."""
+        for c in dec:
+            st = self.states[c.req_id]
+            if c.start_pos - st.prompt.length != len(st.frames):
+                return False
+        return True
+
+    def _execute_decode(self, chunks, dec, batch) -> ModelRunnerOutput:
+        """One decode row per chunk of ``dec`` (batch row order): complete each frame, run the talker on it and
+        sample codebook 0 -- one graph replay when a captured bucket fits, else the same step eagerly."""
+        m = self.model
+        states = [self.states[c.req_id] for c in dec]
+        first_ids = [st.sampling.output_token_ids[len(st.frames)] for st in states]  # type: ignore[union-attr]
+        s = self._row_sampling(states)
+        extra = dict(past_hidden=torch.stack([st.past_hidden for st in states]),  # type: ignore[misc]
+                     text=torch.stack([st.prompt.text_row(len(st.frames)) for st in states]),
+                     temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, greedy=s.greedy,
+                     uniforms=self._uniforms(states))
+        first = torch.tensor(first_ids, device=m.device)
+        meta = batch.attn_meta
+        self.fused_steps += 1
+        if self.graphs is not None and self.graphs.can_run(len(dec), meta.decode_block_tables.shape[1]):
+            self.graph_steps += 1
+            codes, hidden, logits = self.graphs.run(first, batch.positions, meta.slot_mapping,
+                                                    meta.decode_block_tables, meta.decode_context_lens, **extra)
+        else:
+            codes, hidden, logits = self._fused_decode(meta, first, batch.positions, **extra)
+        for st, c0, rest in zip(states, first_ids, codes.tolist()):
+            st.frames.append([c0] + rest)
+        # index_select copies out of the graph's static outputs (the next replay overwrites them)
+        idx = batch.logits_indices
+        return self._sample(chunks, batch.sample_chunk_ids, hidden.index_select(0, idx), logits.index_select(0, idx))
+
+    def _fused_decode(self, meta: AttentionMetadata, first: torch.Tensor, positions: torch.Tensor, *,
+                      past_hidden: torch.Tensor, text: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                      top_p: torch.Tensor, greedy: torch.Tensor, uniforms: torch.Tensor):
+        """codebooks 1..G-1 ``[B, G-1]``, talker hidden ``[B, H]``, suppressed float32 logits ``[B, V]`` of B decode
+        rows. Capturable: tensor ops only, launches independent of the values."""
+        m = self.model
+        codes = self.cp.loop(past_hidden, first, RowSampling(temperature, top_k, top_p, greedy), uniforms)
+        embeds = m.frame_embed(torch.cat([first[:, None], codes], dim=1)) + text
+        hidden = m.talker(None, positions, meta, inputs_embeds=embeds)
+        logits = m.talker.compute_logits(hidden)
+        logits.index_fill_(1, self._suppress, float("-inf"))
+        return codes, hidden, logits
+
+    def _graph_step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor, **extra: torch.Tensor):
+        meta = decode_metadata(slot_mapping, block_tables, context_lens, self.block_size, self._torch_views)
+        return self._fused_decode(meta, input_ids, positions, **extra)
+
+    def _capture_decode(self, max_num_seqs: int) -> CudaGraphDecoder:
+        """Capture the fused step per bucket. Padding rows: greedy code sampling on finite inputs, their K/V
+        stored nowhere (Triton, slot -1) or in the spare block past the pool (torch attention)."""
+        from strataserve.runner.model_runner import _GRAPH_TORCH_MAX_TOKENS
+
+        m = self.model
+        cfg, dev, n = m.config, m.device, max_num_seqs
+        h = cfg.talker.hidden_size
+        extra = dict(past_hidden=torch.zeros(n, h, dtype=m.dtype, device=dev),
+                     text=torch.zeros(n, h, dtype=m.dtype, device=dev),
+                     temperature=torch.ones(n, device=dev),
+                     top_k=torch.full((n,), cfg.code_predictor.vocab_size, dtype=torch.long, device=dev),
+                     top_p=torch.ones(n, device=dev), greedy=torch.ones(n, dtype=torch.bool, device=dev),
+                     uniforms=torch.zeros(n, cfg.num_code_groups - 1, device=dev))
+        cols = -(-self.max_model_len // self.block_size)
+        pad_slot = -1
+        if self._torch_views:  # torch attention gathers every captured column: bound the width as the LLM does
+            cols = min(cols, -(-_GRAPH_TORCH_MAX_TOKENS // self.block_size))
+            pad_slot = self.num_blocks * self.block_size
+        m.talker.ops.attention.bind_kv_cache(self.kv_caches)
+        graphs = CudaGraphDecoder(self._graph_step, max_num_seqs, cols, dev, pad_slot=pad_slot, extra=extra)
+        graphs.capture()
+        return graphs
 
     def _drop_released(self, scheduled: set[str]) -> None:
         keep = []
@@ -220,6 +315,9 @@ class TTSRunner(ModelRunnerBase):
         return torch.cat(parts, dim=0) if len(parts) > 1 else parts[0].clone()
 
     def shutdown(self) -> None:
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
         self.model.talker.ops.attention.bind_kv_cache([])
         self.model.predictor.ops.attention.bind_kv_cache([])
         self.kv_caches = []

@@ -36,6 +36,7 @@ def test_greedy_batch_matches_reference(ckpt):
     _, _, _, tts, expected = ckpt
     outs = tts.generate(TEXTS, voice=VOICES, language=LANGS, **GREEDY)
     assert [o.frames.tolist() for o in outs] == expected
+    assert tts.runner.fused_steps > 0, "all-decode steps take the fused step (the one CUDA graphs capture)"
     lengths = {len(e) for e in expected}
     assert len(lengths) > 1 and min(lengths) > 0, "the texts should end at different frames (eos and length)"
     for o, e in zip(outs, expected):
@@ -60,6 +61,7 @@ def test_chunked_prefill_and_mid_flight_arrivals(ckpt):
         steps += 1
     assert [results[i] for i in range(len(TEXTS))] == expected
     assert small.runner.states == {}
+    assert small.runner.fused_steps > 0
 
 
 def test_preemption_recompute_keeps_frames(ckpt):

@@ -1,0 +1,49 @@
+"""The fused all-decode step (code predictor -> frame embedding -> talker -> logits, the step CUDA graphs capture)
+is chosen only for batches whose every row is a request's fresh frame, and the graph decoder's extra per-row
+inputs are checked. That its frames equal the reference's is asserted in test_qwen3_tts_reference.py, where the
+CPU runner takes this path for every all-decode step."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from strataserve.engine.tts import TTS
+from strataserve.engine.tts_engine import SpeechParams
+from strataserve.runner.cuda_graph import CudaGraphDecoder
+
+
+def test_fused_step_only_for_fresh_frames(weak_eos_ckpt):
+    tts = TTS(str(weak_eos_ckpt), device="cpu", max_num_seqs=4)
+    rid = tts.submit("Hello there.", voice="ryan", params=SpeechParams(temperature=0.0, code_temperature=0.0,
+                                                                      max_new_frames=6))
+    st = tts.runner.states[rid]
+    p = st.prompt.length
+
+    def chunk(pos: int) -> SimpleNamespace:
+        return SimpleNamespace(req_id=rid, start_pos=pos, token_ids=[0])
+
+    assert not tts.runner._all_fresh_frames([chunk(p - 1)]), "a one-token prompt piece is no frame"
+    for _ in range(3):
+        tts.step()
+    k = len(st.frames)
+    assert k >= 1 and tts.runner.fused_steps >= 1
+    assert tts.runner._all_fresh_frames([chunk(p + k)])
+    assert not tts.runner._all_fresh_frames([chunk(p + k - 1)]), "a recomputed old frame is already complete"
+    while tts.has_unfinished():
+        tts.step()
+    assert tts.runner.graph_steps == 0  # no graphs on CPU: the same step runs eagerly
+    tts.shutdown()
+
+
+def test_graph_decoder_checks_extra_inputs():
+    def step(*args, **kw):
+        return args[0]
+
+    with pytest.raises(ValueError, match="extra buffer 'x': needs >= 4 rows"):
+        CudaGraphDecoder(step, 4, 2, torch.device("cpu"), extra={"x": torch.zeros(2, 3)})
+    dec = CudaGraphDecoder(step, 4, 2, torch.device("cpu"), extra={"x": torch.zeros(4, 3)})
+    z = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"extra inputs \['y'\] do not match the captured ones \['x'\]"):
+        dec.run(z, z, z, torch.zeros(1, 2, dtype=torch.int32), z.int(), y=torch.zeros(1, 3))
