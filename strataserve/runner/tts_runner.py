@@ -41,6 +41,20 @@ from strataserve.runner.sampler import Sampler, SamplingRequest, row_seed, unifo
 from strataserve.runner.tts_code_predictor import CodePredictorLoop, RowSampling
 
 
+def host_list(t: torch.Tensor) -> list:
+    """``t.tolist()``, waiting for the GPU with the GIL released. A plain ``tolist`` of a CUDA tensor holds the GIL
+    for the whole wait on the step's kernels, which starves the event loop and the codec thread of the server
+    (its first audio then waits behind every step); a pinned copy plus an event wait does not."""
+    if not t.is_cuda:
+        return t.tolist()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()  # releases the GIL while it waits
+    return host.tolist()
+
+
 @dataclass(frozen=True)
 class CodeSampling:
     """How the code predictor picks codebooks 1..G-1 (the reference's ``subtalker_*`` settings)."""
@@ -179,7 +193,7 @@ class TTSRunner(ModelRunnerBase):
                                                     meta.decode_block_tables, meta.decode_context_lens, **extra)
         else:
             codes, hidden, logits = self._fused_decode(meta, first, batch.positions, **extra)
-        for st, c0, rest in zip(states, first_ids, codes.tolist()):
+        for st, c0, rest in zip(states, first_ids, host_list(codes)):
             st.frames.append([c0] + rest)
         # index_select copies out of the graph's static outputs (the next replay overwrites them)
         idx = batch.logits_indices
@@ -250,8 +264,8 @@ class TTSRunner(ModelRunnerBase):
         dev = self.model.device
         first = [st.sampling.output_token_ids[len(st.frames)] for st in need]  # type: ignore[union-attr]
         hidden = torch.stack([st.past_hidden for st in need])  # type: ignore[misc]
-        codes = self.cp.run(hidden, torch.tensor(first, device=dev), self._row_sampling(need),
-                            self._uniforms(need)).tolist()
+        codes = host_list(self.cp.run(hidden, torch.tensor(first, device=dev), self._row_sampling(need),
+                                      self._uniforms(need)))
         for st, c0, rest in zip(need, first, codes):
             st.frames.append([c0] + rest)
 
