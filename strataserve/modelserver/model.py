@@ -12,7 +12,8 @@ import numpy as np
 from strataserve.modelserver.backends import create_backend
 from strataserve.modelserver.backends.base import BackendRequest, InstanceContext
 from strataserve.modelserver.batcher import Scheduler
-from strataserve.modelserver.config import ModelSpec, config_to_json
+from strataserve.modelserver.config import ModelSpec
+from strataserve.modelserver.pbtxt import config_to_json
 from strataserve.modelserver.repository import ModelSource
 from strataserve.modelserver.stats import ModelStats
 from strataserve.modelserver.types import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError

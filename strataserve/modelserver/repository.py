@@ -17,9 +17,8 @@ from strataserve.modelserver.config import (
     ConfigError,
     ModelSpec,
     build_spec,
-    parse_json_override,
-    parse_pbtxt,
 )
+from strataserve.modelserver.pbtxt import parse_json_override, parse_pbtxt
 from strataserve.modelserver.types import ModelServerError
 
 CONFIG_FILE = "config.pbtxt"

@@ -19,7 +19,8 @@ import numpy as np
 
 from strataserve.modelserver import pb_utils
 from strataserve.modelserver.backends.base import Backend, BackendRequest, InstanceContext
-from strataserve.modelserver.config import ConfigError, config_to_json
+from strataserve.modelserver.config import ConfigError
+from strataserve.modelserver.pbtxt import config_to_json
 from strataserve.modelserver.repository import model_file
 from strataserve.modelserver.types import ModelServerError
 
