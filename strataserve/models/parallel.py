@@ -52,6 +52,8 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     group: Any = None
+    #: an optional faster all-reduce for small tensors (``runner/tp_worker.OneShotAllReduce``); None: NCCL/gloo
+    small_all_reduce: Any = None
 
     # ------------------------------------------------------------------ shapes
     def local_config(self, cfg: DecoderConfig) -> DecoderConfig:
@@ -105,6 +107,8 @@ class TensorParallel:
     # ------------------------------------------------------------------ collectives (inside the forward)
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum the row-parallel partial outputs of every rank, in place (capturable in a CUDA graph on NCCL)."""
+        if self.small_all_reduce is not None and self.small_all_reduce.fits(x):
+            return self.small_all_reduce(x)
         import torch.distributed as dist
 
         dist.all_reduce(x, group=self.group)

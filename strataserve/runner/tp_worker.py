@@ -120,15 +120,50 @@ def _start_workers(config: EngineConfig, size: int, port: int) -> TPWorkers:
     return TPWorkers(procs)
 
 
+class OneShotAllReduce:
+    """PyTorch's one-shot symmetric-memory all-reduce (``STRATA_TP_ALLREDUCE=symm_mem``) for tensors up to
+    ``max_bytes``: each rank copies its partial sum into a buffer every rank can read over NVLink and sums all
+    of them itself; one kernel, no NCCL protocol, which is what a decode step's few-KB all-reduces want. The
+    buffer is made (a collective) at the first eager call; calls before that, and larger tensors, use NCCL."""
+
+    def __init__(self, group: Any, max_bytes: int = 4 << 20) -> None:
+        self.group_name, self.max_bytes = group.group_name, max_bytes
+        self.buf: torch.Tensor | None = None
+
+    def fits(self, x: torch.Tensor) -> bool:
+        if x.numel() * x.element_size() > self.max_bytes or not x.is_contiguous():
+            return False
+        if self.buf is None:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            import torch.distributed._symmetric_memory as symm_mem
+
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before torch 2.9
+                symm_mem.enable_symm_mem_for_group(self.group_name)
+            self.buf = symm_mem.empty(self.max_bytes // x.element_size(), dtype=x.dtype, device=x.device)
+            symm_mem.rendezvous(self.buf, self.group_name)
+        return x.dtype == self.buf.dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.buf is not None
+        src = self.buf[: x.numel()]
+        src.copy_(x.view(-1))
+        torch.ops.symm_mem.one_shot_all_reduce_out(src, "sum", self.group_name, out=x.view(-1))
+        return x
+
+
 def _join_group(rank: int, size: int, port: int, cuda: bool) -> tuple[TensorParallel, TPControl]:
     import torch.distributed as dist
+
+    from strataserve import envs
 
     if cuda:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=size, timeout=_INIT_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
-    return TensorParallel(rank, size, dist.group.WORLD), TPControl(rank, control)
+    small = OneShotAllReduce(dist.group.WORLD) if cuda and envs.STRATA_TP_ALLREDUCE == "symm_mem" else None
+    return TensorParallel(rank, size, dist.group.WORLD, small), TPControl(rank, control)
 
 
 @dataclass
