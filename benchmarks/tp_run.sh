@@ -13,7 +13,7 @@ python3 -c 'import torch, triton, transformers; print("torch", torch.__version__
 env | grep -E '^(NCCL|TORCH_SYMM|NVSHMEM)' | tee -a "$O/env.txt"
 timeout -k 5 110 python3 benchmarks/tp_bench.py 8b > "$O/8b.log" 2>&1; echo "8b rc=$?"
 timeout -k 5 140 python3 benchmarks/tp_bench.py 70b > "$O/70b.log" 2>&1; echo "70b rc=$?"
-timeout -k 5 45 python3 benchmarks/tp_bench.py agree-tiny > "$O/tiny.log" 2>&1; echo "tiny rc=$?"
+timeout -k 5 60 python3 benchmarks/tp_bench.py agree-tiny > "$O/tiny.log" 2>&1; echo "tiny rc=$?"
 STRATA_TP_ALLREDUCE=symm_mem timeout -k 5 80 python3 benchmarks/tp_bench.py 8b > "$O/symm.log" 2>&1
 echo "symm rc=$?"
 cat "$O/tp_bench.jsonl"

@@ -159,6 +159,9 @@ def _join_group(rank: int, size: int, port: int, cuda: bool) -> tuple[TensorPara
 
     if cuda:
         torch.cuda.set_device(rank)
+    loopback = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+    if loopback is not None:  # every rank is on this host: gloo need not guess an interface from the hostname
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=size, timeout=_INIT_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
