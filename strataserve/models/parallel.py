@@ -114,6 +114,22 @@ class TensorParallel:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def send_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Rank 0: broadcast a step's sampled token ids (on the device, no host sync); returns them as sent."""
+        import torch.distributed as dist
+
+        tokens = tokens.to(torch.long).contiguous()
+        dist.broadcast(tokens, src=0, group=self.group)
+        return tokens
+
+    def receive_tokens(self, n: int, device: torch.device) -> torch.Tensor:
+        """Other ranks: the ``n`` token ids rank 0 sends with ``send_tokens``."""
+        import torch.distributed as dist
+
+        tokens = torch.empty(n, dtype=torch.long, device=device)
+        dist.broadcast(tokens, src=0, group=self.group)
+        return tokens
+
     def embed(self, input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel embedding lookup: ids outside this rank's rows give zeros, the all-reduce fills them."""
         if self.size == 1:

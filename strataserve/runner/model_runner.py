@@ -11,7 +11,8 @@ model over all chunks at once (decode-only steps replay a CUDA graph when one is
 sampling chunks, sample; ``result`` hands the tokens back and appends each to its request's ``SamplingRequest``.
 
 Tensor parallelism (``runner/tp_worker.py``): this runner is rank 0; it broadcasts each step to the worker ranks
-before running its own shard, and only it samples (workers stop after the logits). Async scheduling is off then.
+before running its own shard, and only it samples (workers stop after the logits); under async scheduling it
+broadcasts the sampled token tensor on the device too, for the workers' placeholder tokens.
 
 Async scheduling (``supports_async``, the CUDA default): ``launch`` returns as soon as the step is queued, the
 tokens travel to pinned host memory behind an event, and the next step's chunks may carry placeholder token ids
@@ -84,17 +85,23 @@ class ModelRunner(ModelRunnerBase):
         mc = config.model
         self.config = config
         full_config = load_decoder_config(mc.model)
-        self.tp_setup = tp or setup(config, full_config, resolve_device(mc.device))
+        device = resolve_device(mc.device)
+        #: the engine may schedule step N+1 before step N's tokens reach the host (EngineCore reads this).
+        #: Default: on CUDA unless STRATA_ASYNC_SCHEDULING=0; off on CPU, where no device work runs alongside
+        #: the host (tests turn it on there to check the same logic). Worker ranks get rank 0's choice.
+        if async_scheduling is None:
+            async_scheduling = device.type == "cuda" and envs.STRATA_ASYNC_SCHEDULING
+        self.supports_async = async_scheduling
+        self.tp_setup = tp or setup(config, full_config, device, async_scheduling=async_scheduling)
         self.device, self.tp, self.tp_control = self.tp_setup.device, self.tp_setup.tp, self.tp_setup.control
         try:
-            self._build(config, full_config, sampler, async_scheduling)
+            self._build(config, full_config, sampler)
         except BaseException:
             if self.tp_setup.workers is not None:  # leave no worker behind a failed start
                 self.tp_setup.workers.stop(self.tp_control)
             raise
 
-    def _build(self, config: EngineConfig, full_config: DecoderConfig, sampler: Sampler | None,
-               async_scheduling: bool | None) -> None:
+    def _build(self, config: EngineConfig, full_config: DecoderConfig, sampler: Sampler | None) -> None:
         mc = config.model
         #: this rank's share of the model (its heads and MLP width; the checkpoint's config when not split)
         self.model_config = self.tp.local_config(full_config)
@@ -122,13 +129,6 @@ class ModelRunner(ModelRunnerBase):
         self.sampler = sampler if sampler is not None else Sampler()
         self.requests: dict[str, SamplingRequest] = {}
         self._rows = BlockTableRows(config.scheduler.max_num_seqs, -(-self.max_model_len // self.block_size))
-        #: the engine may schedule step N+1 before step N's tokens reach the host (EngineCore reads this).
-        #: Default: on CUDA unless STRATA_ASYNC_SCHEDULING=0; off on CPU, where no device work runs alongside
-        #: the host (tests turn it on there to check the same logic).
-        if async_scheduling is None:
-            async_scheduling = self.device.type == "cuda" and envs.STRATA_ASYNC_SCHEDULING
-        # with TP the workers take every token from the broadcast step, so no step may carry placeholders
-        self.supports_async = async_scheduling and self.tp.size == 1
         self._last: tuple[torch.Tensor, dict[str, int]] | None = None  # last launch's token tensor, row per id
         #: all-greedy graph steps take the argmax captured in the graph (a custom sampler sees every step instead)
         self._graph_argmax = envs.STRATA_GRAPH_ARGMAX and type(self.sampler) is Sampler
@@ -262,7 +262,10 @@ class ModelRunner(ModelRunnerBase):
         structured = scheduler_output.structured
         # the graph's argmax is the answer only when no grammar mask has to be applied to the logits first
         logits, tokens, prompt_lps = self._logits(batch, plain, prompt, graph_argmax=plain and structured is None)
-        if self.tp.rank > 0:  # a worker rank: rank 0 samples
+        if self.tp.rank > 0:  # a worker rank: rank 0 samples (and sends the tokens the next step may need)
+            if self.supports_async and batch.sample_chunk_ids:
+                self._last = (self.tp.receive_tokens(len(req_ids), self.device),
+                              {rid: j for j, rid in enumerate(req_ids)})
             return LaunchedStep([], [], None, [], [])
         if logits is None and tokens is None:
             return LaunchedStep([], [], None, [], [], prompt_lps)
@@ -278,6 +281,8 @@ class ModelRunner(ModelRunnerBase):
                 ids, logprobs = self.sampler(logits, reqs)
                 return LaunchedStep(req_ids, reqs, None, logprobs, ids, prompt_lps)
             tokens, logprobs = self.sampler.sample(logits, reqs)
+        if self.tp.size > 1:  # the workers fill the next step's placeholders from these too
+            tokens = self.tp.send_tokens(tokens)
         self._last = (tokens, {rid: j for j, rid in enumerate(req_ids)})
         step = LaunchedStep(req_ids, reqs, tokens, logprobs, None, prompt_lps)
         step.copy_to_host()

@@ -43,6 +43,7 @@ class _Job:
     rank: int
     size: int
     port: int
+    async_scheduling: bool
 
 
 class TPControl:
@@ -106,7 +107,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_workers(config: EngineConfig, size: int, port: int) -> TPWorkers:
+def _start_workers(config: EngineConfig, size: int, port: int, async_scheduling: bool) -> TPWorkers:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # the folder holding the strataserve package
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -114,7 +115,7 @@ def _start_workers(config: EngineConfig, size: int, port: int) -> TPWorkers:
     for rank in range(1, size):
         p = subprocess.Popen([sys.executable, "-m", "strataserve.runner.tp_worker"], stdin=subprocess.PIPE, env=env)
         assert p.stdin is not None
-        p.stdin.write(pickle.dumps(_Job(config, rank, size, port)))
+        p.stdin.write(pickle.dumps(_Job(config, rank, size, port, async_scheduling)))
         p.stdin.close()
         procs.append(p)
     return TPWorkers(procs)
@@ -177,9 +178,11 @@ class RankSetup:
     workers: TPWorkers | None = None
 
 
-def setup(config: EngineConfig, cfg: Any, device: torch.device, rank: int = 0, port: int = 0) -> RankSetup:
-    """This rank's tensor-parallel place and device (rank 0 also starts the workers; the others join rank 0's
-    ``port``); ``cfg``: the model's ``DecoderConfig``. Size 1: nothing to set up."""
+def setup(config: EngineConfig, cfg: Any, device: torch.device, rank: int = 0, port: int = 0,
+          async_scheduling: bool = False) -> RankSetup:
+    """This rank's tensor-parallel place and device (rank 0 also starts the workers, telling them whether steps
+    are scheduled asynchronously; the others join rank 0's ``port``); ``cfg``: the model's ``DecoderConfig``.
+    Size 1: nothing to set up."""
     size = config.parallel.tensor_parallel_size
     if size == 1:
         return RankSetup(SINGLE, device)
@@ -201,7 +204,7 @@ def setup(config: EngineConfig, cfg: Any, device: torch.device, rank: int = 0, p
     workers = None
     if rank == 0:
         port = _free_port()
-        workers = _start_workers(config, size, port)
+        workers = _start_workers(config, size, port, async_scheduling)
         try:
             tp, control = _join_group(0, size, port, cuda)
         except BaseException:
@@ -233,7 +236,7 @@ def main() -> None:
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.size))  # the ranks share the host's cores
     rank = setup(job.config, load_decoder_config(job.config.model.model), device, job.rank, job.port)
-    runner = ModelRunner(job.config, tp=rank)
+    runner = ModelRunner(job.config, async_scheduling=job.async_scheduling, tp=rank)
     control = rank.control
     assert control is not None
     try:

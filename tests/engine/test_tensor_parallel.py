@@ -84,3 +84,46 @@ def test_sizes_that_do_not_fit_are_refused_before_any_worker_starts(tmp_path):
         LLM(path, device="cpu", skip_tokenizer_init=True, tensor_parallel_size=0)
     with pytest.raises(ValueError, match="load_format='safetensor'"):
         LLM(path, device="cpu", skip_tokenizer_init=True, load_format="safetensor")
+
+
+def test_cli_flags_reach_the_engine_config():
+    from strataserve.cli import build_parser, engine_config
+
+    args = build_parser().parse_args(["generate", "--prompt", "x", "-tp", "2", "--load-format", "dummy"])
+    cfg = engine_config(args, "some/folder")
+    assert cfg.parallel.tensor_parallel_size == 2 and cfg.model.load_format == "dummy"
+    assert engine_config(build_parser().parse_args(["serve"]), "m").parallel.tensor_parallel_size == 1
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--tensor-parallel-size", "0"])
+
+
+def test_async_scheduling_sends_rank0_samples_to_the_workers(tmp_path):
+    """Under async scheduling a step carries placeholders for tokens still being sampled; the workers must fill
+    them with rank 0's samples. Rank 0 samples the second most likely token here, so a worker that used anything
+    else (its own argmax, say) would hold other KV and the outputs would drift from TP=1's."""
+    import torch
+
+    from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+    from strataserve.runner.model_runner import ModelRunner
+    from strataserve.runner.sampler import Sampler
+
+    class SecondBest(Sampler):
+        def sample(self, logits, reqs):
+            return logits.topk(2, dim=-1).indices[:, 1], [None] * len(reqs)
+
+    path = make_tiny_checkpoint("qwen3", tmp_path, tokenizer=False, vocab_size=512)
+    sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = {}
+    for tp in (2, 1):
+        cfg = EngineConfig(ModelConfig(str(path), dtype="float32", device="cpu", skip_tokenizer_init=True),
+                           CacheConfig(num_blocks=64, block_size=4), SchedulerConfig(max_num_batched_tokens=16),
+                           parallel=ParallelConfig(tensor_parallel_size=tp))
+        llm = LLM(path, runner=ModelRunner(cfg, SecondBest(), async_scheduling=True), skip_tokenizer_init=True)
+        assert llm.engine.core._async and llm.engine.core.scheduler.can_schedule_ahead()
+        try:
+            outs[tp] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp, use_tqdm=False)]
+        finally:
+            llm.shutdown()
+    assert outs[2] == outs[1]
+    assert outs[1] != hf_greedy(path, PROMPTS, MAX_TOKENS)  # the sampler did pick other tokens than greedy
+    assert torch.tensor(outs[1]).unique().numel() > 4  # and not one repeated token
