@@ -134,7 +134,15 @@ def bench_8b(rounds: int) -> None:
     ps = prompts(4, 64, seed=3)
     a, _ = greedy(tp1, ps, 48)
     b, _ = greedy(tp2, ps, 48)
-    emit(bench="tp_agree_8b_bf16", **agreement(a, b))
+    agree = agreement(a, b)
+    # how close the top two candidates were at TP=1 (random weights give flat logits: bf16 rounding decides ties)
+    sp = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, logprobs=2)
+    lps = [o.outputs[0].logprobs for o in tp1.generate(ps, sp, use_tqdm=False)]
+    gaps = [[sorted((v.logprob for v in step.values()), reverse=True)[:2] for step in seq] for seq in lps]
+    gaps = [[g[0] - g[1] for g in seq] for seq in gaps]
+    at_split = [round(seq[i], 4) for seq, i in zip(gaps, agree["first_divergence"]) if i < len(seq)]
+    emit(bench="tp_agree_8b_bf16", **agree, top2_gap_median=round(sorted(sum(gaps, []))[len(sum(gaps, [])) // 2], 4),
+         top2_gap_at_first_divergence=at_split)
     for llm in (tp1, tp2):
         step_ms(llm, 1, new_long=48)  # warm-up
     wb1, wb2 = weight_bytes(tp1), weight_bytes(tp2)
@@ -151,7 +159,7 @@ def bench_8b(rounds: int) -> None:
     tp1.shutdown()
 
 
-def bench_70b(rounds: int) -> None:
+def bench_70b(rounds: int, batch64: bool = True) -> None:
     path = shape_dir("70b")
     llm, startup = make(path, 2, 64, 0.92)
     runner = llm.engine.core.runner
@@ -164,7 +172,9 @@ def bench_70b(rounds: int) -> None:
         emit(bench="tp_decode_70b_b1", round=r + 1, ms_per_step=round(ms, 3), tok_per_s=round(1e3 / ms, 2),
              roofline_fraction=round(roof_ms / ms, 3), roofline_ms=round(roof_ms, 3),
              rank0_weight_gb=round(weight_bytes(llm) / 1e9, 2))
-    for r in range(rounds):
+    if batch64:
+        step_ms(llm, 64, prompt_len=256, new_short=8, new_long=16)  # warm-up: batch-64 prefill and steps
+    for r in range(rounds if batch64 else 0):
         ms = step_ms(llm, 64, prompt_len=256, new_short=8, new_long=72)
         emit(bench="tp_decode_70b_b64", round=r + 1, ms_per_step=round(ms, 3), tok_per_s=round(64e3 / ms, 1))
     llm.shutdown()
@@ -174,10 +184,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("what", choices=["agree-tiny", "8b", "70b"])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-batch64", action="store_true", help="70b: batch 1 only")
     args = p.parse_args()
     torch.manual_seed(0)
     {"agree-tiny": lambda: agree_tiny(), "8b": lambda: bench_8b(args.rounds),
-     "70b": lambda: bench_70b(args.rounds)}[args.what]()
+     "70b": lambda: bench_70b(args.rounds, not args.no_batch64)}[args.what]()
 
 
 if __name__ == "__main__":
