@@ -10,9 +10,8 @@ build flat tensors + attention metadata (``runner/input_batch.py``, block tables
 model over all chunks at once (decode-only steps replay a CUDA graph when one is captured), compute logits only for
 sampling chunks, sample; ``result`` hands the tokens back and appends each to its request's ``SamplingRequest``.
 
-Tensor parallelism (``runner/tp_worker.py``): this runner is rank 0; it broadcasts each step to the worker ranks
-before running its own shard, and only it samples (workers stop after the logits); under async scheduling it
-broadcasts the sampled token tensor on the device too, for the workers' placeholder tokens.
+Tensor parallelism (``runner/tp_worker.py``): rank 0 broadcasts each step to the worker ranks, and only it samples
+(async scheduling: it also sends the sampled token tensor, for the workers' placeholders).
 
 Async scheduling (``supports_async``, the CUDA default): ``launch`` returns as soon as the step is queued, the
 tokens travel to pinned host memory behind an event, and the next step's chunks may carry placeholder token ids
@@ -86,9 +85,8 @@ class ModelRunner(ModelRunnerBase):
         self.config = config
         full_config = load_decoder_config(mc.model)
         device = resolve_device(mc.device)
-        #: the engine may schedule step N+1 before step N's tokens reach the host (EngineCore reads this).
-        #: Default: on CUDA unless STRATA_ASYNC_SCHEDULING=0; off on CPU, where no device work runs alongside
-        #: the host (tests turn it on there to check the same logic). Worker ranks get rank 0's choice.
+        #: the engine may schedule step N+1 before step N's tokens reach the host (EngineCore reads this). Default:
+        #: CUDA unless STRATA_ASYNC_SCHEDULING=0; off on CPU (tests force it there). Workers get rank 0's choice.
         if async_scheduling is None:
             async_scheduling = device.type == "cuda" and envs.STRATA_ASYNC_SCHEDULING
         self.supports_async = async_scheduling
@@ -263,7 +261,7 @@ class ModelRunner(ModelRunnerBase):
         # the graph's argmax is the answer only when no grammar mask has to be applied to the logits first
         logits, tokens, prompt_lps = self._logits(batch, plain, prompt, graph_argmax=plain and structured is None)
         if self.tp.rank > 0:  # a worker rank: rank 0 samples (and sends the tokens the next step may need)
-            if self.supports_async and batch.sample_chunk_ids:
+            if self.supports_async and req_ids:
                 self._last = (self.tp.receive_tokens(len(req_ids), self.device),
                               {rid: j for j, rid in enumerate(req_ids)})
             return LaunchedStep([], [], None, [], [])

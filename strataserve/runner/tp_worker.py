@@ -241,7 +241,12 @@ def main() -> None:
     assert control is not None
     try:
         while True:
-            step = control.broadcast_step()
+            try:
+                step = control.broadcast_step()
+            except RuntimeError as exc:  # the control connection dropped: rank 0 is gone, nothing to clean up
+                print(f"strata tensor-parallel rank {job.rank}: rank 0 went away ({str(exc).splitlines()[0][:160]}); "
+                      "exiting", file=sys.stderr, flush=True)
+                os._exit(1)
             if step is None:
                 break
             runner.launch(step)

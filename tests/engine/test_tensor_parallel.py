@@ -127,3 +127,27 @@ def test_async_scheduling_sends_rank0_samples_to_the_workers(tmp_path):
     assert outs[2] == outs[1]
     assert outs[1] != hf_greedy(path, PROMPTS, MAX_TOKENS)  # the sampler did pick other tokens than greedy
     assert torch.tensor(outs[1]).unique().numel() > 4  # and not one repeated token
+
+
+def test_worker_exits_when_rank0_is_killed(tmp_path):
+    """A SIGKILLed engine runs no shutdown code: its worker must notice on its own and leave."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = make_tiny_checkpoint("llama", tmp_path, tokenizer=False, vocab_size=256)
+    script = ("import sys, time\nfrom strataserve import LLM\n"
+              f"llm = LLM({str(path)!r}, device='cpu', skip_tokenizer_init=True, tensor_parallel_size=2, num_blocks=8)\n"
+              "print(llm.engine.core.runner.tp_setup.workers.pids[0], flush=True)\ntime.sleep(600)\n")
+    rank0 = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(rank0.stdout.readline())
+        assert _alive(worker)
+    finally:
+        rank0.send_signal(signal.SIGKILL)
+        rank0.wait()
+    deadline = time.monotonic() + 30  # a bound for a loaded CI machine, not a speed check
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(worker), "the worker outlived its killed rank 0"
