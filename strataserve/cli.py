@@ -294,8 +294,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               gpu_memory_utilization=c.cache.gpu_memory_utilization, num_blocks=c.cache.num_blocks,
               enable_prefix_caching=c.cache.enable_prefix_caching, max_num_seqs=c.scheduler.max_num_seqs,
               max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode,
-              tensor_parallel_size=c.parallel.tensor_parallel_size, load_format=c.model.load_format,
-              skip_tokenizer_init=c.model.skip_tokenizer_init)
+              tensor_parallel_size=c.parallel.tensor_parallel_size, load_format=c.model.load_format)
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
     else:
