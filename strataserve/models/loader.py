@@ -107,9 +107,9 @@ class _Targets:
     ``model.config`` is the rank's local config; ``full`` the checkpoint's (the vocab-parallel shards of the
     last rank hold fewer real rows than their padded size; the padding rows are zeroed here)."""
 
-    def __init__(self, model: DecoderModel, full: DecoderConfig) -> None:
+    def __init__(self, model: DecoderModel, full: DecoderConfig | None = None) -> None:
         cfg = model.config
-        self.full, self.tp = full, model.tp
+        self.full, self.tp = full or cfg, model.tp
         self.map: dict[str, tuple[torch.Tensor, int]] = {
             "model.embed_tokens.weight": (model.embed_tokens, 0),
             "model.norm.weight": (model.norm, 0),
@@ -142,7 +142,7 @@ class _Targets:
         part = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": inter, "up_proj": inter}
         self.rows = {n: part.get(n.split(".")[-2], p.shape[0]) for n, (p, _) in self.map.items()}
         for name in ("model.embed_tokens.weight", "lm_head.weight"):
-            spec = self.tp.shard_slice(name, full)
+            spec = self.tp.shard_slice(name, self.full)
             if spec is not None and name in self.map:
                 self.rows[name] = spec[2] - spec[1]
                 self.map[name][0].data[self.rows[name]:].zero_()
@@ -162,6 +162,8 @@ class _Targets:
         return not (name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and name not in self.map))
 
     def fill(self, name: str, tensor: torch.Tensor) -> None:
+        if not self.wanted(name):
+            return
         if name not in self.map:
             raise ValueError(f"checkpoint tensor {name!r} is not part of the supported decoder; "
                              "is config.json consistent with the weights?")

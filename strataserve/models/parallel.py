@@ -83,7 +83,7 @@ class TensorParallel:
         part = name.rsplit(".", 2)
         module, kind = (part[-2], part[-1]) if len(part) >= 2 else ("", "")
         d = cfg.head_dim
-        if module in ("q_proj",):
+        if module == "q_proj":
             n = cfg.num_heads // self.size * d
             return 0, self.rank * n, (self.rank + 1) * n
         if module in ("k_proj", "v_proj"):
