@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Sequence
 
 from strataserve import envs
-from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
+from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -51,6 +51,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="fix the KV pool size in blocks")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--runner-mode", default="auto", choices=["auto", "eager", "triton", "graph", "hybrid"])
+    g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
+                   help="split the model over this many GPUs of this host (one process each, NCCL)")
+    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights in config.json's shapes, no weight files (benchmarks)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--skip-tokenizer-init", action="store_true",
                    help="load no tokenizer: token-id prompts only, outputs as token ids (return_token_ids)")
@@ -61,13 +65,15 @@ def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                           seed=args.seed, served_model_name=getattr(args, "served_model_name", None),
-                          skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False)),
+                          skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False),
+                          load_format=getattr(args, "load_format", "auto")),
         cache=CacheConfig(block_size=args.block_size, kv_cache_memory_gib=args.kv_cache_memory_gib,
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           num_blocks=args.num_gpu_blocks_override, enable_prefix_caching=args.enable_prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_waiting_requests=args.max_waiting_requests),
         runner=RunnerConfig(mode=args.runner_mode),
+        parallel=ParallelConfig(tensor_parallel_size=getattr(args, "tensor_parallel_size", 1)),
     )
 
 
@@ -287,7 +293,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               seed=c.model.seed, block_size=c.cache.block_size, kv_cache_memory_gib=c.cache.kv_cache_memory_gib,
               gpu_memory_utilization=c.cache.gpu_memory_utilization, num_blocks=c.cache.num_blocks,
               enable_prefix_caching=c.cache.enable_prefix_caching, max_num_seqs=c.scheduler.max_num_seqs,
-              max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode)
+              max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode,
+              tensor_parallel_size=c.parallel.tensor_parallel_size, load_format=c.model.load_format)
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
     else:

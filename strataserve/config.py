@@ -10,6 +10,7 @@ from typing import Literal
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 RunnerMode = Literal["auto", "eager", "triton", "graph", "hybrid"]
+LoadFormat = Literal["auto", "dummy"]
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -34,6 +35,8 @@ class ModelConfig:
     served_model_name: str | None = None
     #: no tokenizer at all (vLLM's skip_tokenizer_init): token-id prompts in, token ids out, empty text
     skip_tokenizer_init: bool = False
+    #: "auto": the folder's safetensors; "dummy": random weights in config.json's shapes (benchmarks)
+    load_format: LoadFormat = "auto"
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model: give the path of an HF checkpoint folder")
@@ -41,6 +44,7 @@ class ModelConfig:
                f"dtype={self.dtype!r}: use one of auto, float32, float16, bfloat16")
         _check(self.max_model_len is None or self.max_model_len > 0,
                f"max_model_len={self.max_model_len}: must be a positive number of tokens")
+        _check(self.load_format in ("auto", "dummy"), f"load_format={self.load_format!r}: use auto or dummy")
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,22 @@ class RunnerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism: the model split over ``tensor_parallel_size`` ranks, one process each (one GPU each
+    on CUDA, NCCL; gloo on CPU). Whether the model's head counts allow the size is checked against config.json
+    when the runner starts (``models/parallel.check_tensor_parallel``)."""
+
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+               f"tensor_parallel_size={self.tensor_parallel_size!r}: must be an integer >= 1")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)

@@ -21,6 +21,9 @@ STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
 STRATA_DECODE_LONG_FIRST: bool = os.environ.get("STRATA_DECODE_LONG_FIRST", "1") != "0"
 #: greedy argmax inside the captured decode graph (all-greedy steps skip the logits gather and the sampler).
 STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
+#: tensor parallelism on CUDA: "symm_mem" sums small activations (decode steps) with PyTorch's one-shot
+#: symmetric-memory all-reduce (peer loads over NVLink, no multicast) instead of NCCL's; "nccl" (default): NCCL only.
+STRATA_TP_ALLREDUCE: str = os.environ.get("STRATA_TP_ALLREDUCE", "nccl")
 
 # libgomp's default ACTIVE wait policy makes torch's CPU worker threads spin between parallel regions. When the
 # cores are shared (engine process, API process and clients on one small machine, or any other job) the spinning

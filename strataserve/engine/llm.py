@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
+from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.input_processor import PromptType
 from strataserve.engine.llm_engine import LLMEngine
 from strataserve.engine.outputs import RequestOutput
@@ -20,7 +20,7 @@ from strataserve.engine.sampling_params import SamplingParams
 from strataserve.runner.base import ModelRunnerBase
 
 # vLLM arguments that mean nothing here; accepted (with a warning when they ask for something we lack).
-_IGNORED = {"trust_remote_code": None, "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+_IGNORED = {"trust_remote_code": None, "pipeline_parallel_size": 1,
             "disable_log_stats": None, "enforce_eager": None, "swap_space": None, "download_dir": None,
             "tokenizer_mode": None, "max_seq_len_to_capture": None, "disable_custom_all_reduce": None}
 _PROGRESS_MIN_PROMPTS = 16
@@ -33,7 +33,8 @@ class LLM:
                  gpu_memory_utilization: float = 0.90, num_blocks: int | None = None, block_size: int = 16,
                  enable_prefix_caching: bool = True, seed: int = 0, mode: str = "auto", cuda_graph_max_bs: int = 256,
                  served_model_name: str | None = None, runner: ModelRunnerBase | None = None,
-                 tokenizer_obj: Any = None, skip_tokenizer_init: bool = False, **kwargs: Any) -> None:
+                 tokenizer_obj: Any = None, skip_tokenizer_init: bool = False, tensor_parallel_size: int = 1,
+                 load_format: str = "auto", **kwargs: Any) -> None:
         for k, v in kwargs.items():
             if k not in _IGNORED:
                 raise TypeError(f"LLM() got an unexpected argument {k!r}")
@@ -47,13 +48,14 @@ class LLM:
         self.config = EngineConfig(
             model=ModelConfig(model=str(model), dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,  # type: ignore[arg-type]
                               tokenizer=tokenizer, served_model_name=served_model_name,
-                              skip_tokenizer_init=skip_tokenizer_init),
+                              skip_tokenizer_init=skip_tokenizer_init, load_format=load_format),  # type: ignore[arg-type]
             cache=CacheConfig(block_size=block_size, kv_cache_memory_gib=kv_cache_memory_gib,
                               gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_blocks,
                               enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       enable_chunked_prefill=enable_chunked_prefill),
             runner=RunnerConfig(mode=mode, cuda_graph_max_bs=cuda_graph_max_bs),  # type: ignore[arg-type]
+            parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
         )
         self.engine = LLMEngine(self.config, runner=runner, tokenizer=tokenizer_obj)
         self._ids = itertools.count()

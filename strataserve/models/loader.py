@@ -1,6 +1,12 @@
 """Load an HF checkpoint folder (config.json + safetensors, single or sharded) straight into ``DecoderModel``.
 
-Also builds random-weight models from a ``DecoderConfig`` for benchmarks (real shapes, no checkpoint).
+Also builds random-weight models from a ``DecoderConfig`` for benchmarks (real shapes, no checkpoint;
+``load_format="dummy"``): each tensor is drawn whole from a generator seeded by its name's position, so every
+tensor-parallel split of one seed holds the same model.
+
+Tensor parallelism: with a rank's ``TensorParallel`` each sharded tensor is read through safetensors'
+``get_slice`` (only that rank's rows or columns; the file is memory-mapped, so the rest is never read) and the
+model is built in the rank's local shapes (``models/parallel.py`` says which slice is whose).
 
 dtype "auto" means the checkpoint's ``torch_dtype``, except on CPU where half types become float32: CPU matmuls in
 bf16/fp16 are slower and less accurate than float32 on the machines we target. Device "auto" is cuda when
@@ -17,6 +23,7 @@ from safetensors import safe_open
 
 from strataserve.models.decoder import DecoderModel
 from strataserve.models.hf_config import DecoderConfig, load_decoder_config
+from strataserve.models.parallel import SINGLE, TensorParallel
 from strataserve.runner.attention import TorchAttention
 from strataserve.runner.ops import OpSet, TorchOps
 
@@ -71,11 +78,38 @@ def safetensors_files(model_dir: Path) -> list[Path]:
                      "with its shards (only safetensors checkpoints are supported)")
 
 
-class _Targets:
-    """Maps HF tensor names to (our parameter, row offset); tracks which names were filled."""
+def hf_tensor_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor ``cfg`` implies (HF names) with its full shape, in checkpoint order."""
+    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (q, h),
+                       p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h)})
+        if cfg.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+        if cfg.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (cfg.head_dim,),
+                           p + "self_attn.k_norm.weight": (cfg.head_dim,)})
+        shapes.update({p + "self_attn.o_proj.weight": (h, q), p + "post_attention_layernorm.weight": (h,),
+                       p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                       p + "mlp.down_proj.weight": (h, inter)})
+    shapes["model.norm.weight"] = (h,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
 
-    def __init__(self, model: DecoderModel) -> None:
+
+class _Targets:
+    """Maps HF tensor names to (our parameter, row offset); tracks which names were filled.
+
+    ``model.config`` is the rank's local config; ``full`` the checkpoint's (the vocab-parallel shards of the
+    last rank hold fewer real rows than their padded size; the padding rows are zeroed here)."""
+
+    def __init__(self, model: DecoderModel, full: DecoderConfig | None = None) -> None:
         cfg = model.config
+        self.full, self.tp = full or cfg, model.tp
         self.map: dict[str, tuple[torch.Tensor, int]] = {
             "model.embed_tokens.weight": (model.embed_tokens, 0),
             "model.norm.weight": (model.norm, 0),
@@ -107,11 +141,29 @@ class _Targets:
         # rows each tensor fills: fused parameters are split by their parts' sizes
         part = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": inter, "up_proj": inter}
         self.rows = {n: part.get(n.split(".")[-2], p.shape[0]) for n, (p, _) in self.map.items()}
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            spec = self.tp.shard_slice(name, self.full)
+            if spec is not None and name in self.map:
+                self.rows[name] = spec[2] - spec[1]
+                self.map[name][0].data[self.rows[name]:].zero_()
         self.filled: set[str] = set()
 
+    def read(self, f, name: str) -> torch.Tensor:
+        """Tensor ``name`` of the open safetensors file ``f``: the whole of it, or only this rank's slice."""
+        spec = self.tp.shard_slice(name, self.full)
+        if spec is None:
+            return f.get_tensor(name)
+        dim, start, stop = spec
+        piece = f.get_slice(name)
+        return piece[start:stop] if dim == 0 else piece[:, start:stop]
+
+    def wanted(self, name: str) -> bool:
+        # some tied checkpoints still store lm_head; the embedding is used
+        return not (name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and name not in self.map))
+
     def fill(self, name: str, tensor: torch.Tensor) -> None:
-        if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and name not in self.map):
-            return  # some tied checkpoints still store lm_head; the embedding is used
+        if not self.wanted(name):
+            return
         if name not in self.map:
             raise ValueError(f"checkpoint tensor {name!r} is not part of the supported decoder; "
                              "is config.json consistent with the weights?")
@@ -134,7 +186,8 @@ def _load_files(files: list[Path], targets: _Targets) -> None:
     def load_one(path: Path) -> None:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
-                targets.fill(name, f.get_tensor(name))
+                if targets.wanted(name):
+                    targets.fill(name, targets.read(f, name))
 
     if len(files) == 1:
         load_one(files[0])
@@ -148,33 +201,68 @@ def _load_files(files: list[Path], targets: _Targets) -> None:
             progress.advance(task)
 
 
+LOAD_FORMATS = ("auto", "dummy")
+
+
 def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
-               ops: OpSet | None = None, max_positions: int | None = None) -> DecoderModel:
-    """Load an HF checkpoint folder into a ``DecoderModel`` (eval, no grad). Errors are ValueErrors naming what
-    is missing or unsupported."""
+               ops: OpSet | None = None, max_positions: int | None = None, tp: TensorParallel = SINGLE,
+               load_format: str = "auto") -> DecoderModel:
+    """Load an HF checkpoint folder into a ``DecoderModel`` (eval, no grad); with ``tp``, this rank's shard of it.
+    ``load_format="dummy"`` reads only config.json and fills random weights (``build_random_model``). Errors are
+    ValueErrors naming what is missing or unsupported."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format={load_format!r}: use one of {', '.join(LOAD_FORMATS)}")
     folder = Path(model_dir)
     cfg = load_decoder_config(folder)
-    files = safetensors_files(folder)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, cfg, dev)
-    model = DecoderModel(cfg, ops or default_ops(cfg), dt, dev, max_positions)
-    targets = _Targets(model)
+    if load_format == "dummy":
+        return build_random_model(cfg, dt, dev, ops, max_positions=max_positions, tp=tp)
+    files = safetensors_files(folder)
+    local = tp.local_config(cfg)
+    model = DecoderModel(local, ops or default_ops(local), dt, dev, max_positions, tp)
+    targets = _Targets(model, cfg)
     with torch.no_grad():
         _load_files(files, targets)
     targets.check_complete(folder)
     return model.eval()
 
 
+class _RandomCheckpoint:
+    """The tensors of ``hf_tensor_shapes(cfg)``, drawn on ``device`` when read (the safe_open calls we use).
+
+    Each is drawn whole (then sliced) from a generator seeded by ``seed`` and its position, so a rank's slice is
+    the same numbers whatever the split: TP=1 and TP=N dummy models agree. Norm weights are drawn near 1 (not
+    exactly 1, to exercise them), the rest with standard deviation ``std``."""
+
+    def __init__(self, cfg: DecoderConfig, device: torch.device, seed: int, std: float) -> None:
+        self.shapes = hf_tensor_shapes(cfg)
+        self.device, self.seed, self.std = device, seed, std
+        self._index = {name: i for i, name in enumerate(self.shapes)}
+
+    def keys(self) -> list[str]:
+        return list(self.shapes)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        gen = torch.Generator(device=self.device).manual_seed(self.seed * 100_003 + self._index[name])
+        t = torch.empty(self.shapes[name], dtype=torch.float32, device=self.device)
+        return t.normal_(1.0, 0.1, generator=gen) if name.endswith("norm.weight") else \
+            t.normal_(0.0, self.std, generator=gen)
+
+    def get_slice(self, name: str) -> torch.Tensor:
+        return self.get_tensor(name)  # sliced by the caller, as safetensors' slice object is
+
+
 def build_random_model(cfg: DecoderConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                        ops: OpSet | None = None, seed: int = 0, max_positions: int | None = None,
-                       std: float = 0.02) -> DecoderModel:
-    """A model with random weights in ``cfg``'s shapes (benchmarks; e.g. Llama-3.1-8B shape on a GPU)."""
-    model = DecoderModel(cfg, ops or default_ops(cfg), dtype, device, max_positions)
-    gen = torch.Generator(device=model.device).manual_seed(seed)
+                       std: float = 0.02, tp: TensorParallel = SINGLE) -> DecoderModel:
+    """A model with random weights in ``cfg``'s shapes (benchmarks; e.g. Llama-3.1-8B shape on a GPU); with
+    ``tp``, this rank's shard of the same random model."""
+    local = tp.local_config(cfg)
+    model = DecoderModel(local, ops or default_ops(local), dtype, device, max_positions, tp)
+    targets = _Targets(model, cfg)
+    source = _RandomCheckpoint(cfg, model.device, seed, std)
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm"):
-                param.normal_(1.0, 0.1, generator=gen)  # norm weights near 1, not exactly, to exercise them
-            else:
-                param.normal_(0.0, std, generator=gen)
+        for name in source.keys():
+            targets.fill(name, targets.read(source, name))
     return model.eval()

@@ -10,6 +10,9 @@ build flat tensors + attention metadata (``runner/input_batch.py``, block tables
 model over all chunks at once (decode-only steps replay a CUDA graph when one is captured), compute logits only for
 sampling chunks, sample; ``result`` hands the tokens back and appends each to its request's ``SamplingRequest``.
 
+Tensor parallelism (``runner/tp_worker.py``): rank 0 broadcasts each step to the worker ranks, and only it samples
+(async scheduling: it also sends the sampled token tensor, for the workers' placeholders).
+
 Async scheduling (``supports_async``, the CUDA default): ``launch`` returns as soon as the step is queued, the
 tokens travel to pinned host memory behind an event, and the next step's chunks may carry placeholder token ids
 (< 0) for tokens still being sampled; they are filled on the device from the previous launch's token tensor.
@@ -35,6 +38,7 @@ from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.ops import OpSet, TorchOps
 from strataserve.runner.prompt_logprobs import PromptRows, prompt_logprobs, prompt_rows
 from strataserve.runner.sampler import Sampler, SamplingRequest
+from strataserve.runner.tp_worker import RankSetup, setup
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +79,30 @@ def select_ops(mode: str, cfg: DecoderConfig, device: torch.device) -> Execution
 
 class ModelRunner(ModelRunnerBase):
     def __init__(self, config: EngineConfig, sampler: Sampler | None = None,
-                 async_scheduling: bool | None = None) -> None:
+                 async_scheduling: bool | None = None, tp: RankSetup | None = None) -> None:
+        """``tp``: a worker rank's tensor-parallel setup (rank 0 makes its own, starting the workers)."""
         mc = config.model
         self.config = config
-        self.device = resolve_device(mc.device)
-        self.model_config = load_decoder_config(mc.model)
+        full_config = load_decoder_config(mc.model)
+        device = resolve_device(mc.device)
+        #: the engine may schedule step N+1 before step N's tokens reach the host (EngineCore reads this). Default:
+        #: CUDA unless STRATA_ASYNC_SCHEDULING=0; off on CPU (tests force it there). Workers get rank 0's choice.
+        if async_scheduling is None:
+            async_scheduling = device.type == "cuda" and envs.STRATA_ASYNC_SCHEDULING
+        self.supports_async = async_scheduling
+        self.tp_setup = tp or setup(config, full_config, device, async_scheduling=async_scheduling)
+        self.device, self.tp, self.tp_control = self.tp_setup.device, self.tp_setup.tp, self.tp_setup.control
+        try:
+            self._build(config, full_config, sampler)
+        except BaseException:
+            if self.tp_setup.workers is not None:  # leave no worker behind a failed start
+                self.tp_setup.workers.stop(self.tp_control)
+            raise
+
+    def _build(self, config: EngineConfig, full_config: DecoderConfig, sampler: Sampler | None) -> None:
+        mc = config.model
+        #: this rank's share of the model (its heads and MLP width; the checkpoint's config when not split)
+        self.model_config = self.tp.local_config(full_config)
         self.dtype = resolve_dtype(mc.dtype, self.model_config, self.device)
         self.block_size = config.cache.block_size
         self.plan = select_ops(config.runner.mode, self.model_config, self.device)
@@ -89,8 +112,11 @@ class ModelRunner(ModelRunnerBase):
         self.sliding_window = (self.model_config.sliding_window if self.model_config.window_every_layer
                                and self._torch_views and not self.plan.cuda_graphs else None)
         self.max_model_len = self._max_model_len(mc.max_model_len)
-        self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len)
+        self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len,
+                                              self.tp, mc.load_format)
         self.num_blocks = self._num_blocks()
+        if self.tp_control is not None:  # every rank's pool holds the blocks the one scheduler hands out
+            self.num_blocks = self.tp_control.min_int(self.num_blocks)
         # One spare block past the pool: CUDA-graph padding rows write their K/V there, never into a real block.
         self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,
                                            self.model_config.num_kv_heads, self.model_config.head_dim,
@@ -101,12 +127,6 @@ class ModelRunner(ModelRunnerBase):
         self.sampler = sampler if sampler is not None else Sampler()
         self.requests: dict[str, SamplingRequest] = {}
         self._rows = BlockTableRows(config.scheduler.max_num_seqs, -(-self.max_model_len // self.block_size))
-        #: the engine may schedule step N+1 before step N's tokens reach the host (EngineCore reads this).
-        #: Default: on CUDA unless STRATA_ASYNC_SCHEDULING=0; off on CPU, where no device work runs alongside
-        #: the host (tests turn it on there to check the same logic).
-        if async_scheduling is None:
-            async_scheduling = self.device.type == "cuda" and envs.STRATA_ASYNC_SCHEDULING
-        self.supports_async = async_scheduling
         self._last: tuple[torch.Tensor, dict[str, int]] | None = None  # last launch's token tensor, row per id
         #: all-greedy graph steps take the argmax captured in the graph (a custom sampler sees every step instead)
         self._graph_argmax = envs.STRATA_GRAPH_ARGMAX and type(self.sampler) is Sampler
@@ -188,7 +208,7 @@ class ModelRunner(ModelRunnerBase):
         # the lm_head's output in the model dtype: ``compute_logits`` minus its float32 copy, which ``_logits``
         # makes only for the rows that need it; plus every row's argmax (the greedy token), read while the logits
         # are fresh in L2, so an all-greedy step needs nothing after the replay but a gather
-        logits = model.ops.linear(model(input_ids, positions, meta), model.lm_head)
+        logits = model.logits(model(input_ids, positions, meta))
         return (logits, logits.argmax(dim=-1)) if self._graph_argmax else logits
 
     def _capture_graphs(self):  # -> CudaGraphDecoder
@@ -218,6 +238,8 @@ class ModelRunner(ModelRunnerBase):
 
         Chunk token ids < 0 are tokens the previous launch is still sampling: they are taken from its token
         tensor on the device, so step N+1 can be queued before step N's tokens reach the host."""
+        if self.tp_setup.workers is not None:
+            self.tp_control.broadcast_step(scheduler_output)  # type: ignore[union-attr]
         for rid in scheduler_output.finished_req_ids:
             self.requests.pop(rid, None)
             self._rows.forget(rid)
@@ -238,6 +260,11 @@ class ModelRunner(ModelRunnerBase):
         structured = scheduler_output.structured
         # the graph's argmax is the answer only when no grammar mask has to be applied to the logits first
         logits, tokens, prompt_lps = self._logits(batch, plain, prompt, graph_argmax=plain and structured is None)
+        if self.tp.rank > 0:  # a worker rank: rank 0 samples (and sends the tokens the next step may need)
+            if self.supports_async and req_ids:
+                self._last = (self.tp.receive_tokens(len(req_ids), self.device),
+                              {rid: j for j, rid in enumerate(req_ids)})
+            return LaunchedStep([], [], None, [], [])
         if logits is None and tokens is None:
             return LaunchedStep([], [], None, [], [], prompt_lps)
         if tokens is not None:  # all plain greedy: the graph's argmax is the sampler's answer
@@ -252,6 +279,8 @@ class ModelRunner(ModelRunnerBase):
                 ids, logprobs = self.sampler(logits, reqs)
                 return LaunchedStep(req_ids, reqs, None, logprobs, ids, prompt_lps)
             tokens, logprobs = self.sampler.sample(logits, reqs)
+        if self.tp.size > 1:  # the workers fill the next step's placeholders from these too
+            tokens = self.tp.send_tokens(tokens)
         self._last = (tokens, {rid: j for j, rid in enumerate(req_ids)})
         step = LaunchedStep(req_ids, reqs, tokens, logprobs, None, prompt_lps)
         step.copy_to_host()
@@ -313,6 +342,9 @@ class ModelRunner(ModelRunnerBase):
         if self.graphs is not None:
             self.graphs.close()
             self.graphs = None
+        workers, self.tp_setup.workers = self.tp_setup.workers, None
+        if workers is not None:
+            workers.stop(self.tp_control)
         self.plan.ops.attention.bind_kv_cache([])
         self.kv_caches = []
         self.requests.clear()
