@@ -27,7 +27,7 @@ _PREFIXES = ("quantizer.", "fc2.", "acoustic_decoder.")
 
 def _higgs_module() -> types.ModuleType:
     name = "transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer"
-    if name in sys.modules or "torchaudio" in sys.modules or importlib.util.find_spec("torchaudio") is not None:
+    if name in sys.modules or "torchaudio" in sys.modules or ReferenceEncoder.available():
         return importlib.import_module(name)
     stand_in = types.ModuleType("torchaudio")
     sys.modules["torchaudio"] = stand_in
@@ -96,3 +96,43 @@ def load_higgs_decoder(folder: Path, device: torch.device) -> HiggsDecoder:
     dec.load_state_dict(state)
     # float32: it runs once per clip, and half precision would cost audio precision for little gain
     return dec.to(device=device, dtype=torch.float32).eval()
+
+
+class ReferenceEncoder:
+    """Reference clip (audio file bytes) -> audio tokens ``[C, T]`` with the whole Higgs tokenizer (loaded at the
+    first use). The clip is mixed to mono, resampled to the tokenizer's rate and cut to whole frames."""
+
+    def __init__(self, folder: Path, device: torch.device) -> None:
+        self.folder, self.device = folder, device
+        self._model = None
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            return importlib.util.find_spec("torchaudio") is not None
+        except ValueError:  # a stand-in module (no spec) holds the name: no real torchaudio
+            return False
+
+    @torch.inference_mode()
+    def __call__(self, audio: bytes) -> torch.Tensor:
+        import io
+
+        import soundfile as sf
+        import torchaudio
+        from transformers import HiggsAudioV2TokenizerModel
+
+        if self._model is None:
+            self._model = HiggsAudioV2TokenizerModel.from_pretrained(str(self.folder)).to(self.device).eval()
+        try:
+            data, sr = sf.read(io.BytesIO(audio), dtype="float32", always_2d=True)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ValueError(f"ref_audio: not a readable audio file ({exc})") from None
+        wav = torch.from_numpy(data.mean(axis=1))[None]
+        rate = int(self._model.config.sample_rate)
+        if sr != rate:
+            wav = torchaudio.functional.resample(wav, sr, rate)
+        hop = int(self._model.config.hop_length)
+        wav = wav[:, : wav.shape[-1] // hop * hop]
+        if wav.shape[-1] == 0:
+            raise ValueError("ref_audio: the clip is shorter than one audio frame")
+        return self._model.encode(wav[None].to(self.device)).audio_codes[0].long().cpu()
