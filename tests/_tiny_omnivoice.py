@@ -92,8 +92,8 @@ def write_codec(folder: Path, shape: dict, seed: int = 0) -> None:
     torch.manual_seed(seed)
     dec = HiggsDecoder(cfg)
     with torch.no_grad():
-        for name, p in dec.named_parameters():
-            p.normal_(0, 0.1)
+        for p in dec.parameters():  # fan-in scaled: the waveform stays in a sane range through the stack
+            p.normal_(0, 0.1 if p.dim() < 2 else p[0].numel() ** -0.5)
         for q in dec.quantizer.quantizers:
             q.codebook.embed.normal_(0, 1.0)
     save_file({k: v.contiguous() for k, v in dec.state_dict().items()}, str(folder / "model.safetensors"))

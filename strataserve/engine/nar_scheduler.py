@@ -127,7 +127,7 @@ class NARScheduler:
         try:
             while True:
                 first = self._queue.get()
-                if first is None:
+                if first is None or self._stop:  # stopping: what still waits is failed below, not run
                     return
                 for batch in self._groups(self._collect(first)):
                     self._run(batch)

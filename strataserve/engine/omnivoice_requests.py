@@ -64,8 +64,8 @@ def settings_from(p: SpeechParams) -> UnmaskSettings:
     unused = [n for n in ("top_k", "top_p", "repetition_penalty", "max_new_frames", "code_temperature",
                           "code_top_k", "code_top_p") if getattr(p, n) is not None]
     if unused:
-        raise TTSInputError(f"{', '.join(unused)}: not used by this model (it unmasks a whole clip; use num_step, "
-                            "guidance_scale, temperature and seed)")
+        raise TTSInputError(f"{unused[0]}={getattr(p, unused[0])}: not used by this model (it unmasks a whole clip; "
+                            "use num_step, guidance_scale, temperature and seed)")
     d = UnmaskSettings()
     try:
         return UnmaskSettings(num_step=d.num_step if p.num_step is None else int(p.num_step),

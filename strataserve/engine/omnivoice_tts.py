@@ -230,7 +230,8 @@ class AsyncOmniVoice(_OmniVoiceBase):
         now = time.perf_counter()
         frames = len(stream.frames)
         self.frames_generated += frames
-        timing = SpeechTiming(queue_time=0.0, time_to_first_audio=None if stream.first_audio is None
+        started = [r.started_at for r in stream.reqs if r.started_at is not None]
+        timing = SpeechTiming(queue_time=(min(started) if started else now) - stream.arrival, time_to_first_audio=None if stream.first_audio is None
                               else stream.first_audio - stream.arrival, frames=frames,
                               audio_seconds=frames / self.ov.config.frame_rate, wall_seconds=now - stream.arrival,
                               finish_reason=stream.finish_reason)

@@ -61,6 +61,7 @@ class NARRequest:
     target_len: int
     settings: UnmaskSettings = field(default_factory=UnmaskSettings)
     seed: int = 0
+    started_at: float | None = None  # perf_counter when its batch began (set by the runner; queue-time metric)
 
     @property
     def cond_len(self) -> int:
@@ -199,6 +200,8 @@ class NARRunner:
                for r in reqs):
             raise ValueError("one batch needs one num_step and guidance on (or off) for all its requests")
         start = time.perf_counter()
+        for r in reqs:
+            r.started_at = start
         b_pad, t_pad, l_pad = self.bucket(reqs)
         guided = s0.guidance_scale != 0
         cv = self._canvas((b_pad, t_pad, l_pad, guided))

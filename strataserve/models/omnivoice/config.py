@@ -73,7 +73,10 @@ def load_omnivoice_config(model_dir: str | Path) -> OmniVoiceConfig:
     if arch is None:
         raise UnsupportedTTSVariantError(f"{folder}: backbone model_type {llm.get('model_type')!r} is not "
                                          f"supported; supported: {', '.join(_BACKBONES)}")
-    dec = replace(decoder_config_from_dict({**llm, "architectures": [arch]}), tie_word_embeddings=True)
+    # the weights' dtype is written at the top level; the backbone's sub-config usually carries none
+    dtype = llm.get("dtype") or llm.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype")
+    dec = replace(decoder_config_from_dict({**llm, "architectures": [arch], "dtype": dtype}),
+                  tie_word_embeddings=True)
     tok_dir = folder / "audio_tokenizer"
     if not (tok_dir / "config.json").is_file():
         raise MissingCheckpointFileError(f"{tok_dir}: config.json is missing (the Higgs audio tokenizer that "

@@ -36,7 +36,10 @@ class LoadedOmniVoice:
 
 def _resolve_dtype(dtype: str, cfg: OmniVoiceConfig, dev: torch.device) -> torch.dtype:
     if dtype == "auto":
-        return _DTYPES.get(cfg.llm.torch_dtype, torch.bfloat16) if dev.type == "cuda" else torch.float32
+        # the backbone's own config often says float32 (the package saves its sub-config as built, whatever the
+        # weights): on a GPU that would run the canvas in fp32, ~10x slower than bf16 for no audible gain
+        half = cfg.llm.torch_dtype if cfg.llm.torch_dtype in ("bfloat16", "float16") else "bfloat16"
+        return _DTYPES[half] if dev.type == "cuda" else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r}: use one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
