@@ -36,15 +36,17 @@ TINY_CODEC = dict(target_bandwidths=[0.5, 1, 1.5, 2], codebook_size=1024, codebo
 def import_reference() -> types.ModuleType:
     import transformers.modeling_utils  # noqa: F401 -- its lazy imports probe for torchaudio: load them first
 
-    try:
-        import torchaudio  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("torchaudio")
-        stub.functional = types.ModuleType("torchaudio.functional")
-        sys.modules.setdefault("torchaudio", stub)
-        sys.modules.setdefault("torchaudio.functional", stub.functional)
+    if "torchaudio" not in sys.modules:
+        try:
+            import torchaudio  # noqa: F401
+        except ImportError:  # absent: stand in for the import only
+            stub = types.ModuleType("torchaudio")
+            stub.functional = types.ModuleType("torchaudio.functional")
+            sys.modules.update({"torchaudio": stub, "torchaudio.functional": stub.functional})
     import omnivoice.models.omnivoice as ref
 
+    for k in [k for k in sys.modules if k.startswith("torchaudio") and sys.modules[k].__spec__ is None]:
+        del sys.modules[k]
     return ref
 
 
