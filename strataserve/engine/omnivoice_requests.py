@@ -96,7 +96,7 @@ class OmniVoiceRequests:
     def __init__(self, ov: LoadedOmniVoice, policy: ChunkPolicy = ChunkPolicy(),
                  encode_reference=None) -> None:
         self.ov, self.policy = ov, policy
-        #: ``(audio bytes, filename-less) -> tokens [C, T]``; None: cloning from raw audio is not available
+        #: ``audio file bytes -> (tokens [C, T], rms)``; None: cloning from raw audio is not available
         self.encode_reference = encode_reference
 
     @property
@@ -111,10 +111,10 @@ class OmniVoiceRequests:
                 raise TTSInputError("ref_audio: voice cloning from raw audio needs the audio tokenizer's encoder "
                                     "(torchaudio) on the server; register the voice instead (voices/NAME.pt)")
             try:
-                tokens = self.encode_reference(ref_audio)
+                tokens, rms = self.encode_reference(ref_audio)
             except ValueError as exc:
                 raise TTSInputError(str(exc)) from None
-            return VoiceReference(tokens, ref_text.strip())
+            return VoiceReference(tokens, ref_text.strip(), rms)
         if voice is None or voice.lower() in AUTO_VOICES:
             return None
         ref = self.ov.voices.get(voice.lower())
@@ -152,5 +152,9 @@ class OmniVoiceRequests:
             n = min(frames_of(piece), limit)
             ids, a0 = build_input_ids(self.ov.tokenizer, piece, n, cfg.num_codebooks, cfg.audio_mask_id,
                                       language=lang, instruct=instr, ref=ref)
+            max_pos = int(self.ov.model.backbone.cos_sin_cache.shape[0])
+            if ids.shape[1] > max_pos:
+                raise TTSInputError(f"input: prompt, reference clip and audio need {ids.shape[1]} positions; the "
+                                    f"model takes {max_pos}: shorten the text or the reference clip")
             reqs.append(NARRequest(f"{request_id}.{i}", ids, a0, n, settings, base + i))
         return reqs, ref

@@ -159,3 +159,41 @@ def test_loading_errors_are_named(ckpt, tmp_path, breaks, match):
     breaks(broken)
     with pytest.raises(ValueError, match=match):
         load_omnivoice(broken, device="cpu")
+
+
+def test_cloning_from_a_clip_puts_its_tokens_in_the_prompt(ckpt):
+    """The encoder (the whole Higgs tokenizer, torchaudio) is stood in for; what is tested is the request built
+    around its tokens: denoise tag, transcript before the text, the clip's tokens before the target."""
+    from strataserve.engine.omnivoice_requests import OmniVoiceRequests
+    from strataserve.engine.tts_engine import TTSInputError
+
+    ov = load_omnivoice(ckpt, device="cpu")
+    clip = torch.randint(0, 1024, (8, 6))
+
+    def encode(audio: bytes):
+        if audio == b"bad":
+            raise ValueError("ref_audio: not a readable audio file")
+        return clip, 0.05
+
+    reqs, ref = OmniVoiceRequests(ov, encode_reference=encode).build("c", TEXT, ref_audio=b"ok", ref_text="hi there",
+                                                                      seed=1)
+    (r,) = reqs
+    assert ref.rms == 0.05 and r.audio_start + 6 + r.target_len == r.cond_len
+    assert torch.equal(r.input_ids[:, r.audio_start:r.audio_start + 6], clip)
+    denoise = ov.tokenizer.convert_tokens_to_ids("<|denoise|>")
+    assert denoise in r.input_ids[0, :3].tolist()
+    plain = OmniVoiceRequests(ov).build("p", TEXT, seed=1)[0][0]
+    assert denoise not in plain.input_ids[0].tolist()
+    with pytest.raises(TTSInputError, match="readable"):
+        OmniVoiceRequests(ov, encode_reference=encode).build("c", TEXT, ref_audio=b"bad", ref_text="hi")
+
+
+def test_language_instructions_and_chunking_rules():
+    from strataserve.engine.omnivoice_requests import normalize_instructions, resolve_language, split_text
+
+    assert resolve_language("English") == "en" and resolve_language("de") == "de" and resolve_language("auto") is None
+    assert normalize_instructions(" Female ,LOW pitch，british accent ") == "female, low pitch, british accent"
+    assert normalize_instructions("女，低音调") == "女，低音调"
+    pieces = split_text("One two three. Four five six seven! Eight, nine ten eleven twelve thirteen.", len, 20)
+    assert pieces == ["One two three.", "Four five six seven!", "Eight,", "nine ten eleven", "twelve thirteen."]
+    assert all(len(p) <= 20 for p in pieces)

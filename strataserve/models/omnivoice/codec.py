@@ -114,7 +114,8 @@ class ReferenceEncoder:
             return False
 
     @torch.inference_mode()
-    def __call__(self, audio: bytes) -> torch.Tensor:
+    def __call__(self, audio: bytes) -> tuple[torch.Tensor, float]:
+        """-> (tokens ``[C, T]``, the clip's RMS; a quiet clip is raised to RMS 0.1 first, as the reference does)."""
         import io
 
         import soundfile as sf
@@ -135,4 +136,7 @@ class ReferenceEncoder:
         wav = wav[:, : wav.shape[-1] // hop * hop]
         if wav.shape[-1] == 0:
             raise ValueError("ref_audio: the clip is shorter than one audio frame")
-        return self._model.encode(wav[None].to(self.device)).audio_codes[0].long().cpu()
+        rms = float(wav.pow(2).mean().sqrt())
+        if 0 < rms < 0.1:
+            wav = wav * (0.1 / rms)
+        return self._model.encode(wav[None].to(self.device)).audio_codes[0].long().cpu(), rms
