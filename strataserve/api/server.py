@@ -28,6 +28,7 @@ from strataserve.api.door import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED_BYTE
 from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import MetricsGroup, ServerMetrics
 from strataserve.api.serving import ServerState
+from strataserve.models.omnivoice.config import is_omnivoice_dir
 from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir
 from strataserve.config import EngineConfig
 from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
@@ -177,13 +178,14 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
     """Every backend the options declare, registered with one router (the model repository is started here).
     ``engines`` maps each local model's name to its ``AsyncLLM`` or, for a speech checkpoint, its ``AsyncTTS``."""
     from strataserve.engine.async_tts import AsyncTTS
+    from strataserve.engine.omnivoice_tts import AsyncOmniVoice
 
     router = Router(options.sla, RouterMetrics(registry), KeyQuota(options.rate))
     group, speech_group = MetricsGroup(registry), MetricsGroup(registry)
     restarts = RestartMetrics(registry)
     for spec in options.llms:
         engine = engines[spec.name]
-        if isinstance(engine, AsyncTTS):  # in-process: no engine process to supervise
+        if isinstance(engine, (AsyncTTS, AsyncOmniVoice)):  # in-process: no engine process to supervise
             router.add(TTSBackend(engine, speech_group, spec.gpu_cost_per_hour))
             continue
         backend = LocalLLMBackend(build_state(engine, spec, group), spec.gpu_cost_per_hour)
@@ -324,7 +326,7 @@ def serve(options: ServeOptions, console: Console | None = None) -> None:
     engines: dict[str, Any] = {}
     try:
         for spec in options.llms:
-            if is_qwen3_tts_dir(spec.engine.model.model):  # a speech model: served at /v1/audio/speech
+            if is_qwen3_tts_dir(spec.engine.model.model) or is_omnivoice_dir(spec.engine.model.model):  # speech
                 engines[spec.name] = _load_speech(spec, console)
             else:  # an LLM, in its own engine-core process
                 engines[spec.name] = load_engine(spec.engine, console, options.startup_timeout_s, spec.name)
@@ -336,11 +338,21 @@ def serve(options: ServeOptions, console: Console | None = None) -> None:
 
 
 def _load_speech(spec: LocalLLMSpec, console: Console) -> Any:
-    """An in-process ``AsyncTTS`` (its engine core runs on a thread) for a Qwen3-TTS checkpoint folder."""
+    """An in-process ``AsyncTTS`` (its engine core runs on a thread) for a Qwen3-TTS checkpoint folder, or an
+    ``AsyncOmniVoice`` (its batching scheduler runs on a thread) for an OmniVoice folder."""
     from strataserve.engine.async_tts import AsyncTTS
     from strataserve.engine.mp_client import EngineStartupError
+    from strataserve.engine.omnivoice_tts import AsyncOmniVoice
 
     cfg, name = spec.engine, spec.name
+    if is_omnivoice_dir(cfg.model.model):
+        with console.status(f"[bold]Loading speech model[/] {cfg.model.model}…"):
+            try:
+                return AsyncOmniVoice.from_pretrained(cfg.model.model, device=cfg.model.device,
+                                                      dtype=cfg.model.dtype, mode=cfg.runner.mode,
+                                                      max_batch=cfg.scheduler.max_num_seqs, name=name)
+            except ValueError as exc:
+                raise EngineStartupError(str(exc)) from None
 
     with console.status(f"[bold]Loading speech model[/] {cfg.model.model}…"):
         try:

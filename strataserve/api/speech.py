@@ -6,7 +6,8 @@ model or raises ``APIError`` (404). Body: ``model``, ``input``, ``voice``, ``ins
 ``stream_format`` ("audio": the body streams as frames are decoded; "sse": ``speech.audio.delta`` events with
 base64 audio, then ``speech.audio.done``, whose usage counts the talker's prompt positions as input tokens and
 codec frames as output tokens), plus extras: ``language``, ``temperature``, ``top_k``, ``top_p``,
-``repetition_penalty``, ``seed``, ``max_new_frames``.
+``repetition_penalty``, ``seed``, ``max_new_frames``; for non-autoregressive models (OmniVoice) ``num_step``,
+``guidance_scale``, ``speed`` and voice cloning from ``ref_audio`` (base64 audio file) + ``ref_text``.
 
 Streaming "audio": pcm and wav go out chunk by chunk (the WAV header, sent first, carries the "unknown length"
 sizes 0xFFFFFFFF that streaming readers accept); flac and mp3 are encoded once the clip is complete. A client
@@ -47,6 +48,11 @@ class SpeechRequest(BaseModel):
     repetition_penalty: float | None = None
     seed: int | None = None
     max_new_frames: int | None = None
+    # non-autoregressive models (OmniVoice): unmasking steps, guidance, and a reference clip to clone
+    num_step: int | None = None
+    guidance_scale: float | None = None
+    ref_audio: str | None = None  # base64 of an audio file (wav / flac / ...)
+    ref_text: str | None = None  # its transcript
 
 
 def pcm16(x: np.ndarray) -> bytes:
@@ -95,15 +101,33 @@ def _check(body: SpeechRequest) -> str:
     if body.stream_format == "sse" and fmt == "flac":
         raise bad_request("flac cannot be sent as SSE deltas; use pcm, wav or mp3 with stream_format 'sse'",
                           param="response_format")
-    if body.speed != 1.0:
-        raise bad_request("speed other than 1.0 is not supported by this model (it would need time-stretching "
-                          "that changes the voice); omit it or send 1.0", param="speed")
     return fmt
+
+
+def _model_kwargs(body: SpeechRequest, tts: Any) -> dict[str, Any]:
+    """What only some speech models take: speed and a reference clip (checked against what ``tts`` supports)."""
+    out: dict[str, Any] = {}
+    if body.speed != 1.0:
+        if not getattr(tts, "supports_speed", False):
+            raise bad_request("speed other than 1.0 is not supported by this model (it would need time-stretching "
+                              "that changes the voice); omit it or send 1.0", param="speed")
+        out["speed"] = body.speed
+    if body.ref_audio is not None or body.ref_text is not None:
+        if not getattr(tts, "supports_reference_audio", False):
+            raise bad_request("ref_audio / ref_text (voice cloning from a clip) are not supported by this model",
+                              param="ref_audio")
+        try:
+            out["ref_audio"] = None if body.ref_audio is None else base64.b64decode(body.ref_audio, validate=True)
+        except ValueError:
+            raise bad_request("ref_audio is not valid base64", param="ref_audio") from None
+        out["ref_text"] = body.ref_text
+    return out
 
 
 def _param_of(message: str) -> str | None:
     for key, param in (("input", "input"), ("voice", "voice"), ("language", "language"),
-                       ("instructions", "instructions")):
+                       ("instructions", "instructions"), ("ref_audio", "ref_audio"), ("ref_text", "ref_text"),
+                       ("speed", "speed"), ("num_step", "num_step"), ("guidance_scale", "guidance_scale")):
         if message.startswith(key):
             return param
     head = message.split("=", 1)[0].strip()
@@ -161,10 +185,12 @@ def make_speech_router(resolve: Callable[[str | None], Any]) -> APIRouter:
         tts = resolve(body.model)
         params = SpeechParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                               repetition_penalty=body.repetition_penalty, seed=body.seed,
-                              max_new_frames=body.max_new_frames)
+                              max_new_frames=body.max_new_frames, num_step=body.num_step,
+                              guidance_scale=body.guidance_scale)
+        extra = _model_kwargs(body, tts)
         try:
             stream = tts.synthesize(body.input, voice=body.voice, language=body.language,
-                                    instructions=body.instructions, params=params)
+                                    instructions=body.instructions, params=params, **extra)
         except TTSInputError as exc:
             raise APIError(400, str(exc), param=_param_of(str(exc))) from None
         sr = tts.sample_rate

@@ -41,6 +41,17 @@ def _per_text(value: T | Sequence[T] | None, n: int, name: str) -> list[T | None
 
 
 class TTS(ServesTTSModel):
+    def __new__(cls, model: str | Path | TTSModel, **kwargs: object):
+        """An OmniVoice folder gets the non-autoregressive runner's offline front (``OmniVoiceTTS``)."""
+        from strataserve.models.omnivoice.config import is_omnivoice_dir
+
+        if cls is TTS and isinstance(model, (str, Path)) and is_omnivoice_dir(model):
+            from strataserve.engine.omnivoice_tts import OmniVoiceTTS
+
+            load = {k: kwargs[k] for k in ("device", "dtype", "mode") if k in kwargs}
+            return OmniVoiceTTS.from_pretrained(model, max_batch=int(kwargs.get("max_num_seqs", 32)), **load)
+        return super().__new__(cls)
+
     def __init__(self, model: str | Path | TTSModel, *, device: str = "auto", dtype: str = "auto",
                  mode: str = "auto", max_num_seqs: int = 32, max_num_batched_tokens: int = 2048,
                  num_blocks: int | None = None, block_size: int = 16, kv_cache_memory_gib: float = 0.5,

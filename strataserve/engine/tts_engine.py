@@ -51,6 +51,9 @@ class SpeechParams:
     code_temperature: float | None = None  # the reference's subtalker_* settings
     code_top_k: int | None = None
     code_top_p: float | None = None
+    # non-autoregressive models (OmniVoice) only: unmasking steps and classifier-free guidance scale
+    num_step: int | None = None
+    guidance_scale: float | None = None
 
 
 _REF_DEFAULTS = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_new_frames=2048,
@@ -144,6 +147,9 @@ def build_talker(cfg: Qwen3TTSConfig, dev: torch.device, dt: torch.dtype, mode: 
 
 def resolve_params(p: SpeechParams, defaults: dict[str, Any]) -> tuple[SamplingParams, CodeSampling]:
     """Fill unset fields (checkpoint defaults, then the reference's); raise TTSInputError on bad values."""
+    if p.num_step is not None or p.guidance_scale is not None:
+        raise TTSInputError("num_step and guidance_scale apply to non-autoregressive models (OmniVoice); this "
+                            "model generates frame by frame: omit them")
     v = {}
     for name, ref in _REF_DEFAULTS.items():
         given = getattr(p, name)

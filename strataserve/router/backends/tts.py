@@ -1,9 +1,11 @@
-"""A local text-to-speech engine (``AsyncTTS``: Qwen3-TTS on the engine core, in-process) behind the router."""
+"""A local text-to-speech engine behind the router: ``AsyncTTS`` (Qwen3-TTS on the engine core) or
+``AsyncOmniVoice`` (the non-autoregressive runner), in-process."""
 from __future__ import annotations
 
 from typing import Any
 
 from strataserve.api.metrics import MetricsGroup
+from strataserve.api.nar_metrics import NARMetrics
 from strataserve.api.tts_metrics import TTSMetrics
 from strataserve.router.types import Backend, ModelCard, Payload
 
@@ -18,8 +20,12 @@ class TTSBackend(Backend):
         super().__init__(tts.name, gpu_cost_per_hour)
         self.tts = tts
         self.metrics = TTSMetrics(tts, None)
+        # a non-autoregressive runner batches whole requests: its batch sizes and padding are metrics too
+        self.batch_metrics = NARMetrics(tts) if hasattr(tts, "batch_observers") else None
         if metrics_group is not None:
             metrics_group.add(self.metrics)
+            if self.batch_metrics is not None:
+                metrics_group.add(self.batch_metrics)
 
     def ready(self) -> bool:
         try:

@@ -1,0 +1,152 @@
+"""Dynamic batching of whole requests for a non-autoregressive runner (Triton-style): one worker thread waits for
+a request, keeps collecting for ``window_s`` (or until ``max_batch`` are waiting), groups what it has by what must
+match inside one batch (``num_step``, guidance on/off), runs each group to completion on the runner, decodes the
+audio and hands every request its result through its callback (on the worker thread).
+
+Invariants: a request's callback is called exactly once (result or exception), unless it was cancelled while
+still waiting; a running batch is never interrupted (it lasts ``num_step`` forwards); ``shutdown`` fails the
+waiting requests with ``EngineDeadError`` and joins the thread.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from strataserve.engine.core_client import EngineDeadError
+from strataserve.runner.nar_runner import NARRequest, NARRunner
+
+#: (request, tokens [C, T] or None, waveform float32 [samples] or None, error or None)
+Done = Callable[[NARRequest, "torch.Tensor | None", "torch.Tensor | None", "BaseException | None"], None]
+Decode = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+
+
+@dataclass
+class _Job:
+    request: NARRequest
+    done: Done
+    cancelled: bool = False
+
+
+class NARScheduler:
+    def __init__(self, runner: NARRunner, decode: Decode | None, *, window_s: float = 0.005, max_batch: int = 32,
+                 max_canvas_tokens: int = 65536) -> None:
+        if max_batch < 1 or window_s < 0:
+            raise ValueError("max_batch must be >= 1 and window_s >= 0")
+        self.runner, self.decode = runner, decode
+        self.window_s, self.max_batch, self.max_canvas_tokens = window_s, max_batch, max_canvas_tokens
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._jobs: dict[str, _Job] = {}
+        self._lock = threading.Lock()
+        self.num_running = 0
+        self.dead_error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="strata-nar", daemon=True)
+        self._thread.start()
+
+    @property
+    def num_waiting(self) -> int:
+        return self._queue.qsize()
+
+    def check_health(self) -> None:
+        if self.dead_error is not None or self._stop or not self._thread.is_alive():
+            raise EngineDeadError(f"the speech scheduler stopped: {self.dead_error or 'shut down'}")
+
+    def submit(self, request: NARRequest, done: Done) -> None:
+        self.check_health()
+        job = _Job(request, done)
+        with self._lock:
+            self._jobs[request.request_id] = job
+        self._queue.put(job)
+
+    def cancel(self, request_id: str) -> None:
+        """A waiting request is dropped (no callback); a running one completes and its result is ignored."""
+        with self._lock:
+            job = self._jobs.pop(request_id, None)
+        if job is not None:
+            job.cancelled = True
+
+    def _collect(self, first: _Job) -> list[_Job]:
+        jobs, deadline = [first], time.perf_counter() + self.window_s
+        while len(jobs) < self.max_batch:
+            left = deadline - time.perf_counter()
+            try:
+                job = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self._queue.put(None)  # keep the stop marker for the loop
+                break
+            jobs.append(job)
+        return [j for j in jobs if not j.cancelled]
+
+    def _groups(self, jobs: list[_Job]) -> list[list[_Job]]:
+        """Same num_step and guidance on/off per batch; a batch's canvas stays under ``max_canvas_tokens``."""
+        by_key: dict[tuple[int, bool], list[_Job]] = {}
+        for j in jobs:
+            s = j.request.settings
+            by_key.setdefault((s.num_step, s.guidance_scale != 0), []).append(j)
+        out = []
+        for group in by_key.values():
+            group.sort(key=lambda j: j.request.cond_len)  # similar lengths together: less padding
+            batch: list[_Job] = []
+            for j in group:
+                if batch and 2 * (len(batch) + 1) * (j.request.cond_len + self.runner.len_step) > \
+                        self.max_canvas_tokens:
+                    out.append(batch)
+                    batch = []
+                batch.append(j)
+            out.append(batch)
+        return out
+
+    def _run(self, batch: list[_Job]) -> None:
+        self.num_running = len(batch)
+        try:
+            tokens = self.runner.generate([j.request for j in batch])
+            wavs = self.decode(tokens) if self.decode is not None else [None] * len(batch)
+        except Exception as exc:  # noqa: BLE001 -- one bad batch fails its requests, not the server
+            for j in batch:
+                self._finish(j, None, None, exc)
+            return
+        finally:
+            self.num_running = 0
+        for j, tok, wav in zip(batch, tokens, wavs):
+            self._finish(j, tok, wav, None)
+
+    def _finish(self, job: _Job, tokens, wav, err) -> None:
+        with self._lock:
+            self._jobs.pop(job.request.request_id, None)
+        if not job.cancelled:
+            job.done(job.request, tokens, wav, err)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                first = self._queue.get()
+                if first is None or self._stop:  # stopping: what still waits is failed below, not run
+                    return
+                for batch in self._groups(self._collect(first)):
+                    self._run(batch)
+        except BaseException as exc:  # noqa: BLE001 -- recorded; check_health reports it
+            self.dead_error = exc
+        finally:
+            self._fail_waiting()
+
+    def _fail_waiting(self) -> None:
+        err = EngineDeadError(f"the speech scheduler stopped: {self.dead_error or 'shut down'}")
+        with self._lock:
+            jobs, self._jobs = list(self._jobs.values()), {}
+        for j in jobs:
+            if not j.cancelled:
+                j.done(j.request, None, None, err)
+
+    def shutdown(self) -> None:
+        if self._stop:
+            return
+        self._stop = True
+        self._queue.put(None)
+        self._thread.join(timeout=30)
