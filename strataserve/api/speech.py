@@ -6,7 +6,9 @@ model or raises ``APIError`` (404). Body: ``model``, ``input``, ``voice``, ``ins
 ``stream_format`` ("audio": the body streams as frames are decoded; "sse": ``speech.audio.delta`` events with
 base64 audio, then ``speech.audio.done``, whose usage counts the talker's prompt positions as input tokens and
 codec frames as output tokens), plus extras: ``language``, ``temperature``, ``top_k``, ``top_p``,
-``repetition_penalty``, ``seed``, ``max_new_frames``.
+``repetition_penalty``, ``seed``, ``max_new_frames``; voice cloning (Base checkpoints): ``voice`` names a
+registered clone, or ``ref_audio`` (base64 audio file, or ``data:audio/...;base64,`` incl. ``audio/pcm;rate=N``)
++ ``ref_text`` (its transcript; in-context cloning) or + ``x_vector_only: true``.
 
 Streaming "audio": pcm and wav go out chunk by chunk (the WAV header, sent first, carries the "unknown length"
 sizes 0xFFFFFFFF that streaming readers accept); flac and mp3 are encoded once the clip is complete. A client
@@ -26,7 +28,7 @@ from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 
 from strataserve.api.errors import APIError, bad_request
-from strataserve.engine.tts_engine import SpeechParams, TTSInputError
+from strataserve.engine.tts_engine import CloneInput, SpeechParams, TTSInputError
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg"}
 _STREAM_FORMATS = ("audio", "sse")
@@ -47,6 +49,9 @@ class SpeechRequest(BaseModel):
     repetition_penalty: float | None = None
     seed: int | None = None
     max_new_frames: int | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    x_vector_only: bool | None = None
 
 
 def pcm16(x: np.ndarray) -> bytes:
@@ -103,7 +108,7 @@ def _check(body: SpeechRequest) -> str:
 
 def _param_of(message: str) -> str | None:
     for key, param in (("input", "input"), ("voice", "voice"), ("language", "language"),
-                       ("instructions", "instructions")):
+                       ("instructions", "instructions"), ("ref_audio", "ref_audio"), ("ref_text", "ref_text")):
         if message.startswith(key):
             return param
     head = message.split("=", 1)[0].strip()
@@ -164,7 +169,8 @@ def make_speech_router(resolve: Callable[[str | None], Any]) -> APIRouter:
                               max_new_frames=body.max_new_frames)
         try:
             stream = tts.synthesize(body.input, voice=body.voice, language=body.language,
-                                    instructions=body.instructions, params=params)
+                                    instructions=body.instructions, params=params,
+                                    clone=CloneInput(body.ref_audio, body.ref_text, body.x_vector_only))
         except TTSInputError as exc:
             raise APIError(400, str(exc), param=_param_of(str(exc))) from None
         sr = tts.sample_rate

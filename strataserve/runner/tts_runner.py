@@ -76,6 +76,7 @@ class TTSRequestState:
     frames: list[list[int]] = field(default_factory=list)  # complete frames, G codes each
     sampling: SamplingRequest | None = None
     past_hidden: torch.Tensor | None = None  # talker hidden state at the newest sampled position
+    ref_frames: list[list[int]] = field(default_factory=list)  # in-context cloning: decoded before ``frames``
 
 
 class TTSRunner(ModelRunnerBase):
