@@ -17,6 +17,7 @@ import torch
 from _tiny_tts import import_reference, make_tiny_tts
 from strataserve.engine.tts import TTS
 from strataserve.engine.tts_engine import CloneInput, TTSInputError
+from strataserve.models.qwen3_tts.audio_input import decode_audio, resample
 from strataserve.models.qwen3_tts.config import MissingCheckpointFileError
 
 MAX = 12
@@ -138,6 +139,22 @@ def test_raw_pcm_data_url_is_read_at_its_rate(base):
     want = tts.model.cloner.prompt((pcm.astype(np.float32) / 32768.0, 16000), "words")
     torch.testing.assert_close(got.speaker_embedding, want.speaker_embedding)
     assert torch.equal(got.ref_codes, want.ref_codes)
+
+
+def test_resample_equals_librosa_and_channels_are_averaged():
+    import librosa  # what the reference resamples with (its default: soxr HQ, length fixed to ceil(n * ratio))
+
+    rng = np.random.default_rng(5)
+    for sr in (8000, 16000, 22050, 44100, 48000):
+        x = (0.1 * rng.standard_normal(int(0.37 * sr) + 3)).astype(np.float32)
+        want = librosa.resample(x, orig_sr=sr, target_sr=24000)
+        got = resample(x, sr, 24000)
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    stereo = np.stack([x, -0.5 * x], axis=1)
+    mono, rate = decode_audio(_wav_bytes(stereo, 48000))
+    assert rate == 48000 and mono.shape == x.shape
+    np.testing.assert_allclose(mono, 0.25 * x, atol=1e-7)
 
 
 @pytest.mark.parametrize("kw, match", [
