@@ -168,9 +168,11 @@ def make_speech_router(resolve: Callable[[str | None], Any]) -> APIRouter:
                               repetition_penalty=body.repetition_penalty, seed=body.seed,
                               max_new_frames=body.max_new_frames)
         try:
+            clone = CloneInput(body.ref_audio, body.ref_text, body.x_vector_only)
+            if hasattr(tts, "encode_reference"):  # voice cloning: encoders off the event loop
+                clone = await tts.encode_reference(clone)
             stream = tts.synthesize(body.input, voice=body.voice, language=body.language,
-                                    instructions=body.instructions, params=params,
-                                    clone=CloneInput(body.ref_audio, body.ref_text, body.x_vector_only))
+                                    instructions=body.instructions, params=params, clone=clone)
         except TTSInputError as exc:
             raise APIError(400, str(exc), param=_param_of(str(exc))) from None
         sr = tts.sample_rate

@@ -27,7 +27,7 @@ import torch
 from strataserve.engine.core_client import EngineDeadError, InprocCoreClient
 from strataserve.engine.protocol import EngineCoreOutput, SchedulerStats
 from strataserve.engine.tts_engine import CloneInput, SpeechParams, ServesTTSModel, TTSModel, build_core, \
-    build_request, load_tts_model
+    build_request, encode_reference, load_tts_model
 
 
 @dataclass
@@ -172,6 +172,13 @@ class AsyncTTS(ServesTTSModel):
             raise
         self._ensure_pump()
         return stream
+
+    async def encode_reference(self, clone: CloneInput) -> CloneInput:
+        """Encode a request's reference audio (voice cloning) on a worker thread: the speaker and codec encoders
+        would otherwise stall the event loop (and every stream on it) for their whole run."""
+        if clone.ref_audio is None or self.model.cloner is None:
+            return clone
+        return await asyncio.get_running_loop().run_in_executor(None, encode_reference, self.model, clone)
 
     async def _decode(self, frames: list[list[int]], start: int, end: int) -> np.ndarray:
         codec, dev = self.model.codec, self.model.codec_device

@@ -9,6 +9,7 @@ runner (prompt embeddings, sampling). The generic ``EngineCore`` (scheduler + pa
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,10 +186,24 @@ class CloneInput:
     ref_text: str | None = None
     x_vector_only: bool | None = None
     allow_paths: bool = False  # offline callers may name a file; network input never reads the server's disk
+    encoded: VoiceClonePrompt | None = None  # ref_audio already encoded (``encode_reference``)
 
     @property
     def given(self) -> bool:
         return self.ref_audio is not None or bool(self.ref_text) or self.x_vector_only is not None
+
+
+def encode_reference(model: TTSModel, clone: CloneInput) -> CloneInput:
+    """Run the encoders on ``clone.ref_audio`` now (a server does it on a worker thread, off its event loop);
+    raises TTSInputError for unusable audio or a missing transcript. Other checks stay with ``build_request``."""
+    if clone.ref_audio is None or clone.encoded is not None or model.cloner is None:
+        return clone
+    try:
+        prompt = model.cloner.prompt(clone.ref_audio, clone.ref_text, bool(clone.x_vector_only),
+                                     allow_paths=clone.allow_paths)
+    except ValueError as exc:
+        raise TTSInputError(str(exc)) from None
+    return dataclasses.replace(clone, encoded=prompt)
 
 
 def _clone_prompt(model: TTSModel, voice: str | None, clone: CloneInput) -> VoiceClonePrompt:
@@ -198,11 +213,9 @@ def _clone_prompt(model: TTSModel, voice: str | None, clone: CloneInput) -> Voic
         if voice not in (None, "", "default"):
             raise TTSInputError(f"voice {voice!r} and ref_audio were both given: send a registered voice, or "
                                 "ref_audio (+ ref_text) for a voice of its own")
-        try:
-            return cloner.prompt(clone.ref_audio, clone.ref_text, bool(clone.x_vector_only),
-                                 allow_paths=clone.allow_paths)
-        except ValueError as exc:
-            raise TTSInputError(str(exc)) from None
+        prompt = encode_reference(model, clone).encoded
+        assert prompt is not None
+        return prompt
     if clone.ref_text:
         raise TTSInputError("ref_text was given without ref_audio: send the reference audio too")
     if not voice or voice.lower() not in cloner.voices:
