@@ -9,8 +9,7 @@ runner (prompt embeddings, sampling). The generic ``EngineCore`` (scheduler + pa
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,14 @@ from strataserve.engine.engine_core import EngineCore
 from strataserve.engine.protocol import EngineCoreRequest
 from strataserve.engine.sampling_params import SamplingParams
 from strataserve.models.loader import resolve_device
+from strataserve.models.qwen3_tts.audio_input import AudioSource
 from strataserve.models.qwen3_tts.codec import CodecDecoder
 from strataserve.models.qwen3_tts.config import Qwen3TTSConfig, UnsupportedTTSVariantError, load_tts_config, \
     read_generation_defaults
-from strataserve.models.qwen3_tts.audio_input import AudioSource
 from strataserve.models.qwen3_tts.loader import load_codec, load_talker, load_voice_cloner
 from strataserve.models.qwen3_tts.prompt import build_prompt
-from strataserve.models.qwen3_tts.voice_clone import VoiceClonePrompt, VoiceCloner
 from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
+from strataserve.models.qwen3_tts.voice_clone import VoiceClonePrompt, VoiceCloner
 from strataserve.runner.attention import kv_cache_bytes_per_block
 from strataserve.runner.model_runner import select_ops
 from strataserve.runner.tts_runner import CodeSampling, TTSRequestState, TTSRunner
@@ -203,7 +202,7 @@ def encode_reference(model: TTSModel, clone: CloneInput) -> CloneInput:
                                      allow_paths=clone.allow_paths)
     except ValueError as exc:
         raise TTSInputError(str(exc)) from None
-    return dataclasses.replace(clone, encoded=prompt)
+    return replace(clone, encoded=prompt)
 
 
 def _clone_prompt(model: TTSModel, voice: str | None, clone: CloneInput) -> VoiceClonePrompt:

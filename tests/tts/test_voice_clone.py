@@ -192,3 +192,12 @@ def test_clone_fields_on_a_custom_voice_model_and_missing_encoder(weak_eos_ckpt,
     (variant / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(MissingCheckpointFileError, match="speaker_encoder"):
         TTS(str(variant), device="cpu")
+    # a Base checkpoint whose speech tokenizer lacks its encoder (in-context cloning needs it)
+    from safetensors.torch import load_file, save_file
+
+    no_enc = tmp_path / "no_codec_encoder"
+    shutil.copytree(base[0], no_enc)
+    st = no_enc / "speech_tokenizer" / "model.safetensors"
+    save_file({k: v for k, v in load_file(str(st)).items() if not k.startswith("encoder.")}, str(st))
+    with pytest.raises(MissingCheckpointFileError, match="no encoder"):
+        TTS(str(no_enc), device="cpu")

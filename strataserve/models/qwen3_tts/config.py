@@ -227,7 +227,8 @@ def tts_config_from_dict(raw: dict[str, Any], speech_tokenizer: dict[str, Any] |
     spk_enc = _speaker_encoder_config(raw.get("speaker_encoder_config") or {}) if kind == "base" else None
     if spk_enc is not None and spk_enc.enc_dim != talker.hidden_size:
         raise UnsupportedTTSVariantError(f"config.json: speaker_encoder_config.enc_dim={spk_enc.enc_dim} must equal "
-                                         f"the talker's hidden_size={talker.hidden_size} (the x-vector is a prompt row)")
+                                         f"the talker's hidden_size={talker.hidden_size} (the x-vector is a prompt "
+                                         "row)")
     dialects = {k.lower(): (v or None) for k, v in (t.get("spk_is_dialect") or {}).items()}
     return Qwen3TTSConfig(
         model_type=kind, model_size=str(raw.get("tts_model_size") or ""), talker=talker, code_predictor=predictor,

@@ -53,7 +53,8 @@ class VoiceCloner:
         embedding = self.speaker_encoder.embed(torch.from_numpy(spk_wav))
         codes = None
         if not x_vector_only:
-            codes = self.codec_encoder.encode(torch.from_numpy(resample(wav, sr, self.codec_encoder.cfg.input_sample_rate)))
+            rate = self.codec_encoder.cfg.input_sample_rate
+            codes = self.codec_encoder.encode(torch.from_numpy(resample(wav, sr, rate)))
         return VoiceClonePrompt(embedding, codes, None if x_vector_only else ref_text)
 
     def register(self, name: str, ref_audio: AudioSource, ref_text: str | None = None,
