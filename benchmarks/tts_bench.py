@@ -126,7 +126,8 @@ def add(core, runner, model: TTSModel, rid: str, text: list[int]) -> None:
                                        eos_token_id=model.config.codec_eos_id))
 
 
-def run_ours(core, runner, model: TTSModel, texts: list[list[int]], tag: str) -> tuple[int, float]:
+def run_ours(core, runner, model: TTSModel, texts: list[list[int]], tag: str,
+             frames_out: list | None = None) -> tuple[int, float]:
     sync()
     t0 = time.perf_counter()
     for i, t in enumerate(texts):
@@ -138,8 +139,53 @@ def run_ours(core, runner, model: TTSModel, texts: list[list[int]], tag: str) ->
     frames = 0
     for i in range(len(texts)):
         frames += len(runner.states[f"{tag}-{i}"].frames)
+        if frames_out is not None:
+            frames_out.append(runner.states[f"{tag}-{i}"].frames)
         runner.release(f"{tag}-{i}", deferred=False)
     return frames, dt
+
+
+def step_ab(core, runner, model: TTSModel, texts: list[list[int]], name: str, rounds: int = 3) -> list[dict]:
+    """Batch 16, all-greedy code predictor: the argmax-only graphs vs the general (sampling) graphs, alternating
+    in the same process; then, once, where the step's wall time goes (CUDA kernel time vs host) with the profiler."""
+    rows, greedy_graphs = [], runner.greedy_graphs
+    if greedy_graphs is None:
+        return rows
+    try:
+        for rnd in range(rounds):
+            got: dict[bool, list] = {}
+            for use in ((True, False) if rnd % 2 == 0 else (False, True)):
+                runner.greedy_graphs = greedy_graphs if use else None
+                got[use] = []
+                n, dt = run_ours(core, runner, model, texts[:16], f"ab{rnd}{int(use)}", got[use])
+                rows.append(emit(shape=name, round=rnd, runner="strataserve", metric="b16_greedy_graphs_ab",
+                                 greedy_graphs=use, batch=16, frames=n, s=round(dt, 3),
+                                 per_sample_fps=round(n / dt / 16, 2)))
+            # greedy everywhere: both graph sets must give the same frames
+            rows.append(emit(shape=name, round=rnd, metric="b16_greedy_graphs_frames_identical",
+                             value=got[True] == got[False]))
+        from torch.profiler import ProfilerActivity, profile
+
+        for use in (True, False):
+            runner.greedy_graphs = greedy_graphs if use else None
+            steps0 = runner.fused_steps
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                n, dt = run_ours(core, runner, model, texts[:16], f"prof{int(use)}")
+            kern = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+            cuda_s = sum(e.self_device_time_total for e in kern) / 1e6
+            steps = runner.fused_steps - steps0
+            rows.append(emit(shape=name, runner="strataserve", metric="b16_step_profile", greedy_graphs=use,
+                             batch=16, wall_s=round(dt, 3), cuda_kernel_s=round(cuda_s, 3), decode_steps=steps,
+                             kernels=sum(e.count for e in kern),
+                             top=[(e.key[:60], round(e.self_device_time_total / 1e3, 1), e.count)
+                                  for e in sorted(kern, key=lambda e: -e.self_device_time_total)[:8]]))
+    except Exception:  # noqa: BLE001 - benchmark: report and go on
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        runner.greedy_graphs = greedy_graphs
+    return rows
 
 
 def time_to_first_audio(model: TTSModel, text: list[int], trials: int = 5) -> list[float]:
@@ -230,10 +276,13 @@ def main() -> None:
                         n, dt = run_ours(core, runner, model, texts[:b], f"r{rnd}b{b}")
                         rows.append(emit(shape=name, round=rnd, runner="strataserve", batch=b, frames=n,
                                          s=round(dt, 3), fps=round(n / dt, 1), per_sample_fps=round(n / dt / b, 2)))
+        if os.environ.get("STEP_AB") and 16 in BATCHES:
+            rows += step_ab(core, runner, model, texts, name)
         core.shutdown()
-        ttfa = time_to_first_audio(model, texts[0])
-        rows.append(emit(shape=name, runner="strataserve", metric="time_to_first_audio_s", batch=1,
-                         values=[round(v, 4) for v in ttfa], median=round(sorted(ttfa)[len(ttfa) // 2], 4)))
+        if not os.environ.get("SKIP_TTFA"):
+            ttfa = time_to_first_audio(model, texts[0])
+            rows.append(emit(shape=name, runner="strataserve", metric="time_to_first_audio_s", batch=1,
+                             values=[round(v, 4) for v in ttfa], median=round(sorted(ttfa)[len(ttfa) // 2], 4)))
         refs = [r["per_sample_fps"] for r in rows if r.get("runner") == "reference"]
         fasts = [r["per_sample_fps"] for r in rows if r.get("runner") == "faster-qwen3-tts"]
         ours1 = [r["per_sample_fps"] for r in rows if r.get("runner") == "strataserve" and r.get("batch") == 1

@@ -44,11 +44,24 @@ def _unregister_reference_rope() -> None:
 _REFERENCE_ROPE: dict[str, Any] = {}
 
 
+def _mimi_aware(fn):
+    """The reference's "default" initialiser reads ``config.rope_theta``, which transformers 5's MimiConfig (the
+    speech tokenizer's encoder) keeps in ``rope_parameters``: give Mimi its own default (the same formula)."""
+    def init(config, device=None, *args, **kwargs):
+        from transformers import MimiConfig
+        from transformers.models.mimi.modeling_mimi import MimiRotaryEmbedding
+
+        if isinstance(config, MimiConfig):
+            return MimiRotaryEmbedding.compute_default_rope_parameters(config, device)
+        return fn(config, device, *args, **kwargs)
+    return init
+
+
 @contextlib.contextmanager
 def reference_rope():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    ROPE_INIT_FUNCTIONS.update(_REFERENCE_ROPE)
+    ROPE_INIT_FUNCTIONS.update({k: _mimi_aware(v) for k, v in _REFERENCE_ROPE.items()})
     try:
         yield
     finally:
@@ -73,13 +86,18 @@ def import_reference() -> types.SimpleNamespace:
     import qwen_tts  # noqa: F401  (registers the rope init the configs need)
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
     from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
-    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder, \
+        Qwen3TTSTokenizerV2Model
+    from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel  # the voice-clone entry points
+    from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
 
     for k in [k for k in sys.modules if k.startswith("torchaudio") and sys.modules[k].__spec__ is None]:
         del sys.modules[k]
     _unregister_reference_rope()
     return types.SimpleNamespace(Config=Qwen3TTSConfig, Model=Qwen3TTSForConditionalGeneration,
-                                 CodecConfig=Qwen3TTSTokenizerV2Config, Codec=Qwen3TTSTokenizerV2Decoder)
+                                 CodecConfig=Qwen3TTSTokenizerV2Config, Codec=Qwen3TTSTokenizerV2Decoder,
+                                 Tokenizer=Qwen3TTSTokenizerV2Model, Wrapper=Qwen3TTSModel,
+                                 SpeechTokenizer=Qwen3TTSTokenizer)
 
 
 def tiny_config(ref, kind: str = "custom_voice", size: str = "1b7", **talker_overrides: Any):
@@ -99,9 +117,13 @@ def tiny_config(ref, kind: str = "custom_voice", size: str = "1b7", **talker_ove
                   rope_scaling={"rope_type": "default", "mrope_section": [2, 2, 2], "interleaved": True},
                   code_predictor_config=pred)
     talker.update(talker_overrides)
+    # the Base variant's ECAPA-TDNN speaker encoder; its x-vector is a talker row (enc_dim = talker width)
+    spk = dict(mel_dim=128, enc_dim=talker["hidden_size"], enc_channels=[16, 16, 16, 16, 48],
+               enc_kernel_sizes=[5, 3, 3, 3, 1], enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=8,
+               enc_res2net_scale=4, enc_se_channels=8, sample_rate=24000)
     return ref.Config(talker_config=talker, tokenizer_type="qwen3_tts_tokenizer_12hz", tts_model_size=size,
                       tts_model_type=kind, tts_bos_token_id=TEXT_VOCAB - 3, tts_eos_token_id=TEXT_VOCAB - 2,
-                      tts_pad_token_id=TEXT_VOCAB - 1)
+                      tts_pad_token_id=TEXT_VOCAB - 1, speaker_encoder_config=spk)
 
 
 def tiny_codec_config(ref):
@@ -109,14 +131,21 @@ def tiny_codec_config(ref):
                num_attention_heads=4, num_key_value_heads=4, head_dim=8, intermediate_size=64, num_hidden_layers=2,
                sliding_window=6, upsample_rates=[2, 2], upsampling_ratios=[2], decoder_dim=32,
                max_position_embeddings=1024)
-    return ref.CodecConfig(decoder_config=dec, decode_upsample_rate=8, encode_downsample_rate=8,
-                           encoder_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                               num_key_value_heads=2, intermediate_size=32, codebook_dim=16))
+    # a Mimi encoder downsampling by 8 * 6 * 4 (convs) * 2 (frame rate) = 384: 62.5 frames a second, so that
+    # reference clips of a fraction of a second stay short prompts (the decoder's rate does not have to match)
+    enc = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+               intermediate_size=32, num_filters=4, upsampling_ratios=[8, 6, 4], codebook_size=CODEBOOK,
+               codebook_dim=16, vector_quantization_hidden_dimension=16, num_quantizers=2 * GROUPS,
+               num_semantic_quantizers=1, upsample_groups=16, sampling_rate=24000, max_position_embeddings=1024,
+               sliding_window=4)
+    return ref.CodecConfig(decoder_config=dec, decode_upsample_rate=8, encode_downsample_rate=384,
+                           encoder_config=enc, encoder_valid_num_quantizers=GROUPS)
 
 
 def make_tiny_tts(path: str | Path, kind: str = "custom_voice", size: str = "1b7", seed: int = 0,
                   std: float = 0.3, eos_boost: float = 1.5) -> tuple[Path, Any, Any]:
-    """Write a tiny checkpoint folder; returns (path, reference model, reference codec decoder), float32 eval."""
+    """Write a tiny checkpoint folder; returns (path, reference model, reference codec decoder), float32 eval.
+    For ``kind="base"`` the third item is the reference's whole speech tokenizer (encoder + ``.decoder``)."""
     from safetensors.torch import save_file
 
     ref = import_reference()
@@ -146,7 +175,8 @@ def make_tiny_tts(path: str | Path, kind: str = "custom_voice", size: str = "1b7
 
     ccfg = tiny_codec_config(ref)
     with reference_rope():
-        codec = ref.Codec(ccfg.decoder_config).eval()
+        full = ref.Tokenizer(ccfg).eval() if kind == "base" else None
+        codec = full.decoder if full is not None else ref.Codec(ccfg.decoder_config).eval()
     with torch.no_grad():
         for name, p in codec.named_parameters():
             if name.endswith("cluster_usage"):
@@ -158,9 +188,32 @@ def make_tiny_tts(path: str | Path, kind: str = "custom_voice", size: str = "1b7
             elif name.endswith(("weight", "gamma", "scale")) and "norm" not in name:
                 p.normal_(0.0, 0.15)  # HF's small init (and 1e-6 / 0.01 scales) would leave the audio near silent
     ccfg.save_pretrained(path / "speech_tokenizer")
-    save_file({f"decoder.{k}": v.contiguous() for k, v in codec.state_dict().items()},
-              str(path / "speech_tokenizer" / "model.safetensors"))
+    state = {f"decoder.{k}": v.contiguous() for k, v in codec.state_dict().items()}
+    if full is not None:
+        _random_encoder(full.encoder)
+        state.update({f"encoder.{k}": v.contiguous() for k, v in full.encoder.state_dict().items()})
+        codec = full
+    save_file(state, str(path / "speech_tokenizer" / "model.safetensors"))
     return path, model, codec
+
+
+@torch.no_grad()
+def _random_encoder(enc) -> None:
+    """Mimi's codebooks start empty (every frame -> code 0): fill them so reference clips get varied codes; give
+    its transformer full-strength layer scales and larger weights so that attention (and its window) matters."""
+    for name, p in enc.named_parameters():
+        if name.startswith("encoder_transformer."):
+            if name.endswith("scale"):
+                p.fill_(1.0)
+            elif name.endswith("proj.weight") or "fc" in name:
+                p.normal_(0.0, 0.5)
+    for name, b in enc.named_buffers():
+        if name.endswith("embed_sum"):
+            b.normal_(0.0, 1.0)
+        elif name.endswith("cluster_usage"):
+            b.uniform_(0.5, 2.0)
+        elif name.endswith("initialized"):
+            b.fill_(1.0)
 
 
 def text_ids(tok, text: str) -> list[int]:

@@ -6,8 +6,11 @@ model or raises ``APIError`` (404). Body: ``model``, ``input``, ``voice``, ``ins
 ``stream_format`` ("audio": the body streams as frames are decoded; "sse": ``speech.audio.delta`` events with
 base64 audio, then ``speech.audio.done``, whose usage counts the talker's prompt positions as input tokens and
 codec frames as output tokens), plus extras: ``language``, ``temperature``, ``top_k``, ``top_p``,
-``repetition_penalty``, ``seed``, ``max_new_frames``; for non-autoregressive models (OmniVoice) ``num_step``,
-``guidance_scale``, ``speed`` and voice cloning from ``ref_audio`` (base64 audio file) + ``ref_text``.
+``repetition_penalty``, ``seed``, ``max_new_frames``; voice cloning: ``voice`` names a registered clone,
+or ``ref_audio`` (base64 audio file; for Qwen3-TTS Base also ``data:audio/...;base64,`` incl.
+``audio/pcm;rate=N``) + ``ref_text`` (its transcript; in-context cloning) or, Qwen3-TTS Base only,
++ ``x_vector_only: true``; for non-autoregressive models (OmniVoice) ``num_step``, ``guidance_scale``
+and ``speed``.
 
 Streaming "audio": pcm and wav go out chunk by chunk (the WAV header, sent first, carries the "unknown length"
 sizes 0xFFFFFFFF that streaming readers accept); flac and mp3 are encoded once the clip is complete. A client
@@ -27,7 +30,7 @@ from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 
 from strataserve.api.errors import APIError, bad_request
-from strataserve.engine.tts_engine import SpeechParams, TTSInputError
+from strataserve.engine.tts_engine import CloneInput, SpeechParams, TTSInputError
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg"}
 _STREAM_FORMATS = ("audio", "sse")
@@ -48,11 +51,13 @@ class SpeechRequest(BaseModel):
     repetition_penalty: float | None = None
     seed: int | None = None
     max_new_frames: int | None = None
-    # non-autoregressive models (OmniVoice): unmasking steps, guidance, and a reference clip to clone
+    # non-autoregressive models (OmniVoice): unmasking steps and guidance
     num_step: int | None = None
     guidance_scale: float | None = None
-    ref_audio: str | None = None  # base64 of an audio file (wav / flac / ...)
-    ref_text: str | None = None  # its transcript
+    # voice cloning: a reference clip (base64 / data URL) and its transcript; x-vector-only is Qwen3-TTS Base's
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    x_vector_only: bool | None = None
 
 
 def pcm16(x: np.ndarray) -> bytes:
@@ -112,6 +117,10 @@ def _model_kwargs(body: SpeechRequest, tts: Any) -> dict[str, Any]:
             raise bad_request("speed other than 1.0 is not supported by this model (it would need time-stretching "
                               "that changes the voice); omit it or send 1.0", param="speed")
         out["speed"] = body.speed
+    if hasattr(tts, "encode_reference"):  # Qwen3-TTS: the engine checks and encodes the clone (create_speech)
+        return out
+    if body.x_vector_only is not None:
+        raise bad_request("x_vector_only is only for Qwen3-TTS Base models; omit it", param="x_vector_only")
     if body.ref_audio is not None or body.ref_text is not None:
         if not getattr(tts, "supports_reference_audio", False):
             raise bad_request("ref_audio / ref_text (voice cloning from a clip) are not supported by this model",
@@ -127,7 +136,8 @@ def _model_kwargs(body: SpeechRequest, tts: Any) -> dict[str, Any]:
 def _param_of(message: str) -> str | None:
     for key, param in (("input", "input"), ("voice", "voice"), ("language", "language"),
                        ("instructions", "instructions"), ("ref_audio", "ref_audio"), ("ref_text", "ref_text"),
-                       ("speed", "speed"), ("num_step", "num_step"), ("guidance_scale", "guidance_scale")):
+                       ("x_vector_only", "x_vector_only"), ("speed", "speed"), ("num_step", "num_step"),
+                       ("guidance_scale", "guidance_scale")):
         if message.startswith(key):
             return param
     head = message.split("=", 1)[0].strip()
@@ -189,6 +199,9 @@ def make_speech_router(resolve: Callable[[str | None], Any]) -> APIRouter:
                               guidance_scale=body.guidance_scale)
         extra = _model_kwargs(body, tts)
         try:
+            if hasattr(tts, "encode_reference"):  # voice cloning: encoders off the event loop
+                clone = CloneInput(body.ref_audio, body.ref_text, body.x_vector_only)
+                extra["clone"] = await tts.encode_reference(clone)
             stream = tts.synthesize(body.input, voice=body.voice, language=body.language,
                                     instructions=body.instructions, params=params, **extra)
         except TTSInputError as exc:

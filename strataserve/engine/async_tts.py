@@ -26,8 +26,8 @@ import torch
 
 from strataserve.engine.core_client import EngineDeadError, InprocCoreClient
 from strataserve.engine.protocol import EngineCoreOutput, SchedulerStats
-from strataserve.engine.tts_engine import SpeechParams, ServesTTSModel, TTSModel, build_core, build_request, \
-    load_tts_model
+from strataserve.engine.tts_engine import CloneInput, SpeechParams, ServesTTSModel, TTSModel, build_core, \
+    build_request, encode_reference, load_tts_model
 
 
 @dataclass
@@ -59,6 +59,7 @@ class SpeechStream:
         self.scheduled: float | None = None
         self.finish_reason: str | None = None
         self.frames: list[list[int]] = []
+        self.ref_frames: list[list[int]] = []  # in-context cloning: decoded in front of ``frames``, not sent
         self.input_tokens = 0  # talker prompt positions (text, speaker, language and control rows)
         self._sent = 0  # frames already turned into audio
         self._closed = False
@@ -79,7 +80,8 @@ class SpeechStream:
                 need = self.first_chunk if self._sent == 0 else self.chunk
                 if n - self._sent >= need or (self.finish_reason and n > self._sent):
                     self.frames = [list(f) for f in st.frames[:n]] if st is not None else self.frames
-                    pcm = await self.owner._decode(self.frames, self._sent, n)
+                    pcm = await self.owner._decode(self.ref_frames + self.frames, len(self.ref_frames) + self._sent,
+                                                   len(self.ref_frames) + n)
                     self._sent = n
                     if self.first_audio is None:
                         self.first_audio = time.perf_counter()
@@ -124,9 +126,10 @@ class AsyncTTS(ServesTTSModel):
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, device: str = "auto", dtype: str = "auto",
-                        mode: str = "auto", max_model_len: int = 4096, **kwargs: Any) -> AsyncTTS:
-        return cls(load_tts_model(model_dir, device=device, dtype=dtype, mode=mode, max_model_len=max_model_len),
-                   **kwargs)
+                        mode: str = "auto", max_model_len: int = 4096, voices_dir: str | Path | None = None,
+                        **kwargs: Any) -> AsyncTTS:
+        return cls(load_tts_model(model_dir, device=device, dtype=dtype, mode=mode, max_model_len=max_model_len,
+                                  voices_dir=voices_dir), **kwargs)
 
     # ------------------------------------------------------------------ what it serves
 
@@ -147,17 +150,18 @@ class AsyncTTS(ServesTTSModel):
     # ------------------------------------------------------------------ requests
     def synthesize(self, text: str, *, voice: str | None = None, language: str | None = None,
                    instructions: str | None = None, params: SpeechParams = SpeechParams(),
-                   request_id: str | None = None) -> SpeechStream:
+                   request_id: str | None = None, clone: CloneInput = CloneInput()) -> SpeechStream:
         """Validate and queue one request (``TTSInputError`` on bad input, before anything streams)."""
         self.check_health()
         rid = request_id or f"speech-{next(self._ids)}"
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")
         req, state = build_request(self.model, rid, text, voice=voice, language=language,
-                                   instructions=instructions, params=params)
+                                   instructions=instructions, params=params, clone=clone)
         self.core.check_request(req)
         stream = SpeechStream(self, rid, self.first_chunk_frames, self.chunk_frames)
         stream.input_tokens = state.prompt.length
+        stream.ref_frames = state.ref_frames
         self._streams[rid] = stream
         self.runner.register(rid, state)
         try:
@@ -168,6 +172,13 @@ class AsyncTTS(ServesTTSModel):
             raise
         self._ensure_pump()
         return stream
+
+    async def encode_reference(self, clone: CloneInput) -> CloneInput:
+        """Encode a request's reference audio (voice cloning) on a worker thread: the speaker and codec encoders
+        would otherwise stall the event loop (and every stream on it) for their whole run."""
+        if clone.ref_audio is None or self.model.cloner is None:
+            return clone
+        return await asyncio.get_running_loop().run_in_executor(None, encode_reference, self.model, clone)
 
     async def _decode(self, frames: list[list[int]], start: int, end: int) -> np.ndarray:
         codec, dev = self.model.codec, self.model.codec_device

@@ -1,14 +1,15 @@
 """Qwen3-TTS on the engine core: loading, request validation, and the shared pieces of the offline ``TTS`` and
 the serving ``AsyncTTS``.
 
-A request = text + voice (preset speaker) + language + optional instructions + sampling settings. It becomes
+A request = text + voice (preset speaker, or for a Base checkpoint a registered clone / reference audio + its
+transcript) + language + optional instructions + sampling settings. It becomes
 P placeholder token ids (the scheduler's view: P = prompt rows) plus a ``TTSRequestState`` registered with the
 runner (prompt embeddings, sampling). The generic ``EngineCore`` (scheduler + paged KV) then drives
 ``TTSRunner``; codebook-0 ids flow back as tokens and complete frames accumulate in the state.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,14 @@ from strataserve.engine.engine_core import EngineCore
 from strataserve.engine.protocol import EngineCoreRequest
 from strataserve.engine.sampling_params import SamplingParams
 from strataserve.models.loader import resolve_device
+from strataserve.models.qwen3_tts.audio_input import AudioSource
 from strataserve.models.qwen3_tts.codec import CodecDecoder
 from strataserve.models.qwen3_tts.config import Qwen3TTSConfig, UnsupportedTTSVariantError, load_tts_config, \
     read_generation_defaults
-from strataserve.models.qwen3_tts.loader import load_codec, load_talker
+from strataserve.models.qwen3_tts.loader import load_codec, load_talker, load_voice_cloner
 from strataserve.models.qwen3_tts.prompt import build_prompt
 from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
+from strataserve.models.qwen3_tts.voice_clone import VoiceClonePrompt, VoiceCloner
 from strataserve.runner.attention import kv_cache_bytes_per_block
 from strataserve.runner.model_runner import select_ops
 from strataserve.runner.tts_runner import CodeSampling, TTSRequestState, TTSRunner
@@ -74,9 +77,12 @@ class TTSModel:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     name: str = ""
     cuda_graphs: bool = False  # the runner mode asks for CUDA graphs (the code predictor's loop is captured)
+    cloner: VoiceCloner | None = None  # Base checkpoints: reference audio -> clone prompt; registered voices
 
     @property
     def voices(self) -> list[str]:
+        if self.cloner is not None:
+            return sorted(self.cloner.voices)
         return sorted(self.config.speakers) if self.config.model_type == "custom_voice" else ["default"]
 
     @property
@@ -111,12 +117,14 @@ class ServesTTSModel:
 
 
 def load_tts_model(model_dir: str | Path, *, device: str = "auto", dtype: str = "auto", mode: str = "auto",
-                   max_model_len: int = 4096) -> TTSModel:
+                   max_model_len: int = 4096, voices_dir: str | Path | None = None) -> TTSModel:
+    """``voices_dir`` (Base checkpoints): clone voices to register (``voice_clone.py``); default: the checkpoint's
+    own ``voices/`` folder when it has one."""
     folder = Path(model_dir)
     cfg = load_tts_config(folder)
-    if cfg.model_type == "base":
-        raise UnsupportedTTSVariantError(f"{folder}: tts_model_type 'base' (voice cloning from reference audio) "
-                                         "is not served yet; use a CustomVoice or VoiceDesign checkpoint")
+    if voices_dir is not None and cfg.model_type != "base":
+        raise UnsupportedTTSVariantError(f"{folder}: voices_dir registers cloned voices, which only a Base "
+                                         f"checkpoint can use (this one is {cfg.model_type!r})")
     dev = resolve_device(device)
     if dtype == "auto":
         dt = _DTYPES.get(cfg.talker.torch_dtype, torch.bfloat16) if dev.type == "cuda" else torch.float32
@@ -132,8 +140,14 @@ def load_tts_model(model_dir: str | Path, *, device: str = "auto", dtype: str = 
         tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"{folder}: cannot load the text tokenizer ({exc})") from None
+    cloner = None
+    if cfg.model_type == "base":
+        cloner = load_voice_cloner(folder, cfg, dev, dt)
+        voices = Path(voices_dir) if voices_dir is not None else folder / "voices"
+        if voices_dir is not None or voices.is_dir():
+            cloner.register_folder(voices)
     return TTSModel(cfg, talker, load_codec(folder, cfg, dev), tok, read_generation_defaults(folder), folder.name,
-                    graphs)
+                    graphs, cloner)
 
 
 def build_talker(cfg: Qwen3TTSConfig, dev: torch.device, dt: torch.dtype, mode: str,
@@ -169,8 +183,59 @@ def resolve_params(p: SpeechParams, defaults: dict[str, Any]) -> tuple[SamplingP
     return sp, CodeSampling(cs_params.temperature, cs_params.top_k, cs_params.top_p)
 
 
+@dataclass(frozen=True)
+class CloneInput:
+    """Per-request voice cloning (Base checkpoints): reference audio, its transcript, x-vector-only mode."""
+
+    ref_audio: AudioSource | None = None
+    ref_text: str | None = None
+    x_vector_only: bool | None = None
+    allow_paths: bool = False  # offline callers may name a file; network input never reads the server's disk
+    encoded: VoiceClonePrompt | None = None  # ref_audio already encoded (``encode_reference``)
+
+    @property
+    def given(self) -> bool:
+        return self.ref_audio is not None or bool(self.ref_text) or self.x_vector_only is not None
+
+
+def encode_reference(model: TTSModel, clone: CloneInput) -> CloneInput:
+    """Run the encoders on ``clone.ref_audio`` now (a server does it on a worker thread, off its event loop);
+    raises TTSInputError for unusable audio or a missing transcript. Other checks stay with ``build_request``."""
+    if clone.ref_audio is None or clone.encoded is not None or model.cloner is None:
+        return clone
+    try:
+        prompt = model.cloner.prompt(clone.ref_audio, clone.ref_text, bool(clone.x_vector_only),
+                                     allow_paths=clone.allow_paths)
+    except ValueError as exc:
+        raise TTSInputError(str(exc)) from None
+    return replace(clone, encoded=prompt)
+
+
+def _clone_prompt(model: TTSModel, voice: str | None, clone: CloneInput) -> VoiceClonePrompt:
+    cloner = model.cloner
+    assert cloner is not None
+    if clone.ref_audio is not None:
+        if voice not in (None, "", "default"):
+            raise TTSInputError(f"voice {voice!r} and ref_audio were both given: send a registered voice, or "
+                                "ref_audio (+ ref_text) for a voice of its own")
+        prompt = encode_reference(model, clone).encoded
+        assert prompt is not None
+        return prompt
+    if clone.ref_text:
+        raise TTSInputError("ref_text was given without ref_audio: send the reference audio too")
+    if not voice or voice.lower() not in cloner.voices:
+        names = ", ".join(model.voices) or "none registered"
+        raise TTSInputError(f"voice {voice!r} is not available: this Base model clones a voice from ref_audio "
+                            f"(+ ref_text), or speaks as a registered voice ({names})")
+    found = cloner.voices[voice.lower()]
+    if clone.x_vector_only and found.in_context:
+        return VoiceClonePrompt(found.speaker_embedding, None, None)
+    return found
+
+
 def build_request(model: TTSModel, request_id: str, text: str, *, voice: str | None, language: str | None,
-                  instructions: str | None, params: SpeechParams) -> tuple[EngineCoreRequest, TTSRequestState]:
+                  instructions: str | None, params: SpeechParams, clone: CloneInput = CloneInput(),
+                  ) -> tuple[EngineCoreRequest, TTSRequestState]:
     """Validate one request and build what the engine core and the runner need (raises TTSInputError)."""
     cfg = model.config
     if not text or not text.strip():
@@ -181,7 +246,15 @@ def build_request(model: TTSModel, request_id: str, text: str, *, voice: str | N
     if lang not in cfg.languages:
         raise TTSInputError(f"language {language!r} is not supported; supported: {', '.join(cfg.languages)}")
     speaker: str | None = None
-    if cfg.model_type == "custom_voice":
+    cloned: VoiceClonePrompt | None = None
+    if cfg.model_type != "base" and clone.given:
+        raise TTSInputError(f"ref_audio, ref_text and x_vector_only are for voice cloning, which needs a Base "
+                            f"checkpoint; this model is {cfg.model_type!r}: drop those fields")
+    if cfg.model_type == "base":
+        if instructions:
+            raise TTSInputError("instructions are not supported by a Base (voice cloning) model: drop them")
+        cloned = _clone_prompt(model, voice, clone)
+    elif cfg.model_type == "custom_voice":
         if not voice or voice.lower() not in cfg.speakers:
             raise TTSInputError(f"voice {voice!r} is not available; voices: {', '.join(model.voices)}")
         speaker = voice.lower()
@@ -196,8 +269,19 @@ def build_request(model: TTSModel, request_id: str, text: str, *, voice: str | N
     tok = model.tokenizer
     ids = tok(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     ins = tok(f"<|im_start|>user\n{instructions}<|im_end|>\n")["input_ids"] if instructions else None
-    prompt = build_prompt(model.talker, ids, lang, speaker, ins)
+    if cloned is None:
+        prompt = build_prompt(model.talker, ids, lang, speaker, ins)
+    else:
+        ref_ids = tok(f"<|im_start|>assistant\n{cloned.ref_text}<|im_end|>\n")["input_ids"] if cloned.in_context \
+            else None
+        try:
+            prompt = build_prompt(model.talker, ids, lang, None, None, speaker_embed=cloned.speaker_embedding,
+                                  ref_ids=ref_ids, ref_codes=cloned.ref_codes)
+        except ValueError as exc:
+            raise TTSInputError(str(exc)) from None
     state = TTSRequestState(prompt, sp, cs)
+    if cloned is not None and cloned.ref_codes is not None:
+        state.ref_frames = cloned.ref_codes.tolist()
     # placeholders: never looked at (the runner feeds the prompt's rows); prefix caching is off for TTS
     req = EngineCoreRequest(request_id=request_id, prompt_token_ids=[0] * prompt.length, sampling_params=sp,
                             eos_token_id=cfg.codec_eos_id)

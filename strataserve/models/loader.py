@@ -182,6 +182,18 @@ class _Targets:
             raise ValueError(f"{model_dir}: checkpoint lacks tensors the config requires: {shown}")
 
 
+def prefixed_tensors(files: list[Path], prefix: str) -> dict[str, torch.Tensor]:
+    """Every tensor of ``files`` whose name starts with ``prefix``, keyed by the rest of its name (a sub-model's
+    state dict inside a bigger checkpoint)."""
+    state = {}
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name.startswith(prefix):
+                    state[name[len(prefix):]] = f.get_tensor(name)
+    return state
+
+
 def _load_files(files: list[Path], targets: _Targets) -> None:
     def load_one(path: Path) -> None:
         with safe_open(str(path), framework="pt", device="cpu") as f:

@@ -110,8 +110,10 @@ class CodePredictorLoop:
             self._graphs[bs] = (graph, ins, out)
 
     def loop(self, past_hidden: torch.Tensor, first: torch.Tensor, sampling: RowSampling,
-             uniforms: torch.Tensor) -> torch.Tensor:
-        """The inner loop itself (capturable: no host sync); ``run`` replays it, the talker's fused step embeds it."""
+             uniforms: torch.Tensor, greedy_only: bool = False) -> torch.Tensor:
+        """The inner loop itself (capturable: no host sync); ``run`` replays it, the talker's fused step embeds it.
+        ``greedy_only``: every row is greedy, so the argmax alone picks each code (what ``sample_rows`` keeps for
+        greedy rows, without its sampling pipeline)."""
         m = self.model
         b = past_hidden.shape[0]
         dev = past_hidden.device
@@ -128,7 +130,8 @@ class CodePredictorLoop:
             if j == 0:
                 x = m.cp_input(m.codec_embed(first))
                 continue
-            tok = sample_rows(m.cp_logits(j, hidden), sampling, uniforms[:, j - 1])
+            logits = m.cp_logits(j, hidden)
+            tok = logits.argmax(dim=-1) if greedy_only else sample_rows(logits, sampling, uniforms[:, j - 1])
             codes.append(tok)
             if j + 1 < self.groups:
                 x = m.cp_input(m.cp_code_embed(j, tok))

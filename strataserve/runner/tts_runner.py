@@ -15,8 +15,11 @@ sampler (repetition penalty, min 2 frames before eos, temperature/top-k/top-p, p
 An all-decode step (every row is a fresh frame of a decoding request, the common case) runs as one fused step:
 code predictor loop -> frame embedding -> talker -> logits, with no host sync inside; on CUDA it is captured per
 batch bucket with the LLM runner's ``CudaGraphDecoder`` (the step's embeddings and sampling settings travel as its
-extra buffers), so a step is a few input copies and one replay instead of ~340 kernel launches. Mixed steps
-(prefill chunks, recompute) run eagerly as above.
+extra buffers), so a step is a few input copies and one replay instead of ~340 kernel launches. A batch whose code
+predictor is greedy in every row replays a second set of graphs that take the argmax alone: the general one runs
+the whole sampling pipeline (sort, two softmaxes, cumsums, search) for each of the G-1 codebooks and then keeps
+the argmax for greedy rows, about a quarter of the step's kernels. Mixed steps (prefill chunks, recompute) run
+eagerly as above.
 
 Completed frames accumulate in each request's ``TTSRequestState.frames``, which the engine front reads; the state
 lives from ``register`` to ``release`` (it must outlive a preemption, when the scheduler makes the runner forget
@@ -25,6 +28,7 @@ the request), so the front releases it once it has read the last frame.
 from __future__ import annotations
 
 import collections
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +80,7 @@ class TTSRequestState:
     frames: list[list[int]] = field(default_factory=list)  # complete frames, G codes each
     sampling: SamplingRequest | None = None
     past_hidden: torch.Tensor | None = None  # talker hidden state at the newest sampled position
+    ref_frames: list[list[int]] = field(default_factory=list)  # in-context cloning: decoded before ``frames``
 
 
 class TTSRunner(ModelRunnerBase):
@@ -96,9 +101,11 @@ class TTSRunner(ModelRunnerBase):
         self.fused_steps = 0  # all-decode steps run fused (replayed, or eagerly without graphs)
         self.graph_steps = 0  # ... of which replayed a captured graph
         self.graphs: CudaGraphDecoder | None = None
+        self.greedy_graphs: CudaGraphDecoder | None = None  # every row's code predictor greedy
         if cuda_graphs:
             self.cp.capture(graph_batch_sizes(max_num_seqs))  # mixed steps still replay the inner loop alone
-            self.graphs = self._capture_decode(max_num_seqs)
+            self.graphs = self._capture_decode(max_num_seqs, greedy_only=False)
+            self.greedy_graphs = self._capture_decode(max_num_seqs, greedy_only=True)
         self.states: dict[str, TTSRequestState] = {}
         self._active: set[str] = set()
         self._released: collections.deque[str] = collections.deque()  # appended by the front's thread
@@ -179,6 +186,7 @@ class TTSRunner(ModelRunnerBase):
         m = self.model
         states = [self.states[c.req_id] for c in dec]
         first_ids = [st.sampling.output_token_ids[len(st.frames)] for st in states]  # type: ignore[union-attr]
+        greedy = all(st.code_sampling.greedy for st in states)
         s = self._row_sampling(states)
         extra = dict(past_hidden=torch.stack([st.past_hidden for st in states]),  # type: ignore[misc]
                      text=torch.stack([st.prompt.text_row(len(st.frames)) for st in states]),
@@ -187,12 +195,13 @@ class TTSRunner(ModelRunnerBase):
         first = torch.tensor(first_ids, device=m.device)
         meta = batch.attn_meta
         self.fused_steps += 1
-        if self.graphs is not None and self.graphs.can_run(len(dec), meta.decode_block_tables.shape[1]):
+        graphs = self.greedy_graphs if greedy and self.greedy_graphs is not None else self.graphs
+        if graphs is not None and graphs.can_run(len(dec), meta.decode_block_tables.shape[1]):
             self.graph_steps += 1
-            codes, hidden, logits = self.graphs.run(first, batch.positions, meta.slot_mapping,
-                                                    meta.decode_block_tables, meta.decode_context_lens, **extra)
+            codes, hidden, logits = graphs.run(first, batch.positions, meta.slot_mapping, meta.decode_block_tables,
+                                               meta.decode_context_lens, **extra)
         else:
-            codes, hidden, logits = self._fused_decode(meta, first, batch.positions, **extra)
+            codes, hidden, logits = self._fused_decode(meta, first, batch.positions, greedy_only=greedy, **extra)
         for st, c0, rest in zip(states, first_ids, host_list(codes)):
             st.frames.append([c0] + rest)
         # index_select copies out of the graph's static outputs (the next replay overwrites them)
@@ -201,11 +210,13 @@ class TTSRunner(ModelRunnerBase):
 
     def _fused_decode(self, meta: AttentionMetadata, first: torch.Tensor, positions: torch.Tensor, *,
                       past_hidden: torch.Tensor, text: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                      top_p: torch.Tensor, greedy: torch.Tensor, uniforms: torch.Tensor):
+                      top_p: torch.Tensor, greedy: torch.Tensor, uniforms: torch.Tensor, greedy_only: bool = False):
         """codebooks 1..G-1 ``[B, G-1]``, talker hidden ``[B, H]``, suppressed float32 logits ``[B, V]`` of B decode
-        rows. Capturable: tensor ops only, launches independent of the values."""
+        rows (``greedy_only``: every row's code predictor is greedy). Capturable: tensor ops only, launches
+        independent of the values."""
         m = self.model
-        codes = self.cp.loop(past_hidden, first, RowSampling(temperature, top_k, top_p, greedy), uniforms)
+        codes = self.cp.loop(past_hidden, first, RowSampling(temperature, top_k, top_p, greedy), uniforms,
+                             greedy_only=greedy_only)
         embeds = m.frame_embed(torch.cat([first[:, None], codes], dim=1)) + text
         hidden = m.talker(None, positions, meta, inputs_embeds=embeds)
         logits = m.talker.compute_logits(hidden)
@@ -213,11 +224,12 @@ class TTSRunner(ModelRunnerBase):
         return codes, hidden, logits
 
     def _graph_step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                    block_tables: torch.Tensor, context_lens: torch.Tensor, **extra: torch.Tensor):
+                    block_tables: torch.Tensor, context_lens: torch.Tensor, *, greedy_only: bool,
+                    **extra: torch.Tensor):
         meta = decode_metadata(slot_mapping, block_tables, context_lens, self.block_size, self._torch_views)
-        return self._fused_decode(meta, input_ids, positions, **extra)
+        return self._fused_decode(meta, input_ids, positions, greedy_only=greedy_only, **extra)
 
-    def _capture_decode(self, max_num_seqs: int) -> CudaGraphDecoder:
+    def _capture_decode(self, max_num_seqs: int, greedy_only: bool) -> CudaGraphDecoder:
         """Capture the fused step per bucket. Padding rows: greedy code sampling on finite inputs, their K/V
         stored nowhere (Triton, slot -1) or in the spare block past the pool (torch attention)."""
         from strataserve.runner.model_runner import _GRAPH_TORCH_MAX_TOKENS
@@ -237,7 +249,8 @@ class TTSRunner(ModelRunnerBase):
             cols = min(cols, -(-_GRAPH_TORCH_MAX_TOKENS // self.block_size))
             pad_slot = self.num_blocks * self.block_size
         m.talker.ops.attention.bind_kv_cache(self.kv_caches)
-        graphs = CudaGraphDecoder(self._graph_step, max_num_seqs, cols, dev, pad_slot=pad_slot, extra=extra)
+        step = functools.partial(self._graph_step, greedy_only=greedy_only)
+        graphs = CudaGraphDecoder(step, max_num_seqs, cols, dev, pad_slot=pad_slot, extra=extra)
         graphs.capture()
         return graphs
 
@@ -329,9 +342,10 @@ class TTSRunner(ModelRunnerBase):
         return torch.cat(parts, dim=0) if len(parts) > 1 else parts[0].clone()
 
     def shutdown(self) -> None:
-        if self.graphs is not None:
-            self.graphs.close()
-            self.graphs = None
+        for graphs in (self.graphs, self.greedy_graphs):
+            if graphs is not None:
+                graphs.close()
+        self.graphs = self.greedy_graphs = None
         self.model.talker.ops.attention.bind_kv_cache([])
         self.model.predictor.ops.attention.bind_kv_cache([])
         self.kv_caches = []

@@ -116,6 +116,7 @@ def test_sse_deltas_then_done(served):
     ({"max_new_frames": 0}, 400, "max_tokens", "max_tokens"),
     ({"model": "other"}, 404, "model", "does not exist"),
     ({"input": None}, 400, "input", "input"),
+    ({"ref_audio": "AAAA", "ref_text": "hi"}, 400, "ref_audio", "needs a Base checkpoint"),
 ])
 def test_bad_requests_get_openai_errors(served, body, status, param, match):
     srv, _ = served

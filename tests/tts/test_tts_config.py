@@ -40,3 +40,23 @@ def test_unsupported_fields_are_named():
     raw["talker_config"]["code_predictor_config"]["num_code_groups"] = 8
     with pytest.raises(UnsupportedTTSVariantError, match="num_code_groups"):
         tts_config_from_dict(raw)
+
+
+def test_base_variant_speaker_encoder_config():
+    """A Base config's speaker encoder parses as the reference's config class reads it; its x-vector must be a
+    talker row (enc_dim = the talker's width) and its channel lists must agree."""
+    raw = json.loads(json.dumps(SHAPES["1.7B"]))
+    raw["tts_model_type"] = "base"
+    raw["speaker_encoder_config"] = {"enc_dim": 2048, "sample_rate": 24000}
+    cfg = tts_config_from_dict(raw, SHAPES["speech_tokenizer"])
+    ref = import_reference().Config(**{k: v for k, v in raw.items() if k != "model_type"}).speaker_encoder_config
+    assert cfg.speaker_encoder.enc_dim == ref.enc_dim == 2048
+    assert list(cfg.speaker_encoder.enc_channels) == list(ref.enc_channels)
+    assert list(cfg.speaker_encoder.enc_dilations) == list(ref.enc_dilations)
+    assert cfg.speaker_encoder.mel_dim == ref.mel_dim and cfg.speaker_encoder.sample_rate == ref.sample_rate
+    raw["speaker_encoder_config"]["enc_dim"] = 1024
+    with pytest.raises(UnsupportedTTSVariantError, match="enc_dim=1024 must equal the talker's hidden_size=2048"):
+        tts_config_from_dict(raw)
+    raw["speaker_encoder_config"] = {"enc_dim": 2048, "enc_channels": [8, 8, 8], "enc_kernel_sizes": [5, 3]}
+    with pytest.raises(UnsupportedTTSVariantError, match="one length"):
+        tts_config_from_dict(raw)

@@ -47,3 +47,27 @@ def test_graph_decoder_checks_extra_inputs():
     z = torch.zeros(1, dtype=torch.long)
     with pytest.raises(ValueError, match=r"extra inputs \['y'\] do not match the captured ones \['x'\]"):
         dec.run(z, z, z, torch.zeros(1, 2, dtype=torch.int32), z.int(), y=torch.zeros(1, 3))
+
+
+def test_greedy_only_inner_loop_equals_the_sampling_loop_on_greedy_rows(weak_eos_ckpt):
+    """The argmax-only loop (what an all-greedy batch replays) picks the codes the full sampling loop picks for
+    greedy rows; a batch with one sampled row keeps the full loop (and the greedy rows' codes)."""
+    from strataserve.runner.tts_code_predictor import RowSampling
+
+    tts = TTS(str(weak_eos_ckpt), device="cpu", max_num_seqs=4)
+    cfg = tts.model.config
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(4, cfg.talker.hidden_size, generator=gen)
+    first = torch.randint(0, cfg.code_predictor.vocab_size, (4,), generator=gen)
+    u = torch.rand(4, cfg.num_code_groups - 1, generator=gen)
+    vocab = cfg.code_predictor.vocab_size
+
+    def rows(greedy: list[bool]) -> RowSampling:
+        return RowSampling(torch.full((4,), 0.9), torch.full((4,), vocab), torch.ones(4), torch.tensor(greedy))
+
+    argmax = tts.runner.cp.loop(hidden, first, rows([True] * 4), u, greedy_only=True)
+    full = tts.runner.cp.loop(hidden, first, rows([True] * 4), u)
+    assert torch.equal(argmax, full)
+    mixed = tts.runner.cp.loop(hidden, first, rows([True, False, True, True]), u)
+    assert torch.equal(mixed[[0, 2, 3]], argmax[[0, 2, 3]]) and not torch.equal(mixed[1], argmax[1])
+    tts.shutdown()

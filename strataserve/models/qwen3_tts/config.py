@@ -68,6 +68,31 @@ class CodecDecoderConfig:
 
 
 @dataclass(frozen=True)
+class SpeakerEncoderConfig:
+    """The Base variant's ECAPA-TDNN speaker encoder (reference audio -> one talker-width x-vector)."""
+
+    mel_dim: int = 128
+    enc_dim: int = 1024
+    enc_channels: tuple[int, ...] = (512, 512, 512, 512, 1536)
+    enc_kernel_sizes: tuple[int, ...] = (5, 3, 3, 3, 1)
+    enc_dilations: tuple[int, ...] = (1, 2, 3, 4, 1)
+    enc_attention_channels: int = 128
+    enc_res2net_scale: int = 8
+    enc_se_channels: int = 128
+    sample_rate: int = 24000
+
+
+@dataclass(frozen=True)
+class CodecEncoderConfig:
+    """The 12 Hz speech tokenizer's encoder (a Mimi encoder: 24 kHz audio -> codec frames), as config.json says."""
+
+    mimi: dict[str, Any]  # ``encoder_config``: transformers' MimiConfig fields
+    valid_num_quantizers: int
+    input_sample_rate: int
+    encode_downsample_rate: int
+
+
+@dataclass(frozen=True)
 class Qwen3TTSConfig:
     model_type: str  # custom_voice | voice_design | base
     model_size: str  # e.g. "0b6", "1b7" (as config.json says)
@@ -93,6 +118,8 @@ class Qwen3TTSConfig:
     speaker_dialect: dict[str, str | None] = field(default_factory=dict)  # lower-case name -> dialect or None
     language_ids: dict[str, int] = field(default_factory=dict)  # lower-case language (incl. dialects) -> id
     codec: CodecDecoderConfig | None = None
+    speaker_encoder: SpeakerEncoderConfig | None = None  # Base checkpoints only
+    codec_encoder: CodecEncoderConfig | None = None
 
     @property
     def languages(self) -> list[str]:
@@ -158,6 +185,26 @@ def _codec_config(raw: dict[str, Any]) -> CodecDecoderConfig:
         decode_upsample_rate=int(raw.get("decode_upsample_rate", 1920)))
 
 
+def _speaker_encoder_config(raw: dict[str, Any]) -> SpeakerEncoderConfig:
+    d = SpeakerEncoderConfig()
+    kw = {k: (tuple(int(x) for x in raw[k]) if isinstance(getattr(d, k), tuple) else type(getattr(d, k))(raw[k]))
+          for k in d.__dataclass_fields__ if k in raw}
+    cfg = SpeakerEncoderConfig(**kw)
+    if not len(cfg.enc_channels) == len(cfg.enc_kernel_sizes) == len(cfg.enc_dilations) >= 3:
+        raise UnsupportedTTSVariantError("config.json: speaker_encoder_config needs enc_channels, enc_kernel_sizes "
+                                         "and enc_dilations of one length (at least 3)")
+    return cfg
+
+
+def _codec_encoder_config(raw: dict[str, Any]) -> CodecEncoderConfig | None:
+    if not raw.get("encoder_config"):
+        return None
+    return CodecEncoderConfig(mimi=dict(raw["encoder_config"]),
+                              valid_num_quantizers=int(raw.get("encoder_valid_num_quantizers", 16)),
+                              input_sample_rate=int(raw.get("input_sample_rate", 24000)),
+                              encode_downsample_rate=int(raw.get("encode_downsample_rate", 1920)))
+
+
 def tts_config_from_dict(raw: dict[str, Any], speech_tokenizer: dict[str, Any] | None = None) -> Qwen3TTSConfig:
     if raw.get("model_type") != "qwen3_tts":
         raise UnsupportedTTSVariantError(f"config.json: model_type={raw.get('model_type')!r} is not a Qwen3-TTS "
@@ -177,6 +224,11 @@ def tts_config_from_dict(raw: dict[str, Any], speech_tokenizer: dict[str, Any] |
     groups = int(t.get("num_code_groups", 32))
     if int(cp.get("num_code_groups", groups)) != groups:
         raise UnsupportedTTSVariantError("config.json: talker and code predictor disagree on num_code_groups")
+    spk_enc = _speaker_encoder_config(raw.get("speaker_encoder_config") or {}) if kind == "base" else None
+    if spk_enc is not None and spk_enc.enc_dim != talker.hidden_size:
+        raise UnsupportedTTSVariantError(f"config.json: speaker_encoder_config.enc_dim={spk_enc.enc_dim} must equal "
+                                         f"the talker's hidden_size={talker.hidden_size} (the x-vector is a prompt "
+                                         "row)")
     dialects = {k.lower(): (v or None) for k, v in (t.get("spk_is_dialect") or {}).items()}
     return Qwen3TTSConfig(
         model_type=kind, model_size=str(raw.get("tts_model_size") or ""), talker=talker, code_predictor=predictor,
@@ -192,7 +244,9 @@ def tts_config_from_dict(raw: dict[str, Any], speech_tokenizer: dict[str, Any] |
         speakers={k.lower(): int(v) for k, v in (t.get("spk_id") or {}).items()},
         speaker_dialect=dialects,
         language_ids={k.lower(): int(v) for k, v in (t.get("codec_language_id") or {}).items()},
-        codec=_codec_config(speech_tokenizer) if speech_tokenizer is not None else None)
+        codec=_codec_config(speech_tokenizer) if speech_tokenizer is not None else None,
+        speaker_encoder=spk_enc,
+        codec_encoder=_codec_encoder_config(speech_tokenizer) if speech_tokenizer is not None else None)
 
 
 def load_tts_config(model_dir: str | Path, need_codec: bool = True) -> Qwen3TTSConfig:

@@ -2,7 +2,8 @@
 
 The talker's and code predictor's decoder layers reuse the LLM loader's name map (fused q/k/v and gate/up); the
 TTS-only tensors (text embedding + projection, per-codebook embeddings and heads, projection) are mapped here.
-``speaker_encoder.*`` (voice cloning, Base checkpoints) is not loaded.
+``speaker_encoder.*`` (voice cloning, Base checkpoints) goes to the ``SpeakerEncoder`` (``load_voice_cloner``),
+with the speech tokenizer's ``encoder.*`` for the reference's codes.
 """
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from strataserve.models.loader import _Targets, safetensors_files
+from strataserve.models.loader import _Targets, prefixed_tensors, safetensors_files
 from strataserve.models.qwen3_tts.codec import CodecDecoder
+from strataserve.models.qwen3_tts.codec_encoder import CodecEncoder
 from strataserve.models.qwen3_tts.config import MissingCheckpointFileError, Qwen3TTSConfig
+from strataserve.models.qwen3_tts.speaker_encoder import SpeakerEncoder
 from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
+from strataserve.models.qwen3_tts.voice_clone import VoiceCloner
 
 _SKIPPED_PREFIXES = ("speaker_encoder.",)
 
@@ -84,24 +88,43 @@ def load_talker(folder: Path, model: Qwen3TTSTalker) -> Qwen3TTSTalker:
     return model.eval()
 
 
+def _speech_tokenizer_weights(folder: Path) -> Path:
+    path = folder / "speech_tokenizer" / "model.safetensors"
+    if not path.is_file():
+        raise MissingCheckpointFileError(f"{path.parent}: model.safetensors is missing (the speech tokenizer's "
+                                         "weights)")
+    return path
+
+
 def load_codec(folder: Path, cfg: Qwen3TTSConfig, device: torch.device) -> CodecDecoder:
     assert cfg.codec is not None
-    st = folder / "speech_tokenizer"
-    files = [p for p in (st / "model.safetensors",) if p.is_file()]
-    if not files:
-        raise MissingCheckpointFileError(f"{st}: model.safetensors is missing (the speech tokenizer's weights)")
+    path = _speech_tokenizer_weights(folder)
     codec = CodecDecoder(cfg.codec)
-    state = {}
-    with safe_open(str(files[0]), framework="pt", device="cpu") as f:
-        for name in f.keys():
-            if name.startswith("decoder."):
-                state[name[len("decoder."):]] = f.get_tensor(name)
-    missing, unexpected = codec.load_state_dict(state, strict=False)
+    missing, unexpected = codec.load_state_dict(prefixed_tensors([path], "decoder."), strict=False)
     if missing or unexpected:
-        raise ValueError(f"{st}/model.safetensors does not match the 12 Hz decoder: missing {missing[:5]}, "
+        raise ValueError(f"{path} does not match the 12 Hz decoder: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
     # float32 always: it runs once per few frames, and half precision would cost audio precision for little gain
     return codec.to(device=device, dtype=torch.float32).eval()
+
+
+def load_voice_cloner(folder: Path, cfg: Qwen3TTSConfig, device: torch.device, dtype: torch.dtype) -> VoiceCloner:
+    """A Base checkpoint's speaker encoder (``speaker_encoder.*``, in the talker's dtype as the reference runs it)
+    and the speech tokenizer's encoder."""
+    if cfg.speaker_encoder is None or cfg.codec_encoder is None:
+        raise MissingCheckpointFileError(f"{folder}: a Base checkpoint needs speaker_encoder_config in config.json "
+                                         "and encoder_config in speech_tokenizer/config.json")
+    spk = SpeakerEncoder(cfg.speaker_encoder)
+    state = prefixed_tensors(safetensors_files(folder), "speaker_encoder.")
+    if not state:
+        raise MissingCheckpointFileError(f"{folder}: a Base checkpoint's weights must hold speaker_encoder.* "
+                                         "tensors (the speaker encoder for voice cloning); none were found")
+    missing, unexpected = spk.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{folder}: speaker_encoder.* tensors do not match speaker_encoder_config: missing "
+                         f"{missing[:5]}, unexpected {unexpected[:5]}")
+    enc = CodecEncoder(cfg.codec_encoder, device).load(_speech_tokenizer_weights(folder))
+    return VoiceCloner(spk.to(device=device, dtype=dtype).eval(), enc)
 
 
 def init_random_talker(model: Qwen3TTSTalker, seed: int = 0, std: float = 0.02) -> Qwen3TTSTalker:
