@@ -50,6 +50,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fraction of GPU memory the engine may use (weights + KV cache)")
     g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="fix the KV pool size in blocks")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8"],
+                   help="KV cache storage: auto = the model dtype; fp8 (e4m3) or int8 with per-head scales "
+                        "(twice the blocks of bf16 for the same memory)")
     g.add_argument("--runner-mode", default="auto", choices=["auto", "eager", "triton", "graph", "hybrid"])
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--skip-tokenizer-init", action="store_true",
@@ -64,7 +67,8 @@ def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
                           skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False)),
         cache=CacheConfig(block_size=args.block_size, kv_cache_memory_gib=args.kv_cache_memory_gib,
                           gpu_memory_utilization=args.gpu_memory_utilization,
-                          num_blocks=args.num_gpu_blocks_override, enable_prefix_caching=args.enable_prefix_caching),
+                          num_blocks=args.num_gpu_blocks_override, enable_prefix_caching=args.enable_prefix_caching,
+                          kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto")),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_waiting_requests=args.max_waiting_requests),
         runner=RunnerConfig(mode=args.runner_mode),
@@ -287,7 +291,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               seed=c.model.seed, block_size=c.cache.block_size, kv_cache_memory_gib=c.cache.kv_cache_memory_gib,
               gpu_memory_utilization=c.cache.gpu_memory_utilization, num_blocks=c.cache.num_blocks,
               enable_prefix_caching=c.cache.enable_prefix_caching, max_num_seqs=c.scheduler.max_num_seqs,
-              max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode)
+              max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode,
+              kv_cache_dtype=c.cache.kv_cache_dtype)
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
     else:

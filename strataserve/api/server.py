@@ -135,8 +135,9 @@ def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float
     info = client.ready_info
     console.print(f"[green]✓[/] model {label}loaded on {info.device} ({info.dtype}); max_model_len "
                   f"{info.max_model_len}")
+    kv = f" in {info.kv_cache_dtype} (per-head scales)" if info.kv_cache_dtype else ""
     console.print(f"[green]✓[/] KV cache: {info.num_blocks} blocks × {info.block_size} tokens = "
-                  f"{info.num_blocks * info.block_size} tokens, {_fmt_gib(info.kv_cache_bytes)}")
+                  f"{info.num_blocks * info.block_size} tokens, {_fmt_gib(info.kv_cache_bytes)}{kv}")
     return engine
 
 

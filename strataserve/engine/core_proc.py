@@ -44,6 +44,7 @@ class ReadyInfo(msgspec.Struct, kw_only=True, tag=True):
     kv_cache_bytes: int  # bytes of the whole KV pool (0 when unknown)
     device: str
     dtype: str
+    kv_cache_dtype: str = ""  # KV storage dtype when it differs from ``dtype`` (fp8 / int8)
 
 
 class StartupError(msgspec.Struct, kw_only=True, tag=True):
@@ -59,7 +60,8 @@ def _kv_bytes_per_block(core: Any, block_size: int) -> int:
         return 0
     from strataserve.runner.attention import kv_cache_bytes_per_block
 
-    return kv_cache_bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, runner.dtype)
+    return kv_cache_bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim,
+                                    getattr(runner, "kv_cache_dtype", runner.dtype))
 
 
 def _ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
@@ -69,8 +71,10 @@ def _ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
     max_model_len = int(getattr(core, "max_model_len", getattr(runner, "max_model_len", 0)))
     device = str(getattr(runner, "device", config.model.device))
     dtype = str(getattr(runner, "dtype", config.model.dtype)).replace("torch.", "")
+    kv_dtype = str(getattr(runner, "kv_cache_dtype", "")).replace("torch.", "")
     return ReadyInfo(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
-                     kv_cache_bytes=_kv_bytes_per_block(core, block_size) * num_blocks, device=device, dtype=dtype)
+                     kv_cache_bytes=_kv_bytes_per_block(core, block_size) * num_blocks, device=device, dtype=dtype,
+                     kv_cache_dtype="" if kv_dtype == dtype else kv_dtype)
 
 
 def _die_with_parent() -> None:

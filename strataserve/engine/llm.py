@@ -33,7 +33,8 @@ class LLM:
                  gpu_memory_utilization: float = 0.90, num_blocks: int | None = None, block_size: int = 16,
                  enable_prefix_caching: bool = True, seed: int = 0, mode: str = "auto", cuda_graph_max_bs: int = 256,
                  served_model_name: str | None = None, runner: ModelRunnerBase | None = None,
-                 tokenizer_obj: Any = None, skip_tokenizer_init: bool = False, **kwargs: Any) -> None:
+                 tokenizer_obj: Any = None, skip_tokenizer_init: bool = False, kv_cache_dtype: str = "auto",
+                 **kwargs: Any) -> None:
         for k, v in kwargs.items():
             if k not in _IGNORED:
                 raise TypeError(f"LLM() got an unexpected argument {k!r}")
@@ -50,7 +51,7 @@ class LLM:
                               skip_tokenizer_init=skip_tokenizer_init),
             cache=CacheConfig(block_size=block_size, kv_cache_memory_gib=kv_cache_memory_gib,
                               gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_blocks,
-                              enable_prefix_caching=enable_prefix_caching),
+                              enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       enable_chunked_prefill=enable_chunked_prefill),
             runner=RunnerConfig(mode=mode, cuda_graph_max_bs=cuda_graph_max_bs),  # type: ignore[arg-type]

@@ -30,7 +30,9 @@ from strataserve.models.hf_config import DecoderConfig, load_decoder_config
 from strataserve.models.loader import load_model, resolve_device, resolve_dtype
 from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_block, TorchAttention
 from strataserve.runner.base import ModelRunnerBase
+from strataserve.kernels.kv_quant_ref import is_quantized
 from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
+from strataserve.runner.kv_quant import calibrate_kv_scales, resolve_kv_cache_dtype
 from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.ops import OpSet, TorchOps
 from strataserve.runner.prompt_logprobs import PromptRows, prompt_logprobs, prompt_rows
@@ -89,13 +91,17 @@ class ModelRunner(ModelRunnerBase):
         self.sliding_window = (self.model_config.sliding_window if self.model_config.window_every_layer
                                and self._torch_views and not self.plan.cuda_graphs else None)
         self.max_model_len = self._max_model_len(mc.max_model_len)
+        #: KV storage dtype: the model dtype, or fp8/int8 with per-head scales (``runner/kv_quant.py``)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device,
+                                                     kernels=not self._torch_views)
         self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len)
         self.num_blocks = self._num_blocks()
         # One spare block past the pool: CUDA-graph padding rows write their K/V there, never into a real block.
         self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,
                                            self.model_config.num_kv_heads, self.model_config.head_dim,
-                                           self.dtype, self.device)
-        self.plan.ops.attention.bind_kv_cache(self.kv_caches)
+                                           self.kv_cache_dtype, self.device)
+        self.kv_scales = self._calibrate_kv_scales() if is_quantized(self.kv_cache_dtype) else None
+        self.plan.ops.attention.bind_kv_cache(self.kv_caches, self.kv_scales)
         #: ids that end generation according to config.json + generation_config.json
         self.eos_token_ids: tuple[int, ...] = self.model_config.eos_token_ids
         self.sampler = sampler if sampler is not None else Sampler()
@@ -132,7 +138,7 @@ class ModelRunner(ModelRunnerBase):
             return cache.num_blocks
         cfg = self.model_config
         per_block = kv_cache_bytes_per_block(cfg.num_layers, self.block_size, cfg.num_kv_heads, cfg.head_dim,
-                                             self.dtype)
+                                             self.kv_cache_dtype)
         if self.device.type == "cuda":
             budget = self._cuda_kv_budget()
             what = f"gpu_memory_utilization={cache.gpu_memory_utilization}"
@@ -143,7 +149,18 @@ class ModelRunner(ModelRunnerBase):
         if blocks < 2:
             raise ValueError(f"{what} leaves room for {max(blocks, 0)} KV blocks ({per_block} bytes each); "
                              "raise it, or lower max_num_batched_tokens / max_num_seqs")
+        gain = self.dtype.itemsize / self.kv_cache_dtype.itemsize
+        log.info("KV cache: %d blocks x %d tokens in %s (%.1fx the blocks of a %s cache)", blocks, self.block_size,
+                 str(self.kv_cache_dtype).replace("torch.", ""), gain, str(self.dtype).replace("torch.", ""))
         return int(blocks)
+
+    def _calibrate_kv_scales(self) -> torch.Tensor:
+        """fp8/int8 cache: per-layer, per-KV-head scales from one cache-less forward (``runner/kv_quant.py``)."""
+        cfg = self.model_config
+        n = min(512, self.max_model_len, self.config.scheduler.max_num_batched_tokens)
+        return calibrate_kv_scales(lambda ids, pos: self.model(ids, pos, None), self.plan.ops.attention,
+                                   cfg.num_layers, cfg.num_kv_heads, cfg.vocab_size, self.kv_cache_dtype, self.device,
+                                   num_tokens=n, seed=self.config.model.seed)
 
     @torch.inference_mode()
     def _cuda_kv_budget(self) -> int:
