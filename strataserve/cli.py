@@ -211,7 +211,35 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
     return ServeOptions(llms=llms, **server)
 
 
+def _spawn_early(args: argparse.Namespace) -> dict:
+    """The engine process of the LLM folder named on the command line, started before this process's heavy imports
+    (fastapi, torch, transformers), so the two load side by side; {} where anything is off (``_serve_options``
+    then reports it) or for a config file / speech checkpoint (loaded the ordinary way)."""
+    if args.config is not None or not envs.STRATA_SERVE_EARLY_SPAWN:
+        return {}
+    from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir  # no torch: models/ loads lazily
+
+    model = args.model or args.model_flag
+    if model is None and args.model_repository is None:
+        from strataserve.assets import DEMO_MODEL_DIR
+
+        model = str(DEMO_MODEL_DIR)
+    if model is None or not os.path.isdir(model) or is_qwen3_tts_dir(model):
+        return {}
+    try:
+        config = engine_config(args, model)
+    except ValueError:
+        return {}
+    from strataserve.engine.mp_client import MPCoreClient, process_key
+
+    return {process_key(config): MPCoreClient(config, wait=False)}
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
+    import time
+
+    t0 = time.perf_counter()
+    early = _spawn_early(args)
     from rich.console import Console
 
     from strataserve.api.server import serve
@@ -220,9 +248,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     options = _serve_options(args, console)
     if options is None:
+        for client in early.values():
+            client.shutdown()
         return 2
     try:
-        serve(options, console)
+        serve(options, console, started=early, imports_s=time.perf_counter() - t0)
     except EngineStartupError as exc:
         console.print(f"[red]error:[/] the engine failed to start: {exc}")
         return 1

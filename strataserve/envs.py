@@ -21,6 +21,9 @@ STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
 STRATA_DECODE_LONG_FIRST: bool = os.environ.get("STRATA_DECODE_LONG_FIRST", "1") != "0"
 #: greedy argmax inside the captured decode graph (all-greedy steps skip the logits gather and the sampler).
 STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
+#: ``strata serve`` spawns the engine process before its own heavy imports and loads the tokenizer while the engine
+#: loads (issue 12 item 3); "0": one after the other, as before (the start-up benchmark's "before" switch).
+STRATA_SERVE_EARLY_SPAWN: bool = os.environ.get("STRATA_SERVE_EARLY_SPAWN", "1") != "0"
 
 # libgomp's default ACTIVE wait policy makes torch's CPU worker threads spin between parallel regions. When the
 # cores are shared (engine process, API process and clients on one small machine, or any other job) the spinning

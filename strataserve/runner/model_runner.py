@@ -37,6 +37,7 @@ from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.ops import OpSet, TorchOps
 from strataserve.runner.prompt_logprobs import PromptRows, prompt_logprobs, prompt_rows
 from strataserve.runner.sampler import Sampler, SamplingRequest
+from strataserve.startup import Phases
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,12 @@ class ModelRunner(ModelRunnerBase):
                  async_scheduling: bool | None = None) -> None:
         mc = config.model
         self.config = config
+        #: start-up phases and their seconds (``strata serve`` prints them)
+        self.startup = Phases()
         self.device = resolve_device(mc.device)
+        if self.device.type == "cuda":  # the context's creation, timed apart from the weights
+            with self.startup.time("CUDA init"):
+                torch.empty(1, device=self.device)
         self.model_config = load_decoder_config(mc.model)
         self.dtype = resolve_dtype(mc.dtype, self.model_config, self.device)
         self.block_size = config.cache.block_size
@@ -94,13 +100,18 @@ class ModelRunner(ModelRunnerBase):
         #: KV storage dtype: the model dtype, or fp8/int8 with per-head scales (``runner/kv_quant.py``)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device,
                                                      kernels=not self._torch_views)
-        self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len)
-        self.num_blocks = self._num_blocks()
-        # One spare block past the pool: CUDA-graph padding rows write their K/V there, never into a real block.
-        self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,
-                                           self.model_config.num_kv_heads, self.model_config.head_dim,
-                                           self.kv_cache_dtype, self.device)
-        self.kv_scales = self._calibrate_kv_scales() if is_quantized(self.kv_cache_dtype) else None
+        with self.startup.time("weights"):
+            self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops,
+                                                  self.max_model_len)
+        with self.startup.time("KV sizing"):
+            self.num_blocks = self._num_blocks()
+        with self.startup.time("KV allocation"):
+            # One spare block past the pool: CUDA-graph padding rows write their K/V there, never a real block.
+            self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,
+                                               self.model_config.num_kv_heads, self.model_config.head_dim,
+                                               self.kv_cache_dtype, self.device)
+        with self.startup.time("KV scales"):
+            self.kv_scales = self._calibrate_kv_scales() if is_quantized(self.kv_cache_dtype) else None
         self.plan.ops.attention.bind_kv_cache(self.kv_caches, self.kv_scales)
         #: ids that end generation according to config.json + generation_config.json
         self.eos_token_ids: tuple[int, ...] = self.model_config.eos_token_ids
@@ -116,8 +127,10 @@ class ModelRunner(ModelRunnerBase):
         self._last: tuple[torch.Tensor, dict[str, int]] | None = None  # last launch's token tensor, row per id
         #: all-greedy graph steps take the argmax captured in the graph (a custom sampler sees every step instead)
         self._graph_argmax = envs.STRATA_GRAPH_ARGMAX and type(self.sampler) is Sampler
-        self.gemv_choices = self._tune_gemv() if self.plan.mode == "hybrid" else []
-        self.graphs = self._capture_graphs() if self.plan.cuda_graphs else None
+        with self.startup.time("GEMV tuning"):
+            self.gemv_choices = self._tune_gemv() if self.plan.mode == "hybrid" else []
+        with self.startup.time("CUDA graphs"):
+            self.graphs = self._capture_graphs() if self.plan.cuda_graphs else None
 
     # ------------------------------------------------------------------ start-up
     def _max_model_len(self, requested: int | None) -> int:
