@@ -127,7 +127,7 @@ def bench_accuracy(n_new: int = 512, n_prompts: int = 64) -> None:
 
     def llm(kv: str) -> LLM:  # the pool sized from the same memory budget: capacity per dtype
         return LLM(str(DEMO_MODEL_DIR), device=DEV, dtype="bfloat16" if DEV == "cuda" else "float32",
-                   kv_cache_dtype=kv, gpu_memory_utilization=0.5, kv_cache_memory_gib=0.05,
+                   kv_cache_dtype=kv, gpu_memory_utilization=0.15, kv_cache_memory_gib=0.05,
                    enable_prefix_caching=False, max_num_batched_tokens=4096)
 
     def free(engine: LLM) -> list[list[int]]:

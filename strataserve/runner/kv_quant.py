@@ -20,14 +20,14 @@ Accuracy on the trained demo model: ``tests/engine/test_kv_cache_dtype.py`` and 
 """
 from __future__ import annotations
 
-import logging
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from strataserve.kernels.kv_quant_ref import KV_QUANT_DTYPES, QMAX
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from strataserve.models.decoder import DecoderModel
 
 #: scale headroom over the calibrated amax, (K, V) per storage dtype
 _HEADROOM = {torch.float8_e4m3fn: (4.0, 4.0), torch.int8: (1.0, 1.5)}
@@ -58,24 +58,22 @@ def pair_norm_amax(k: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def calibrate_kv_scales(forward: Callable[[torch.Tensor, torch.Tensor], object], attention, num_layers: int,
-                        num_kv_heads: int, vocab_size: int, kv_dtype: torch.dtype, device: torch.device,
-                        num_tokens: int = 512, seed: int = 0) -> torch.Tensor:
-    """Scales [num_layers, 2 (K, V), num_kv_heads] float32 for an fp8/int8 cache.
-
-    ``forward(input_ids, positions)`` runs the model without a KV cache; ``attention`` is its backend, whose
-    ``kv_observer`` sees every layer's rotated k and v [T, Hkv, D] on that path."""
-    amax = torch.zeros(num_layers, 2, num_kv_heads, device=device)
+def calibrate_kv_scales(model: DecoderModel, kv_dtype: torch.dtype, num_tokens: int = 512,
+                        seed: int = 0) -> torch.Tensor:
+    """Scales [num_layers, 2 (K, V), num_kv_heads] float32 for an fp8/int8 cache, from one forward of ``model``
+    without a KV cache, where its attention backend's ``kv_observer`` sees every layer's rotated k and v."""
+    cfg, device, attention = model.config, model.device, model.ops.attention
+    amax = torch.zeros(cfg.num_layers, 2, cfg.num_kv_heads, device=device)
 
     def observe(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         amax[layer, 0] = torch.maximum(amax[layer, 0], pair_norm_amax(k))
         amax[layer, 1] = torch.maximum(amax[layer, 1], v.float().abs().amax(dim=(0, 2)))
 
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab_size, (num_tokens,), generator=gen).to(device)
+    ids = torch.randint(0, cfg.vocab_size, (num_tokens,), generator=gen).to(device)
     attention.kv_observer = observe
     try:
-        forward(ids, torch.arange(num_tokens, device=device))
+        model(ids, torch.arange(num_tokens, device=device), None)
     finally:
         attention.kv_observer = None
     head_k, head_v = _HEADROOM[kv_dtype]

@@ -110,8 +110,10 @@ class ModelRunner(ModelRunnerBase):
             self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,
                                                self.model_config.num_kv_heads, self.model_config.head_dim,
                                                self.kv_cache_dtype, self.device)
-        with self.startup.time("KV scales"):
-            self.kv_scales = self._calibrate_kv_scales() if is_quantized(self.kv_cache_dtype) else None
+        with self.startup.time("KV scales"):  # fp8/int8: per-layer, per-head scales from a calibration forward
+            self.kv_scales = (calibrate_kv_scales(self.model, self.kv_cache_dtype, min(
+                512, self.max_model_len, config.scheduler.max_num_batched_tokens), mc.seed)
+                if is_quantized(self.kv_cache_dtype) else None)
         self.plan.ops.attention.bind_kv_cache(self.kv_caches, self.kv_scales)
         #: ids that end generation according to config.json + generation_config.json
         self.eos_token_ids: tuple[int, ...] = self.model_config.eos_token_ids
@@ -167,13 +169,6 @@ class ModelRunner(ModelRunnerBase):
                  str(self.kv_cache_dtype).replace("torch.", ""), gain, str(self.dtype).replace("torch.", ""))
         return int(blocks)
 
-    def _calibrate_kv_scales(self) -> torch.Tensor:
-        """fp8/int8 cache: per-layer, per-KV-head scales from one cache-less forward (``runner/kv_quant.py``)."""
-        cfg = self.model_config
-        n = min(512, self.max_model_len, self.config.scheduler.max_num_batched_tokens)
-        return calibrate_kv_scales(lambda ids, pos: self.model(ids, pos, None), self.plan.ops.attention,
-                                   cfg.num_layers, cfg.num_kv_heads, cfg.vocab_size, self.kv_cache_dtype, self.device,
-                                   num_tokens=n, seed=self.config.model.seed)
 
     @torch.inference_mode()
     def _cuda_kv_budget(self) -> int:
