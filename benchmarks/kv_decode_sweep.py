@@ -1,5 +1,6 @@
 """Paged decode attention alone at long context: bf16 vs fp8 vs int8 caches over launch configurations
-(block_n, num_warps, num_stages, programs per SM), Llama-3.1-8B attention shape (32 q heads, 8 KV heads, 128).
+(block_n, num_warps, num_stages, programs per SM; K loaded as tiles or transposed tiles), Llama-3.1-8B
+attention shape (32 q heads, 8 KV heads, 128).
 
     python benchmarks/kv_decode_sweep.py [--batch 32] [--ctx 8192]
 
@@ -20,8 +21,7 @@ from kv_quant_bench import BW, KV, emit  # noqa: E402
 from strataserve.kernels.decode_attention import default_num_splits, paged_decode_attention  # noqa: E402
 from strataserve.kernels.kv_quant import quantize_ref  # noqa: E402
 
-CONFIGS = [(64, 4, 2, 16), (128, 4, 2, 16), (64, 4, 3, 16), (64, 8, 2, 16), (128, 8, 2, 16), (64, 4, 2, 32),
-           (128, 4, 3, 16), (32, 4, 2, 16)]
+CONFIGS = [(64, 4, 2, 16), (128, 4, 2, 16), (64, 8, 2, 16), (64, 4, 3, 16), (64, 4, 2, 32)]
 
 
 def main() -> None:
@@ -44,13 +44,14 @@ def main() -> None:
         del x
         sc = {} if name == "auto" else {"k_scale": scale, "v_scale": scale}
         nbytes = 2 * B * L * Hkv * D * dt.itemsize
-        for bn, warps, stages, pps in CONFIGS:
+        variants = [(c, False) for c in CONFIGS] + ([] if name == "auto" else [(c, True) for c in CONFIGS])
+        for (bn, warps, stages, pps), k_t in variants:
             splits = default_num_splits(B, Hkv, sms, programs_per_sm=pps)
             out = torch.empty_like(q)
 
             def call():
                 paged_decode_attention(q, kc, vc, tables, ctx, D ** -0.5, num_splits=splits, out=out, block_n=bn,
-                                       num_warps=warps, num_stages=stages, **sc)
+                                       num_warps=warps, num_stages=stages, k_transposed=k_t, **sc)
             try:
                 for _ in range(3):
                     call()
@@ -64,11 +65,11 @@ def main() -> None:
                     times.append(a.elapsed_time(b) / 1e3)
                 t = sorted(times)[len(times) // 2]
                 emit("kv_decode_kernel_sweep", kv_cache_dtype=name, batch=B, ctx=L, block_n=bn, num_warps=warps,
-                     num_stages=stages, programs_per_sm=pps, splits=splits, us=round(t * 1e6, 1),
+                     num_stages=stages, k_transposed=k_t, programs_per_sm=pps, splits=splits, us=round(t * 1e6, 1),
                      bw_fraction=round(nbytes / t / BW, 3))
             except Exception as exc:  # a configuration the GPU cannot run (shared memory) just drops out
                 emit("kv_decode_kernel_sweep", kv_cache_dtype=name, block_n=bn, num_warps=warps, num_stages=stages,
-                     programs_per_sm=pps, error=repr(exc)[:200])
+                     programs_per_sm=pps, k_transposed=k_t, error=repr(exc)[:200])
         del kc, vc
         torch.cuda.empty_cache()
 
