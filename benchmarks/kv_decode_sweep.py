@@ -1,6 +1,5 @@
 """Paged decode attention alone at long context: bf16 vs fp8 vs int8 caches over launch configurations
-(block_n, num_warps, num_stages, programs per SM; K loaded as tiles or transposed tiles), Llama-3.1-8B
-attention shape (32 q heads, 8 KV heads, 128).
+(block_n, num_warps, num_stages, programs per SM), Llama-3.1-8B attention shape (32 q heads, 8 KV heads, 128).
 
     python benchmarks/kv_decode_sweep.py [--batch 32] [--ctx 8192]
 
@@ -44,14 +43,13 @@ def main() -> None:
         del x
         sc = {} if name == "auto" else {"k_scale": scale, "v_scale": scale}
         nbytes = 2 * B * L * Hkv * D * dt.itemsize
-        variants = [(c, False) for c in CONFIGS] + ([] if name == "auto" else [(c, True) for c in CONFIGS])
-        for (bn, warps, stages, pps), k_t in variants:
+        for bn, warps, stages, pps in CONFIGS:
             splits = default_num_splits(B, Hkv, sms, programs_per_sm=pps)
             out = torch.empty_like(q)
 
             def call():
                 paged_decode_attention(q, kc, vc, tables, ctx, D ** -0.5, num_splits=splits, out=out, block_n=bn,
-                                       num_warps=warps, num_stages=stages, k_transposed=k_t, **sc)
+                                       num_warps=warps, num_stages=stages, **sc)
             try:
                 for _ in range(3):
                     call()
@@ -65,11 +63,11 @@ def main() -> None:
                     times.append(a.elapsed_time(b) / 1e3)
                 t = sorted(times)[len(times) // 2]
                 emit("kv_decode_kernel_sweep", kv_cache_dtype=name, batch=B, ctx=L, block_n=bn, num_warps=warps,
-                     num_stages=stages, k_transposed=k_t, programs_per_sm=pps, splits=splits, us=round(t * 1e6, 1),
+                     num_stages=stages, programs_per_sm=pps, splits=splits, us=round(t * 1e6, 1),
                      bw_fraction=round(nbytes / t / BW, 3))
             except Exception as exc:  # a configuration the GPU cannot run (shared memory) just drops out
                 emit("kv_decode_kernel_sweep", kv_cache_dtype=name, block_n=bn, num_warps=warps, num_stages=stages,
-                     programs_per_sm=pps, k_transposed=k_t, error=repr(exc)[:200])
+                     programs_per_sm=pps, error=repr(exc)[:200])
         del kc, vc
         torch.cuda.empty_cache()
 

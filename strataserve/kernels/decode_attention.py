@@ -36,8 +36,7 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
                          q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh,
                          scale, G, D, block_size,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr,
-                         K_T: tl.constexpr):
+                         IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     if REVERSE:  # the GPU starts programs in id order: with rows sorted by length, the longest go first
         b = tl.num_programs(0) - 1 - b
@@ -71,11 +70,8 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
         blk = tl.load(bt_ptr + b * bt_sb + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
         row = blk * c_sb + (offs_n % block_size) * c_ss + kvh * c_sh
         kvmask = nmask[:, None] & dmask[None, :]
-        if K_T:  # K read as its [D, N] transpose: the dtype conversion then feeds the dot with no transpose
-            k_t = tl.load(kc_ptr + row[None, :] + offs_d[:, None], mask=tl.trans(kvmask), other=0.0).to(q.dtype)
-        else:
-            k_t = tl.trans(tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype))
-        qk = _dot(q, k_t, IEEE) * qk_scale
+        k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+        qk = _dot(q, tl.trans(k), IEEE) * qk_scale
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         p = tl.exp(qk - m_new[:, None])
@@ -129,14 +125,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            num_splits: int | None = None, out: torch.Tensor | None = None,
                            block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
                            reverse: bool = True, k_scale: torch.Tensor | None = None,
-                           v_scale: torch.Tensor | None = None, k_transposed: bool = False) -> torch.Tensor:
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B];
     ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache.
 
     Returns ``out`` [B, Hq, D] in q's dtype. ``reverse``: launch the rows last to first. The runner sorts decode
     rows by ascending context length, so this starts the longest sequences first and the short ones fill the
     tail (longest-processing-time-first), instead of the longest programs starting last and running alone.
-    ``k_transposed``: load K tiles as [head_dim, rows] (a launch variant measured for converted fp8/int8 loads).
     """
     quant = check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]", k_scale, v_scale)
     B, Hq, D = q.shape
@@ -170,7 +165,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *po_strides, *pl_strides, scale, G, D, block_size,
         BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
-        DIRECT=direct, REVERSE=reverse, QUANT=quant, K_T=k_transposed, num_warps=num_warps, num_stages=num_stages)
+        DIRECT=direct, REVERSE=reverse, QUANT=quant, num_warps=num_warps, num_stages=num_stages)
     if direct:
         return out
     _paged_decode_reduce_kernel[(B, Hq)](
