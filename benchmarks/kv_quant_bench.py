@@ -2,6 +2,8 @@
 trained demo model.
 
     python benchmarks/kv_quant_bench.py [--only decode,accuracy] [--batch 32] [--ctx 8192] [--rounds 3]
+    STRATA_BENCH_DEVICE=cpu python benchmarks/kv_quant_bench.py --only accuracy --prompts 8 --new-tokens 128 \
+        --chunk 16 --perturb-dtype bfloat16        # the CPU figures (float32 model)
 
 decode: Llama-3.1-8B shape, random weights, hybrid mode (Triton kernels in CUDA graphs), ``batch`` sequences whose
 ``ctx``-token contexts are already cached (random KV), 64 greedy steps; auto (bf16) vs fp8 vs int8 caches held side
@@ -119,16 +121,20 @@ PROMPT_STARTS = ["The weather today is", "Once upon a time, there was a", "My fa
 PROMPT_ENDS = ["", " very", " a little", " the", " my", " our", " not", " always"]
 
 
-def bench_accuracy(n_new: int = 512, n_prompts: int = 64) -> None:
+def bench_accuracy(n_new: int = 512, n_prompts: int = 64, chunk: int = 4096, perturb: str | None = None) -> None:
+    """``chunk``: prefill chunk size of the teacher-forced pass (on the CPU's torch path a first chunk attends over
+    its own unquantised K/V, so small chunks are needed there to read the cache); ``perturb``: also compare a
+    float-cache engine whose whole model runs in this dtype (how much any perturbation moves the greedy text)."""
     from strataserve import LLM, SamplingParams
     from strataserve.assets import DEMO_MODEL_DIR
 
     prompts = [a + b for a in PROMPT_STARTS for b in PROMPT_ENDS][:n_prompts]
 
-    def llm(kv: str) -> LLM:  # the pool sized from the same memory budget: capacity per dtype
-        return LLM(str(DEMO_MODEL_DIR), device=DEV, dtype="bfloat16" if DEV == "cuda" else "float32",
-                   kv_cache_dtype=kv, gpu_memory_utilization=0.15, kv_cache_memory_gib=0.05,
-                   enable_prefix_caching=False, max_num_batched_tokens=4096)
+    model_dtype = "bfloat16" if DEV == "cuda" else "float32"
+
+    def llm(kv: str, dtype: str = model_dtype) -> LLM:  # the pool sized from one memory budget: capacity per dtype
+        return LLM(str(DEMO_MODEL_DIR), device=DEV, dtype=dtype, kv_cache_dtype=kv, gpu_memory_utilization=0.15,
+                   kv_cache_memory_gib=0.05, enable_prefix_caching=False, max_num_batched_tokens=chunk)
 
     def free(engine: LLM) -> list[list[int]]:
         outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=n_new, ignore_eos=True),
@@ -145,8 +151,8 @@ def bench_accuracy(n_new: int = 512, n_prompts: int = 64) -> None:
     ref = free(ref_engine)
     ref_forced = forced(ref_engine, ref)
     ref_engine.llm_engine.shutdown()
-    for kv in ("fp8", "int8"):
-        engine = llm(kv)
+    for kv, dtype in [("fp8", model_dtype), ("int8", model_dtype)] + ([("auto", perturb)] if perturb else []):
+        engine = llm(kv, dtype)
         blocks = engine.llm_engine.core.num_blocks
         got = free(engine)
         got_forced = forced(engine, ref)
@@ -158,8 +164,9 @@ def bench_accuracy(n_new: int = 512, n_prompts: int = 64) -> None:
                   for r, g, p in zip(ref, got, n_prompt)]
         total = sum(len(r) for r in ref_forced)
         tf = sum(a == b for r, g in zip(ref_forced, got_forced) for a, b in zip(r, g)) / total
-        emit("kv_accuracy", model="demo_llama", dtype="bfloat16", kv_cache_dtype=kv, sequences=len(prompts),
-             new_tokens=n_new, teacher_forced_agreement=round(tf, 4), positions=total,
+        emit("kv_accuracy", model="demo_llama", dtype=dtype, reference_dtype=model_dtype, kv_cache_dtype=kv,
+             sequences=len(prompts), new_tokens=n_new, chunk=chunk, teacher_forced_agreement=round(tf, 4),
+             positions=total,
              free_running_agreement=round(free_pos, 4), identical_sequences=sum(p == n_new for p in prefix),
              mean_first_divergence=round(sum(prefix) / len(prefix), 1), kv_blocks=blocks,
              kv_blocks_bf16=ref_blocks, capacity_ratio=round((blocks + 1) / (ref_blocks + 1), 3))
@@ -173,10 +180,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--chunk", type=int, default=4096, help="prefill chunk of the teacher-forced pass")
+    ap.add_argument("--perturb-dtype", default=None, help="also compare a whole model in this dtype")
     args = ap.parse_args()
     only = args.only.split(",")
     if "accuracy" in only:
-        bench_accuracy(args.new_tokens, args.prompts)
+        bench_accuracy(args.new_tokens, args.prompts, args.chunk, args.perturb_dtype)
     if "decode" in only:
         bench_decode(args.batch, args.ctx, args.rounds)
 

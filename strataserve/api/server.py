@@ -117,8 +117,21 @@ class _Server(uvicorn.Server):
         yield
 
 
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
+
+
 def _fmt_gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.3f} GiB" if num_bytes else "unknown size"
+
+
+def kv_cache_line(info: Any) -> str:
+    """The start-up line about the KV pool (an engine's ``ReadyInfo``); fp8 / int8 say what they bought."""
+    kv = ""
+    if info.kv_cache_dtype:
+        gain = _DTYPE_BYTES.get(info.dtype, 0) / _DTYPE_BYTES.get(info.kv_cache_dtype, 1)
+        kv = f" in {info.kv_cache_dtype} (per-head scales; {gain:g}× the blocks of a {info.dtype} cache)"
+    return (f"KV cache: {info.num_blocks} blocks × {info.block_size} tokens = {info.num_blocks * info.block_size} "
+            f"tokens, {_fmt_gib(info.kv_cache_bytes)}{kv}")
 
 
 def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float | None = None,
@@ -154,9 +167,7 @@ def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float
                   soft_wrap=True)
     console.print(f"[green]✓[/] model {label}loaded on {info.device} ({info.dtype}); max_model_len "
                   f"{info.max_model_len}")
-    kv = f" in {info.kv_cache_dtype} (per-head scales)" if info.kv_cache_dtype else ""
-    console.print(f"[green]✓[/] KV cache: {info.num_blocks} blocks × {info.block_size} tokens = "
-                  f"{info.num_blocks * info.block_size} tokens, {_fmt_gib(info.kv_cache_bytes)}{kv}")
+    console.print(f"[green]✓[/] {kv_cache_line(info)}")
     return engine
 
 

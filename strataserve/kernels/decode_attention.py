@@ -14,11 +14,12 @@ separate programs, each writing a partial output o_s and its log-sum-exp lse_s; 
 
     o = sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m),   m = max_s lse_s
 
-so one long sequence still fills the GPU. An fp8/int8 cache (``kv_quant.py``) is converted to q's dtype on load,
-its per-head K scale folded into ``scale`` and its V scale into the output. The G query heads sharing one KV head are packed into the rows of one
+so one long sequence still fills the GPU. The G query heads sharing one KV head are packed into the rows of one
 program's tile (padded to 16 rows for the tensor cores), so each K/V row is read once per KV head, not G times.
 A sequence with L_b = 0 (padding in a CUDA-graph batch) yields zeros. ``num_splits`` is a launch parameter, not
 derived from L_b on the host, so a captured graph replays correctly for any context length.
+An fp8/int8 cache (``kv_quant.py``) is converted to q's dtype on load, its per-head K scale folded into
+``scale`` and its V scale into the output.
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 KV cache layout (kernels rely on it): for every layer one K and one V tensor, each contiguous
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model dtype, or fp8/int8 with per-layer, per-KV-head
-scales ``kv_scales`` [num_layers, 2 (K, V), num_kv_heads] (``kernels/kv_quant.py``, ``runner/kv_quant.py``). Token position ``p`` of a request whose
-block table is ``bt`` lives in block ``bt[p // block_size]`` at row ``p % block_size``; its flat *slot* is
+scales ``kv_scales`` [num_layers, 2 (K, V), num_kv_heads] (``kernels/kv_quant.py``, ``runner/kv_quant.py``).
+Token position ``p`` of a request whose block table is ``bt`` lives in block ``bt[p // block_size]`` at row
+``p % block_size``; its flat *slot* is
 ``bt[p // block_size] * block_size + p % block_size``, i.e. the row of ``cache.view(-1, num_kv_heads, head_dim)``.
 
 Flat batch order (built by ``runner/input_batch.py``): decode tokens first (one per sequence, sorted by context
@@ -16,7 +17,6 @@ all T tokens into their slots, then attends:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from typing import Callable
 
 import torch

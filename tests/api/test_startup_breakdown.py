@@ -17,3 +17,17 @@ def test_serve_prints_its_startup_breakdown(server):
     assert spawned < engine_ready <= http_ready
     phases = dict((m[0], float(m[1])) for m in re.findall(r"([A-Za-z][\w ]*?) (\d+\.\d+) s", engine[3]))
     assert {"process spawn", "imports", "weights"} <= set(phases), engine[3]
+
+
+def test_kv_cache_line_reports_the_quantised_capacity():
+    from strataserve.api.server import kv_cache_line
+    from strataserve.engine.core_proc import ReadyInfo
+
+    info = ReadyInfo(num_blocks=100, block_size=16, max_model_len=64, kv_cache_bytes=2**30, device="cuda",
+                     dtype="bfloat16", kv_cache_dtype="float8_e4m3fn")
+    assert kv_cache_line(info) == ("KV cache: 100 blocks × 16 tokens = 1600 tokens, 1.000 GiB in float8_e4m3fn "
+                                   "(per-head scales; 2× the blocks of a bfloat16 cache)")
+    info.dtype, info.kv_cache_dtype = "float32", "int8"
+    assert "4× the blocks of a float32 cache" in kv_cache_line(info)
+    info.kv_cache_dtype = ""
+    assert kv_cache_line(info).endswith("1.000 GiB")

@@ -135,7 +135,8 @@ def test_quantized_cache_bad_inputs(device):
     with pytest.raises(ValueError, match="needs per-head scales"):
         store_kv(k, k, kc, kc.clone(), slots)
     with pytest.raises(ValueError, match=r"expected contiguous float32 \[2\]"):
-        store_kv(k, k, kc, kc.clone(), slots, k_scale=torch.ones(3, device=device), v_scale=torch.ones(2, device=device))
+        store_kv(k, k, kc, kc.clone(), slots, k_scale=torch.ones(3, device=device),
+                 v_scale=torch.ones(2, device=device))
     with pytest.raises(ValueError, match="only for an fp8/int8 cache"):
         store_kv(k, k, kc.float(), kc.float(), slots, k_scale=torch.ones(2, device=device),
                  v_scale=torch.ones(2, device=device))
