@@ -169,7 +169,7 @@ def bench_accuracy(n_new: int = 512, n_prompts: int = 64, chunk: int = 4096, per
              positions=total,
              free_running_agreement=round(free_pos, 4), identical_sequences=sum(p == n_new for p in prefix),
              mean_first_divergence=round(sum(prefix) / len(prefix), 1), kv_blocks=blocks,
-             kv_blocks_bf16=ref_blocks, capacity_ratio=round((blocks + 1) / (ref_blocks + 1), 3))
+             kv_blocks_reference=ref_blocks, capacity_ratio=round((blocks + 1) / (ref_blocks + 1), 3))
 
 
 def main() -> None:
