@@ -17,14 +17,19 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, args: list[str], log: Path, timeout_s: float = 600) -> None:
+    """``env``/``cwd``: the server's environment and working directory (default: this process's);
+    ``poll_s``: how often /health is asked while starting."""
+
+    def __init__(self, args: list[str], log: Path, timeout_s: float = 600, env: dict | None = None,
+                 cwd: Path | None = None, poll_s: float = 0.3) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log)
         self.log = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "strataserve", "serve", *args, "--host", "127.0.0.1",
                                       "--port", str(self.port), "--disable-uvicorn-access-log",
-                                      "--uvicorn-log-level", "warning"], stdout=self.log, stderr=subprocess.STDOUT)
+                                      "--uvicorn-log-level", "warning"], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=env, cwd=cwd)
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -37,7 +42,7 @@ class Server:
             if time.monotonic() > deadline:
                 self.stop()
                 raise SystemExit("server did not start")
-            time.sleep(0.3)
+            time.sleep(poll_s)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

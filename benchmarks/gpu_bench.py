@@ -84,8 +84,8 @@ def bench_startup(modes) -> None:
 
 def write_random_qwen3(path: Path) -> Path:
     """A random Qwen3-0.6B-shaped bf16 checkpoint + a word-level tokenizer, written on the GPU machine."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config
+    from _tiny_checkpoint import write_word_tokenizer
+    from transformers import AutoModelForCausalLM, Qwen3Config
 
     cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                       num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
@@ -95,12 +95,7 @@ def write_random_qwen3(path: Path) -> Path:
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     m.save_pretrained(path)
     del m
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, cfg.vocab_size)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(path)
+    write_word_tokenizer(path, cfg.vocab_size)
     return path
 
 

@@ -50,6 +50,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fraction of GPU memory the engine may use (weights + KV cache)")
     g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="fix the KV pool size in blocks")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8"],
+                   help="KV cache storage: auto = the model dtype; fp8 (e4m3) or int8 with per-head scales "
+                        "(twice the blocks of bf16 for the same memory)")
     g.add_argument("--runner-mode", default="auto", choices=["auto", "eager", "triton", "graph", "hybrid"])
     g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
                    help="split the model over this many GPUs of this host (one process each, NCCL)")
@@ -69,7 +72,8 @@ def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
                           load_format=getattr(args, "load_format", "auto")),
         cache=CacheConfig(block_size=args.block_size, kv_cache_memory_gib=args.kv_cache_memory_gib,
                           gpu_memory_utilization=args.gpu_memory_utilization,
-                          num_blocks=args.num_gpu_blocks_override, enable_prefix_caching=args.enable_prefix_caching),
+                          num_blocks=args.num_gpu_blocks_override, enable_prefix_caching=args.enable_prefix_caching,
+                          kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto")),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_waiting_requests=args.max_waiting_requests),
         runner=RunnerConfig(mode=args.runner_mode),
@@ -213,7 +217,35 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
     return ServeOptions(llms=llms, **server)
 
 
+def _spawn_early(args: argparse.Namespace) -> dict:
+    """The engine process of the LLM folder named on the command line, started before this process's heavy imports
+    (fastapi, torch, transformers), so the two load side by side; {} where anything is off (``_serve_options``
+    then reports it) or for a config file / speech checkpoint (loaded the ordinary way)."""
+    if args.config is not None or not envs.STRATA_SERVE_EARLY_SPAWN:
+        return {}
+    from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir  # no torch: models/ loads lazily
+
+    model = args.model or args.model_flag
+    if model is None and args.model_repository is None:
+        from strataserve.assets import DEMO_MODEL_DIR
+
+        model = str(DEMO_MODEL_DIR)
+    if model is None or not os.path.isdir(model) or is_qwen3_tts_dir(model):
+        return {}
+    try:
+        config = engine_config(args, model)
+    except ValueError:
+        return {}
+    from strataserve.engine.mp_client import MPCoreClient, process_key
+
+    return {process_key(config): MPCoreClient(config, wait=False)}
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
+    import time
+
+    t0 = time.perf_counter()
+    early = _spawn_early(args)
     from rich.console import Console
 
     from strataserve.api.server import serve
@@ -222,9 +254,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     options = _serve_options(args, console)
     if options is None:
+        for client in early.values():
+            client.shutdown()
         return 2
     try:
-        serve(options, console)
+        serve(options, console, started=early, imports_s=time.perf_counter() - t0)
     except EngineStartupError as exc:
         console.print(f"[red]error:[/] the engine failed to start: {exc}")
         return 1
@@ -294,7 +328,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               gpu_memory_utilization=c.cache.gpu_memory_utilization, num_blocks=c.cache.num_blocks,
               enable_prefix_caching=c.cache.enable_prefix_caching, max_num_seqs=c.scheduler.max_num_seqs,
               max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode,
-              tensor_parallel_size=c.parallel.tensor_parallel_size, load_format=c.model.load_format)
+              tensor_parallel_size=c.parallel.tensor_parallel_size, load_format=c.model.load_format,
+              kv_cache_dtype=c.cache.kv_cache_dtype)
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
     else:

@@ -61,6 +61,9 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.90
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
+    #: KV storage: auto = the model dtype; fp8 (e4m3) / int8 with per-layer, per-KV-head scales (half the bytes of
+    #: bf16, so twice the blocks for the same memory); see ``runner/kv_quant.py``
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.block_size > 0 and (self.block_size & (self.block_size - 1)) == 0,
@@ -69,6 +72,8 @@ class CacheConfig:
         _check(0.0 < self.gpu_memory_utilization <= 1.0,
                f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]")
         _check(self.num_blocks is None or self.num_blocks >= 2, f"num_blocks={self.num_blocks}: need at least 2")
+        _check(self.kv_cache_dtype in ("auto", "fp8", "int8"),
+               f"kv_cache_dtype={self.kv_cache_dtype!r}: use one of auto, fp8, int8")
 
 
 @dataclass(frozen=True)

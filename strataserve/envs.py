@@ -24,6 +24,9 @@ STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
 #: tensor parallelism on CUDA: "symm_mem" sums small activations (decode steps) with PyTorch's one-shot
 #: symmetric-memory all-reduce (peer loads over NVLink, no multicast) instead of NCCL's; "nccl" (default): NCCL only.
 STRATA_TP_ALLREDUCE: str = os.environ.get("STRATA_TP_ALLREDUCE", "nccl")
+#: ``strata serve`` spawns the engine process before its own heavy imports and loads the tokenizer while the engine
+#: loads (issue 12 item 3); "0": one after the other, as before (the start-up benchmark's "before" switch).
+STRATA_SERVE_EARLY_SPAWN: bool = os.environ.get("STRATA_SERVE_EARLY_SPAWN", "1") != "0"
 
 # libgomp's default ACTIVE wait policy makes torch's CPU worker threads spin between parallel regions. When the
 # cores are shared (engine process, API process and clients on one small machine, or any other job) the spinning

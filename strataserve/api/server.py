@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import logging
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,6 +32,7 @@ from strataserve.api.serving import ServerState
 from strataserve.models.omnivoice.config import is_omnivoice_dir
 from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir
 from strataserve.config import EngineConfig
+from strataserve.engine.mp_client import process_key
 from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
 from strataserve.router.backends.local_llm import LocalLLMBackend
 from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
@@ -42,6 +44,7 @@ from strataserve.router.router import Router
 from strataserve.router.sla import SLA, SLAPolicy
 from strataserve.router.supervisor import EngineSupervisor, RestartMetrics
 from strataserve.router.tensors import TensorRouter
+from strataserve.startup import format_phases, process_age
 
 log = logging.getLogger("strataserve.server")
 
@@ -115,29 +118,57 @@ class _Server(uvicorn.Server):
         yield
 
 
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
+
+
 def _fmt_gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.3f} GiB" if num_bytes else "unknown size"
 
 
+def kv_cache_line(info: Any) -> str:
+    """The start-up line about the KV pool (an engine's ``ReadyInfo``); fp8 / int8 say what they bought."""
+    kv = ""
+    if info.kv_cache_dtype:
+        gain = _DTYPE_BYTES.get(info.dtype, 0) / _DTYPE_BYTES.get(info.kv_cache_dtype, 1)
+        kv = f" in {info.kv_cache_dtype} (per-head scales; {gain:g}× the blocks of a {info.dtype} cache)"
+    return (f"KV cache: {info.num_blocks} blocks × {info.block_size} tokens = {info.num_blocks * info.block_size} "
+            f"tokens, {_fmt_gib(info.kv_cache_bytes)}{kv}")
+
+
 def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float | None = None,
-                name: str | None = None) -> Any:
-    """The AsyncLLM front end over an engine-core child process; raises with the child's error if loading fails."""
+                name: str | None = None, client: Any = None) -> Any:
+    """The AsyncLLM front end over an engine-core child process; raises with the child's error if loading fails.
+    ``client``: an ``MPCoreClient(config, wait=False)`` started earlier (``strata serve`` spawns it before its own
+    heavy imports). The tokenizer loads here while the engine process loads the model."""
     from strataserve.engine.async_llm import AsyncLLM
+    from strataserve.engine.input_processor import load_tokenizer
     from strataserve.engine.mp_client import MPCoreClient
 
     label = f"[bold]{name}[/] " if name else ""
     with console.status(f"[bold]Loading model[/] {label}{config.model.model} (engine process)…"):
-        client = MPCoreClient(config, startup_timeout_s=startup_timeout_s)
+        if client is None:
+            client = MPCoreClient(config, startup_timeout_s=startup_timeout_s, wait=False)
         try:
-            engine = AsyncLLM(config, core_client=client)
+            t0 = time.perf_counter()
+            try:
+                tokenizer = load_tokenizer(config.model.tokenizer or config.model.model,
+                                           config.model.skip_tokenizer_init)
+            except Exception:
+                client.wait_ready(startup_timeout_s)  # the engine's error (e.g. no config.json) comes first
+                raise
+            t_tok = time.perf_counter() - t0
+            client.wait_ready(startup_timeout_s)
+            engine = AsyncLLM(config, core_client=client, tokenizer=tokenizer)
         except BaseException:
             client.shutdown()
             raise
     info = client.ready_info
+    console.print(f"[green]✓[/] engine process: spawned at {client.spawned_at:.2f} s, ready at "
+                  f"{process_age():.2f} s ({format_phases(info.startup)}); tokenizer {t_tok:.2f} s beside it",
+                  soft_wrap=True)
     console.print(f"[green]✓[/] model {label}loaded on {info.device} ({info.dtype}); max_model_len "
                   f"{info.max_model_len}")
-    console.print(f"[green]✓[/] KV cache: {info.num_blocks} blocks × {info.block_size} tokens = "
-                  f"{info.num_blocks * info.block_size} tokens, {_fmt_gib(info.kv_cache_bytes)}")
+    console.print(f"[green]✓[/] {kv_cache_line(info)}")
     return engine
 
 
@@ -283,6 +314,7 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
         if server.started:
             app.state.console.start()  # the dashboard's history begins with the server
             _banner(console, options, router, getattr(grpc_handle, "port", None))
+            console.print(f"start-up: HTTP ready {process_age():.2f} s after the process started", soft_wrap=True)
         await serving
     finally:
         await app.state.console.stop()
@@ -320,18 +352,28 @@ def _run_loop(coro: Any) -> None:
         runner.run(coro)
 
 
-def serve(options: ServeOptions, console: Console | None = None) -> None:
-    """Blocking: run the server until SIGINT/SIGTERM, then release everything."""
+def serve(options: ServeOptions, console: Console | None = None, started: dict[EngineConfig, Any] | None = None,
+          imports_s: float | None = None) -> None:
+    """Blocking: run the server until SIGINT/SIGTERM, then release everything. ``started``: engine processes
+    spawned earlier (``MPCoreClient(..., wait=False)`` by engine config), adopted by the LLMs whose config matches;
+    ``imports_s``: how long the caller's heavy imports took (the start-up breakdown)."""
     console = console or Console(stderr=True)
+    started = dict(started or {})
     engines: dict[str, Any] = {}
+    if imports_s is not None:
+        console.print(f"start-up: API process imports {imports_s:.2f} s"
+                      f"{' (beside the engine process)' if started else ''}", soft_wrap=True)
     try:
         for spec in options.llms:
             if is_qwen3_tts_dir(spec.engine.model.model) or is_omnivoice_dir(spec.engine.model.model):  # speech
                 engines[spec.name] = _load_speech(spec, console)
             else:  # an LLM, in its own engine-core process
-                engines[spec.name] = load_engine(spec.engine, console, options.startup_timeout_s, spec.name)
+                engines[spec.name] = load_engine(spec.engine, console, options.startup_timeout_s, spec.name,
+                                                 client=started.pop(process_key(spec.engine), None))
         _run_loop(_serve_async(options, engines, console))
     finally:
+        for client in started.values():  # spawned early but not adopted (e.g. the options changed)
+            client.shutdown()
         for engine in engines.values():
             engine.shutdown()
         console.print("strataserve stopped")

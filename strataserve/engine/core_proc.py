@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
@@ -25,6 +26,7 @@ import zmq
 
 from strataserve.config import EngineConfig
 from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from strataserve.startup import Phases, process_age
 
 # Input message kinds: the first frame of a multipart message.
 ADD = b"A"
@@ -44,6 +46,9 @@ class ReadyInfo(msgspec.Struct, kw_only=True, tag=True):
     kv_cache_bytes: int  # bytes of the whole KV pool (0 when unknown)
     device: str
     dtype: str
+    kv_cache_dtype: str = ""  # KV storage dtype when it differs from ``dtype`` (fp8 / int8)
+    #: this process's start-up phases (name, seconds), from its start to ready
+    startup: list[tuple[str, float]] = []
 
 
 class StartupError(msgspec.Struct, kw_only=True, tag=True):
@@ -59,7 +64,8 @@ def _kv_bytes_per_block(core: Any, block_size: int) -> int:
         return 0
     from strataserve.runner.attention import kv_cache_bytes_per_block
 
-    return kv_cache_bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, runner.dtype)
+    return kv_cache_bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim,
+                                    getattr(runner, "kv_cache_dtype", runner.dtype))
 
 
 def _ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
@@ -69,8 +75,10 @@ def _ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
     max_model_len = int(getattr(core, "max_model_len", getattr(runner, "max_model_len", 0)))
     device = str(getattr(runner, "device", config.model.device))
     dtype = str(getattr(runner, "dtype", config.model.dtype)).replace("torch.", "")
+    kv_dtype = str(getattr(runner, "kv_cache_dtype", "")).replace("torch.", "")
     return ReadyInfo(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
-                     kv_cache_bytes=_kv_bytes_per_block(core, block_size) * num_blocks, device=device, dtype=dtype)
+                     kv_cache_bytes=_kv_bytes_per_block(core, block_size) * num_blocks, device=device, dtype=dtype,
+                     kv_cache_dtype="" if kv_dtype == dtype else kv_dtype)
 
 
 def _die_with_parent() -> None:
@@ -97,13 +105,23 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _die_with_parent()
     parent = os.getppid()
+    phases = Phases()
+    phases.add("process spawn", process_age())
     try:
-        if core_factory is None:
-            from strataserve.engine.engine_core import EngineCore
+        with phases.time("imports"):
+            if core_factory is None:
+                from strataserve.engine.engine_core import EngineCore
+                from strataserve.runner import model_runner  # noqa: F401  (torch, triton: timed apart)
 
-            core_factory = EngineCore
+                core_factory = EngineCore
+        t0 = time.perf_counter()
         core = core_factory(config)
+        runner_phases = getattr(getattr(core, "runner", None), "startup", None)
+        for name, sec in getattr(runner_phases, "items", []):
+            phases.add(name, sec)
+        phases.add("engine core", time.perf_counter() - t0 - sum(sec for _, sec in phases.items[2:]))
         info = _ready_info(core, config)
+        info.startup = phases.items
     except BaseException as exc:  # noqa: BLE001 — every start-up failure must reach the front as a message
         tb = traceback.format_exc(limit=4)
         message = str(exc) or exc.__class__.__name__

@@ -34,7 +34,7 @@ class LLM:
                  enable_prefix_caching: bool = True, seed: int = 0, mode: str = "auto", cuda_graph_max_bs: int = 256,
                  served_model_name: str | None = None, runner: ModelRunnerBase | None = None,
                  tokenizer_obj: Any = None, skip_tokenizer_init: bool = False, tensor_parallel_size: int = 1,
-                 load_format: str = "auto", **kwargs: Any) -> None:
+                 load_format: str = "auto", kv_cache_dtype: str = "auto", **kwargs: Any) -> None:
         for k, v in kwargs.items():
             if k not in _IGNORED:
                 raise TypeError(f"LLM() got an unexpected argument {k!r}")
@@ -51,7 +51,7 @@ class LLM:
                               skip_tokenizer_init=skip_tokenizer_init, load_format=load_format),  # type: ignore[arg-type]
             cache=CacheConfig(block_size=block_size, kv_cache_memory_gib=kv_cache_memory_gib,
                               gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_blocks,
-                              enable_prefix_caching=enable_prefix_caching),
+                              enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       enable_chunked_prefill=enable_chunked_prefill),
             runner=RunnerConfig(mode=mode, cuda_graph_max_bs=cuda_graph_max_bs),  # type: ignore[arg-type]

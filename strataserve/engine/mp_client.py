@@ -15,6 +15,7 @@ import multiprocessing
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import msgspec
@@ -25,6 +26,13 @@ from strataserve.config import EngineConfig
 from strataserve.engine.core_client import CoreClient, CoreInfo, EngineDeadError
 from strataserve.engine.core_proc import ABORT, ADD, SHUTDOWN, ReadyInfo, StartupError, run_engine_core
 from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from strataserve.startup import process_age
+
+
+def process_key(config: EngineConfig) -> EngineConfig:
+    """What an engine process is started with: the config less the API-side model name (``strata serve`` adopts
+    an early-spawned process for the LLM whose key matches)."""
+    return replace(config, model=replace(config.model, served_model_name=None))
 
 
 class EngineStartupError(RuntimeError):
@@ -33,10 +41,11 @@ class EngineStartupError(RuntimeError):
 
 class MPCoreClient(CoreClient):
     """Spawns ``run_engine_core`` and talks to it over zmq. Construct from synchronous code (it blocks until the
-    model is loaded); use ``get_outputs`` from one event loop afterwards."""
+    model is loaded, unless ``wait=False``: then call ``wait_ready`` before anything else, which lets the caller
+    do its own start-up work while the engine loads); use ``get_outputs`` from one event loop afterwards."""
 
     def __init__(self, config: EngineConfig, startup_timeout_s: float | None = None,
-                 core_factory: Callable[[EngineConfig], Any] | None = None) -> None:
+                 core_factory: Callable[[EngineConfig], Any] | None = None, wait: bool = True) -> None:
         super().__init__()
         self._closed = False
         self._tmpdir = tempfile.mkdtemp(prefix="strata-core-")
@@ -58,21 +67,39 @@ class MPCoreClient(CoreClient):
         self._watch_loop: asyncio.AbstractEventLoop | None = None
 
         mp = multiprocessing.get_context("spawn")
-        parent_conn, child_conn = mp.Pipe(duplex=False)
+        self._conn, child_conn = mp.Pipe(duplex=False)
         self._proc = mp.Process(target=run_engine_core, name="strata-engine-core", daemon=True,
                                 args=(config, in_addr, out_addr, child_conn, core_factory))
+        self.config = config
+        self.ready_info: ReadyInfo | None = None
+        #: this process's age (s) when the engine process was started (the start-up breakdown)
+        self.spawned_at = process_age()
         try:
             self._proc.start()
+        except BaseException:
+            self._conn.close()
+            self.shutdown()
+            raise
+        finally:
             child_conn.close()
-            self.ready_info = self._handshake(parent_conn, startup_timeout_s)
+        if wait:
+            self.wait_ready(startup_timeout_s)
+
+    def wait_ready(self, timeout_s: float | None = None) -> ReadyInfo:
+        """Block until the engine has loaded the model (idempotent); raises ``EngineStartupError`` if it failed."""
+        if self.ready_info is not None:
+            return self.ready_info
+        try:
+            self.ready_info = self._handshake(self._conn, timeout_s)
             self._in.poll(5000, zmq.POLLOUT)  # the core has connected; wait for the pipe so sends never block
         except BaseException:
             self.shutdown()
             raise
         finally:
-            parent_conn.close()
+            self._conn.close()
         self.info = CoreInfo(max_model_len=self.ready_info.max_model_len, num_blocks=self.ready_info.num_blocks,
                              block_size=self.ready_info.block_size)
+        return self.ready_info
 
     @property
     def pid(self) -> int | None:
@@ -198,6 +225,7 @@ class MPCoreClient(CoreClient):
             except (ValueError, RuntimeError, OSError):
                 pass
         self._mark_dead("engine core was shut down")
+        self._conn.close()  # the start-up pipe, if never waited on
         self._in.close(linger=0)
         self._out.close(linger=0)
         self._ctx.term()

@@ -6,6 +6,8 @@ wrapper that validates shapes/strides/dtypes (ValueError saying what to change) 
 - ``rotary``: ``apply_rotary`` (neox, in place on q/k, optional fused Qwen3 q/k RMSNorm)
 - ``rotary_kv``: ``rotary_store_kv`` ((q/k norm +) rotary + paged KV store in one launch)
 - ``kv_cache``: ``store_kv`` (paged cache write through a slot mapping; slot < 0 = skip)
+- ``kv_quant``: fp8 / int8 KV storage with per-head scales (quantise on store, convert + fold scales on load);
+  ``kv_quant_ref`` its PyTorch side (no triton: the CPU attention path uses it)
 - ``decode_attention``: ``paged_decode_attention`` (split-KV flash-decoding, GQA-packed, + reduce kernel)
 - ``prefill_attention``: ``prefill_attention`` (varlen causal over block tables, cached prefixes)
 - ``gemv``: ``gemv`` (one-row matmul, optional split-K; used per weight shape where it beat cuBLAS at start-up)

@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from strataserve.kernels.kv_quant_ref import check_kv_scales
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -37,19 +39,24 @@ def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
           f"{name}: the last dimension must be contiguous (stride 1), got strides {t.stride()}; call .contiguous()")
 
 
-def check_paged_qkv(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_layout: str) -> None:
-    """q [*, q_heads, head_dim] against paged caches [num_blocks, block_size, kv_heads, head_dim] (both kernels)."""
+def check_paged_qkv(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_layout: str,
+                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> bool:
+    """q [*, q_heads, head_dim] against paged caches [num_blocks, block_size, kv_heads, head_dim] (both kernels);
+    returns whether the caches are quantised (fp8/int8 with per-head scales)."""
     check_ndim("q", q, 3, q_layout)
     check_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, kv_heads, head_dim]")
     check(v_cache.shape == k_cache.shape and v_cache.stride() == k_cache.stride(),
           "v_cache: must have k_cache's shape and strides")
     check_float("q", q)
-    check(q.dtype == k_cache.dtype == v_cache.dtype, f"dtypes differ: q {q.dtype}, caches {k_cache.dtype}")
+    check(k_cache.dtype == v_cache.dtype, f"caches differ: {k_cache.dtype}/{v_cache.dtype}")
+    quant = check_kv_scales(k_cache, k_scale, v_scale)
+    check(quant or q.dtype == k_cache.dtype, f"dtypes differ: q {q.dtype}, caches {k_cache.dtype}")
     hq, d = q.shape[1], q.shape[2]
     hkv, dc = k_cache.shape[2], k_cache.shape[3]
     check(dc == d, f"head_dim differs: q {d}, cache {dc}")
     check(hq % hkv == 0, f"q heads {hq} must be a multiple of kv heads {hkv}")
     check(q.stride(2) == 1 and k_cache.stride(3) == 1, "head_dim must be contiguous in q and the caches")
+    return quant
 
 
 def next_pow2(n: int) -> int:

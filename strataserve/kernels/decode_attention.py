@@ -18,6 +18,8 @@ so one long sequence still fills the GPU. The G query heads sharing one KV head 
 program's tile (padded to 16 rows for the tensor cores), so each K/V row is read once per KV head, not G times.
 A sequence with L_b = 0 (padding in a CUDA-graph batch) yields zeros. ``num_splits`` is a launch parameter, not
 derived from L_b on the host, so a captured graph replays correctly for any context length.
+An fp8/int8 cache (``kv_quant.py``) is converted to q's dtype on load, its per-head K scale folded into
+``scale`` and its V scale into the output.
 """
 from __future__ import annotations
 
@@ -27,14 +29,15 @@ import triton.language as tl
 
 from strataserve.kernels._common import dot as _dot
 from strataserve.kernels._common import (check, check_index, check_ndim, check_paged_qkv, check_same_device, next_pow2)
+from strataserve.kernels.kv_quant import dequantize_ref
 
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
+def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr, ks_ptr, vs_ptr,
                          q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh,
                          scale, G, D, block_size,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr):
+                         IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     if REVERSE:  # the GPU starts programs in id order: with rows sorted by length, the longest go first
         b = tl.num_programs(0) - 1 - b
@@ -54,6 +57,11 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
     q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + offs_d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
 
+    qk_scale = scale
+    v_scale = 1.0
+    if QUANT:
+        qk_scale = scale * tl.load(ks_ptr + kvh)
+        v_scale = tl.load(vs_ptr + kvh)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -63,19 +71,19 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
         blk = tl.load(bt_ptr + b * bt_sb + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
         row = blk * c_sb + (offs_n % block_size) * c_ss + kvh * c_sh
         kvmask = nmask[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-        qk = _dot(q, tl.trans(k), IEEE) * scale
+        k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+        qk = _dot(q, tl.trans(k), IEEE) * qk_scale
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         p = tl.exp(qk - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+        v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v, IEEE)
         m_i = m_new
 
     nonempty = l_i > 0
-    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    out = acc * (v_scale / tl.where(nonempty, l_i, 1.0))[:, None]
     lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
     # DIRECT (one split): po_ptr is the final output, so no partials and no reduce kernel
     tl.store(po_ptr + b * po_sb + heads[:, None] * po_sh + split * po_ss + offs_d[None, :],
@@ -117,14 +125,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            num_splits: int | None = None, out: torch.Tensor | None = None,
                            block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
-                           reverse: bool = True) -> torch.Tensor:
-    """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B].
+                           reverse: bool = True, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B];
+    ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache.
 
     Returns ``out`` [B, Hq, D] in q's dtype. ``reverse``: launch the rows last to first. The runner sorts decode
     rows by ascending context length, so this starts the longest sequences first and the short ones fill the
     tail (longest-processing-time-first), instead of the longest programs starting last and running alone.
     """
-    check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]")
+    quant = check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]", k_scale, v_scale)
     B, Hq, D = q.shape
     _, block_size, Hkv, _ = k_cache.shape
     check_ndim("block_tables", block_tables, 2, "[batch, max_blocks]")
@@ -151,11 +161,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
         po_strides, pl_strides = partial.stride()[:3], lse.stride()[:2]
     _paged_decode_kernel[(B, Hkv, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, partial, lse,
+        q, k_cache, v_cache, block_tables, context_lens, partial, lse, k_scale if quant else q,
+        v_scale if quant else q,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *po_strides, *pl_strides, scale, G, D, block_size,
         BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
-        DIRECT=direct, REVERSE=reverse, num_warps=num_warps, num_stages=num_stages)
+        DIRECT=direct, REVERSE=reverse, QUANT=quant, num_warps=num_warps, num_stages=num_stages)
     if direct:
         return out
     _paged_decode_reduce_kernel[(B, Hq)](
@@ -164,23 +175,30 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-def gather_kv_ref(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` rows [length, Hkv, D] of one sequence's paged cache."""
+def gather_kv_ref(cache: torch.Tensor, block_table: torch.Tensor, length: int,
+                  scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The first ``length`` rows [length, Hkv, D] of one sequence's paged cache (float32, dequantised with
+    ``scale`` [Hkv] for an fp8/int8 cache)."""
     bs = cache.shape[1]
     j = torch.arange(length, device=cache.device)
-    return cache[block_table[j // bs].long(), j % bs]
+    rows = block_table[j // bs].long(), j % bs
+    if scale is None:
+        return cache[rows].float()
+    return dequantize_ref(cache.view(torch.uint8)[rows].view(cache.dtype), scale)
 
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                               k_scale: torch.Tensor | None = None,
+                               v_scale: torch.Tensor | None = None) -> torch.Tensor:
     out = torch.zeros_like(q)
     G = q.shape[1] // k_cache.shape[2]
     for b in range(q.shape[0]):
         L = int(context_lens[b])
         if L == 0:
             continue
-        k = gather_kv_ref(k_cache, block_tables[b], L).float().repeat_interleave(G, dim=1)  # [L, Hq, D]
-        v = gather_kv_ref(v_cache, block_tables[b], L).float().repeat_interleave(G, dim=1)
+        k = gather_kv_ref(k_cache, block_tables[b], L, k_scale).repeat_interleave(G, dim=1)  # [L, Hq, D]
+        v = gather_kv_ref(v_cache, block_tables[b], L, v_scale).repeat_interleave(G, dim=1)
         att = torch.einsum("hd,lhd->hl", q[b].float(), k) * scale
         out[b] = torch.einsum("hl,lhd->hd", att.softmax(-1), v).to(q.dtype)
     return out

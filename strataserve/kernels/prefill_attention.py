@@ -9,7 +9,8 @@ to keys j ≤ p_i (causal; the whole prefix included):
 Algorithm: FlashAttention's tiling with an online softmax (Dao et al., "FlashAttention: Fast and Memory-Efficient
 Exact Attention with IO-Awareness", 2022): a program owns BLOCK_M query rows of one head of one segment and
 streams the keys in BLOCK_N tiles, gathered row by row through the block table, stopping at the causal edge.
-Queries are packed back to back ([total_tokens, Hq, D], ``cu_seqlens_q`` marks segments).
+Queries are packed back to back ([total_tokens, Hq, D], ``cu_seqlens_q`` marks segments). An fp8/int8 cache is
+converted on load with its per-head scales folded in, as in ``decode_attention.py``.
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ from strataserve.kernels.decode_attention import gather_kv_ref
 
 
 @triton.jit
-def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_ptr,
+def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_ptr, ks_ptr, vs_ptr,
                               q_st, q_sh, o_st, o_sh, c_sb, c_ss, c_sh, bt_sb,
                               scale, G, D, block_size,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                              IEEE: tl.constexpr):
+                              IEEE: tl.constexpr, QUANT: tl.constexpr):
     mb = tl.program_id(0)
     seg = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2)
@@ -44,6 +45,11 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_
         q = tl.load(q_ptr + (q_start + offs_m)[:, None] * q_st + h * q_sh + offs_d[None, :],
                     mask=mmask[:, None] & dmask[None, :], other=0.0)
         pos_m = prefix + offs_m
+        qk_scale = scale
+        v_scale = 1.0
+        if QUANT:
+            qk_scale = scale * tl.load(ks_ptr + kvh)
+            v_scale = tl.load(vs_ptr + kvh)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -54,18 +60,18 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_
             blk = tl.load(bt_ptr + seg * bt_sb + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
             row = blk * c_sb + (offs_n % block_size) * c_ss + kvh * c_sh
             kvmask = nmask[:, None] & dmask[None, :]
-            k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-            qk = _dot(q, tl.trans(k), IEEE) * scale
+            k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+            qk = _dot(q, tl.trans(k), IEEE) * qk_scale
             ok = (offs_n[None, :] <= pos_m[:, None]) & nmask[None, :]
             qk = tl.where(ok, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, axis=1))
             p = tl.exp(qk - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+            v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+            acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v, IEEE)
             m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
         tl.store(o_ptr + (q_start + offs_m)[:, None] * o_st + h * o_sh + offs_d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
 
@@ -73,10 +79,12 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                       cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_q_len: int, scale: float,
                       out: torch.Tensor | None = None, block_m: int = 64, block_n: int = 64, num_warps: int = 4,
-                      num_stages: int = 2) -> torch.Tensor:
+                      num_stages: int = 2, k_scale: torch.Tensor | None = None,
+                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``q`` [T, Hq, D] packed segments; ``cu_seqlens_q`` [S+1]; ``seq_lens`` [S] (prefix + new tokens);
-    ``block_tables`` [S, max_blocks]; ``max_q_len`` the longest segment (host int, sizes the grid)."""
-    check_paged_qkv(q, k_cache, v_cache, "[tokens, q_heads, head_dim]")
+    ``block_tables`` [S, max_blocks]; ``max_q_len`` the longest segment (host int, sizes the grid);
+    ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache."""
+    quant = check_paged_qkv(q, k_cache, v_cache, "[tokens, q_heads, head_dim]", k_scale, v_scale)
     T, Hq, D = q.shape
     _, block_size, Hkv, _ = k_cache.shape
     check_index("cu_seqlens_q", cu_seqlens_q)
@@ -95,24 +103,26 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         return out
     grid = (triton.cdiv(max_q_len, block_m), S, Hq)
     _prefill_attention_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens,
+        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, k_scale if quant else q,
+        v_scale if quant else q,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         scale, Hq // Hkv, D, block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(D)), IEEE=q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=num_stages)
+        QUANT=quant, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
 def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                          cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                          cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                          k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     out = torch.empty_like(q)
     G = q.shape[1] // k_cache.shape[2]
     for s in range(seq_lens.shape[0]):
         a, b, L = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1]), int(seq_lens[s])
         n = b - a
-        k = gather_kv_ref(k_cache, block_tables[s], L).float().repeat_interleave(G, dim=1)
-        v = gather_kv_ref(v_cache, block_tables[s], L).float().repeat_interleave(G, dim=1)
+        k = gather_kv_ref(k_cache, block_tables[s], L, k_scale).repeat_interleave(G, dim=1)
+        v = gather_kv_ref(v_cache, block_tables[s], L, v_scale).repeat_interleave(G, dim=1)
         att = torch.einsum("qhd,khd->hqk", q[a:b].float(), k) * scale
         pos = torch.arange(L - n, L, device=q.device)
         att = att.masked_fill(torch.arange(L, device=q.device)[None, :] > pos[:, None], float("-inf"))

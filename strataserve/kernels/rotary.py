@@ -25,13 +25,16 @@ import triton.language as tl
 
 from strataserve.kernels._common import (check, check_float, check_index, check_ndim, check_same_device,
                                          next_pow2)
+from strataserve.kernels.kv_quant import store_value
 
 
 @triton.jit
 def rope_heads(x_ptr, x_off, x_sh, o_ptr, o_off, o_sh, h_start, h_end, cos, sin, w1, w2, eps, D, HALF, offs_h,
-               offs_r, HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr):
+               offs_r, HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, s_ptr=None, QUANT: tl.constexpr = False,
+               INT: tl.constexpr = False):
     """Heads [h_start, h_end) of one token: read at x_ptr + x_off + h * x_sh, (norm,) rotate, write at o_ptr +
-    o_off + h * o_sh (the same place for the in-place rotary; a KV-cache slot for the fused store)."""
+    o_off + h * o_sh (the same place for the in-place rotary; a KV-cache slot for the fused store, quantised with
+    the per-head scales at ``s_ptr`` when ``QUANT``)."""
     for h0 in range(h_start, h_end, BLOCK_H):
         heads = h0 + offs_h
         hmask = heads < h_end
@@ -49,8 +52,11 @@ def rope_heads(x_ptr, x_off, x_sh, o_ptr, o_off, o_sh, h_start, h_end, cos, sin,
             x2 = (x2 * w2[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
         o1 = x1 * cos[None, :] - x2 * sin[None, :]
         o2 = x2 * cos[None, :] + x1 * sin[None, :]
-        tl.store(dst + offs_r[None, :], o1.to(o_ptr.dtype.element_ty), mask=m)
-        tl.store(dst + HALF + offs_r[None, :], o2.to(o_ptr.dtype.element_ty), mask=m)
+        sc = 1.0
+        if QUANT:
+            sc = tl.load(s_ptr + heads, mask=hmask, other=1.0)[:, None]
+        store_value(dst + offs_r[None, :], o1, sc, m, QUANT, INT)
+        store_value(dst + HALF + offs_r[None, :], o2, sc, m, QUANT, INT)
 
 
 @triton.jit

@@ -52,6 +52,7 @@ class LocalModel(_ModelBase):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     num_gpu_blocks_override: int | None = Field(None, ge=2)
     enable_prefix_caching: bool | None = None
+    kv_cache_dtype: Literal["auto", "fp8", "int8"] | None = None
     runner_mode: Literal["auto", "eager", "triton", "graph", "hybrid"] | None = None
     seed: int | None = None
     skip_tokenizer_init: bool | None = None
@@ -69,7 +70,7 @@ class LocalModel(_ModelBase):
         """The engine flags this entry sets (argparse dest names), for building its EngineConfig."""
         keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",
                 "block_size", "kv_cache_memory_gib", "gpu_memory_utilization", "num_gpu_blocks_override",
-                "enable_prefix_caching", "runner_mode", "seed", "skip_tokenizer_init")
+                "enable_prefix_caching", "kv_cache_dtype", "runner_mode", "seed", "skip_tokenizer_init")
         return {k: getattr(self, k) for k in keys if k in self.model_fields_set}
 
 

@@ -33,12 +33,15 @@ from strataserve.models.hf_config import DecoderConfig, load_decoder_config
 from strataserve.models.loader import load_model, resolve_device, resolve_dtype
 from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_block, TorchAttention
 from strataserve.runner.base import ModelRunnerBase
+from strataserve.kernels.kv_quant_ref import is_quantized
 from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
+from strataserve.runner.kv_quant import calibrate_kv_scales, resolve_kv_cache_dtype
 from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.ops import OpSet, TorchOps
 from strataserve.runner.prompt_logprobs import PromptRows, prompt_logprobs, prompt_rows
 from strataserve.runner.sampler import Sampler, SamplingRequest
 from strataserve.runner.tp_worker import RankSetup, setup
+from strataserve.startup import Phases
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,9 @@ class ModelRunner(ModelRunnerBase):
 
     def _build(self, config: EngineConfig, full_config: DecoderConfig, sampler: Sampler | None) -> None:
         mc = config.model
+        if self.device.type == "cuda":  # the context's creation, timed apart from the weights
+            with self.startup.time("CUDA init"):
+                torch.empty(1, device=self.device)
         #: this rank's share of the model (its heads and MLP width; the checkpoint's config when not split)
         self.model_config = self.tp.local_config(full_config)
         self.dtype = resolve_dtype(mc.dtype, self.model_config, self.device)
@@ -112,16 +118,26 @@ class ModelRunner(ModelRunnerBase):
         self.sliding_window = (self.model_config.sliding_window if self.model_config.window_every_layer
                                and self._torch_views and not self.plan.cuda_graphs else None)
         self.max_model_len = self._max_model_len(mc.max_model_len)
-        self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len,
-                                              self.tp, mc.load_format)
-        self.num_blocks = self._num_blocks()
-        if self.tp_control is not None:  # every rank's pool holds the blocks the one scheduler hands out
-            self.num_blocks = self.tp_control.min_int(self.num_blocks)
-        # One spare block past the pool: CUDA-graph padding rows write their K/V there, never into a real block.
-        self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,
-                                           self.model_config.num_kv_heads, self.model_config.head_dim,
-                                           self.dtype, self.device)
-        self.plan.ops.attention.bind_kv_cache(self.kv_caches)
+        #: KV storage dtype: the model dtype, or fp8/int8 with per-head scales (``runner/kv_quant.py``)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device,
+                                                     kernels=not self._torch_views)
+        with self.startup.time("weights"):
+            self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops,
+                                                  self.max_model_len, self.tp, mc.load_format)
+        with self.startup.time("KV sizing"):
+            self.num_blocks = self._num_blocks()
+            if self.tp_control is not None:  # every rank's pool holds the blocks the one scheduler hands out
+                self.num_blocks = self.tp_control.min_int(self.num_blocks)
+        with self.startup.time("KV allocation"):
+            # One spare block past the pool: CUDA-graph padding rows write their K/V there, never a real block.
+            self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,
+                                               self.model_config.num_kv_heads, self.model_config.head_dim,
+                                               self.kv_cache_dtype, self.device)
+        with self.startup.time("KV scales"):  # fp8/int8: per-layer, per-head scales from a calibration forward
+            self.kv_scales = (calibrate_kv_scales(self.model, self.kv_cache_dtype, min(
+                512, self.max_model_len, config.scheduler.max_num_batched_tokens), mc.seed)
+                if is_quantized(self.kv_cache_dtype) else None)
+        self.plan.ops.attention.bind_kv_cache(self.kv_caches, self.kv_scales)
         #: ids that end generation according to config.json + generation_config.json
         self.eos_token_ids: tuple[int, ...] = self.model_config.eos_token_ids
         self.sampler = sampler if sampler is not None else Sampler()
@@ -130,8 +146,10 @@ class ModelRunner(ModelRunnerBase):
         self._last: tuple[torch.Tensor, dict[str, int]] | None = None  # last launch's token tensor, row per id
         #: all-greedy graph steps take the argmax captured in the graph (a custom sampler sees every step instead)
         self._graph_argmax = envs.STRATA_GRAPH_ARGMAX and type(self.sampler) is Sampler
-        self.gemv_choices = self._tune_gemv() if self.plan.mode == "hybrid" else []
-        self.graphs = self._capture_graphs() if self.plan.cuda_graphs else None
+        with self.startup.time("GEMV tuning"):
+            self.gemv_choices = self._tune_gemv() if self.plan.mode == "hybrid" else []
+        with self.startup.time("CUDA graphs"):
+            self.graphs = self._capture_graphs() if self.plan.cuda_graphs else None
 
     # ------------------------------------------------------------------ start-up
     def _max_model_len(self, requested: int | None) -> int:
@@ -152,7 +170,7 @@ class ModelRunner(ModelRunnerBase):
             return cache.num_blocks
         cfg = self.model_config
         per_block = kv_cache_bytes_per_block(cfg.num_layers, self.block_size, cfg.num_kv_heads, cfg.head_dim,
-                                             self.dtype)
+                                             self.kv_cache_dtype)
         if self.device.type == "cuda":
             budget = self._cuda_kv_budget()
             what = f"gpu_memory_utilization={cache.gpu_memory_utilization}"
@@ -163,7 +181,11 @@ class ModelRunner(ModelRunnerBase):
         if blocks < 2:
             raise ValueError(f"{what} leaves room for {max(blocks, 0)} KV blocks ({per_block} bytes each); "
                              "raise it, or lower max_num_batched_tokens / max_num_seqs")
+        gain = self.dtype.itemsize / self.kv_cache_dtype.itemsize
+        log.info("KV cache: %d blocks x %d tokens in %s (%.1fx the blocks of a %s cache)", blocks, self.block_size,
+                 str(self.kv_cache_dtype).replace("torch.", ""), gain, str(self.dtype).replace("torch.", ""))
         return int(blocks)
+
 
     @torch.inference_mode()
     def _cuda_kv_budget(self) -> int:

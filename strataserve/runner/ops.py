@@ -9,7 +9,7 @@ Shapes: activations are 2-D ``[T, features]`` over the flattened tokens of a mix
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,12 +21,16 @@ if TYPE_CHECKING:
 class AttentionBackend(Protocol):
     """Paged attention over the KV pool (layout in ``runner/attention.py``).
 
-    ``bind_kv_cache`` is called once at start-up with one ``(k_cache, v_cache)`` pair per layer. ``forward`` first
-    writes this step's k/v into ``meta.slot_mapping`` slots of layer ``layer_idx``, then attends.
-    ``meta=None`` means "no KV cache: the T tokens are one causal sequence" (tests, memory profiling).
+    ``bind_kv_cache`` is called once at start-up with one ``(k_cache, v_cache)`` pair per layer (and, for an
+    fp8/int8 cache, the scales [num_layers, 2, num_kv_heads]). ``forward`` first writes this step's k/v into
+    ``meta.slot_mapping`` slots of layer ``layer_idx``, then attends. ``meta=None`` means "no KV cache: the T tokens
+    are one causal sequence" (tests, memory profiling, scale calibration: ``kv_observer`` sees each layer's k/v).
     """
 
-    def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None: ...
+    kv_observer: Callable[[int, torch.Tensor, torch.Tensor], None] | None
+
+    def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                      kv_scales: torch.Tensor | None = None) -> None: ...
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata | None) -> torch.Tensor:

@@ -35,10 +35,28 @@ class TritonAttention:
         self.num_sms = num_sms or (torch.cuda.get_device_properties(0).multi_processor_count
                                    if torch.cuda.is_available() else 8)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._no_cache = TorchAttention(num_heads, num_kv_heads, head_dim)  # meta=None: tests / profiling only
+        self.kv_scales: torch.Tensor | None = None
+        # meta=None: tests, memory profiling, and the fp8/int8 scale calibration (its ``kv_observer``)
+        self._no_cache = TorchAttention(num_heads, num_kv_heads, head_dim)
 
-    def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    @property
+    def kv_observer(self):
+        return self._no_cache.kv_observer
+
+    @kv_observer.setter
+    def kv_observer(self, fn) -> None:
+        self._no_cache.kv_observer = fn
+
+    def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                      kv_scales: torch.Tensor | None = None) -> None:
         self.kv_caches = kv_caches
+        self.kv_scales = kv_scales
+
+    def layer_scales(self, layer_idx: int) -> dict[str, torch.Tensor]:
+        """The kernels' ``k_scale``/``v_scale`` keywords for one layer (none for a float cache)."""
+        if self.kv_scales is None:
+            return {}
+        return {"k_scale": self.kv_scales[layer_idx, 0], "v_scale": self.kv_scales[layer_idx, 1]}
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata | None, kv_stored: bool = False) -> torch.Tensor:
@@ -49,20 +67,21 @@ class TritonAttention:
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q3, k3, v3 = q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
         k_cache, v_cache = self.kv_caches[layer_idx]
+        sc = self.layer_scales(layer_idx)
         if not kv_stored:
-            store_kv(k3, v3, k_cache, v_cache, meta.slot_mapping)
+            store_kv(k3, v3, k_cache, v_cache, meta.slot_mapping, **sc)
         out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
         nd = meta.num_decode_tokens
         if nd:
             splits = default_num_splits(nd, hkv, self.num_sms, programs_per_sm=self.programs_per_sm)
             paged_decode_attention(q3[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                   self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse)
+                                   self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse, **sc)
         if meta.prefills:
             qsl = meta.prefill_query_start_loc
             seq_lens = meta.prefill_context_lens + (qsl[1:] - qsl[:-1])
             max_q = max(seg.query_len for seg in meta.prefills)
             prefill_attention(q3, k_cache, v_cache, meta.prefill_block_tables, qsl, seq_lens, max_q, self.scale,
-                              out=out)
+                              out=out, **sc)
         return out.view(t, hq * d)
 
 
@@ -119,5 +138,5 @@ class TritonOps:
         k_cache, v_cache = att.kv_caches[layer_idx]
         # one launch: (q/k norm,) rotary of q in place, rotated k and v straight into their cache slots
         rotary_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, head_dim,
-                        q_norm, k_norm, eps)
+                        q_norm, k_norm, eps, **att.layer_scales(layer_idx))
         return att.forward(layer_idx, q, k, v, meta, kv_stored=True)

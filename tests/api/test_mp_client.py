@@ -91,3 +91,26 @@ def test_engine_death_fails_waiters_and_commands():
         asyncio.run(run())
     finally:
         client.shutdown()
+
+
+def test_spawn_now_wait_later_reports_startup_phases():
+    """wait=False returns while the engine loads; wait_ready then hands over the engine's start-up phases."""
+    client = MPCoreClient(engine_config(), core_factory=fake_core, wait=False)
+    try:
+        assert client.ready_info is None and client.spawned_at >= 0
+        info = client.wait_ready(60)
+        assert client.wait_ready() is info and client.info.num_blocks == 64
+        names = [name for name, _ in info.startup]
+        assert names[:2] == ["process spawn", "imports"] and names[-1] == "engine core", names
+        assert all(sec >= 0 for _, sec in info.startup) and info.startup[0][1] > 0  # a new process takes time
+    finally:
+        client.shutdown()
+
+
+def test_unwaited_client_shuts_down_cleanly():
+    client = MPCoreClient(engine_config(), core_factory=fake_core, wait=False)
+    pid = client.pid
+    client.shutdown()
+    assert not client._proc.is_alive()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

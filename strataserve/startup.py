@@ -1,0 +1,46 @@
+"""Start-up timing: named phases and their wall seconds, for the breakdown ``strata serve`` prints when it is ready
+(engine process: spawn, imports, weights, KV sizing, graph capture, ...; API process: imports, tokenizer, HTTP).
+Neutral module: the runner, the engine process and the API process all record into a ``Phases``."""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+_IMPORTED = time.monotonic()
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux: its start time in /proc; elsewhere since this module loaded)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            start_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])  # field 22: starttime, in clock ticks
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+class Phases:
+    """An ordered record of (phase, seconds)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, float]] = []
+
+    def add(self, name: str, seconds: float) -> None:
+        self.items.append((name, round(seconds, 3)))
+
+    @contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+
+def format_phases(items: list[tuple[str, float]] | list[list]) -> str:
+    """``weights 3.1 s · KV sizing 0.4 s · ...`` (phases under 5 ms left out)."""
+    return " · ".join(f"{name} {sec:.2f} s" for name, sec in items if sec >= 0.005)

@@ -1,0 +1,33 @@
+"""``strata serve`` prints where its start-up time went: the engine process's phases (spawned before the API
+process's heavy imports) and when HTTP was ready, all on the clock of the API process's start."""
+from __future__ import annotations
+
+import re
+
+
+def test_serve_prints_its_startup_breakdown(server):
+    log = server.log.read_text(errors="replace")
+    imports = re.search(r"start-up: API process imports (\d+\.\d+) s \(beside the engine process\)", log)
+    engine = re.search(r"engine process: spawned at (\d+\.\d+) s, ready at (\d+\.\d+) s \((.*?)\); "
+                       r"tokenizer (\d+\.\d+) s beside it", log, re.S)
+    ready = re.search(r"start-up: HTTP ready (\d+\.\d+) s after the process started", log)
+    assert imports and engine and ready, log[-3000:]
+    spawned, engine_ready, http_ready = float(engine[1]), float(engine[2]), float(ready[1])
+    assert spawned < float(imports[1]) <= http_ready  # the engine started before the heavy imports were done
+    assert spawned < engine_ready <= http_ready
+    phases = dict((m[0], float(m[1])) for m in re.findall(r"([A-Za-z][\w ]*?) (\d+\.\d+) s", engine[3]))
+    assert {"process spawn", "imports", "weights"} <= set(phases), engine[3]
+
+
+def test_kv_cache_line_reports_the_quantised_capacity():
+    from strataserve.api.server import kv_cache_line
+    from strataserve.engine.core_proc import ReadyInfo
+
+    info = ReadyInfo(num_blocks=100, block_size=16, max_model_len=64, kv_cache_bytes=2**30, device="cuda",
+                     dtype="bfloat16", kv_cache_dtype="float8_e4m3fn")
+    assert kv_cache_line(info) == ("KV cache: 100 blocks × 16 tokens = 1600 tokens, 1.000 GiB in float8_e4m3fn "
+                                   "(per-head scales; 2× the blocks of a bfloat16 cache)")
+    info.dtype, info.kv_cache_dtype = "float32", "int8"
+    assert "4× the blocks of a float32 cache" in kv_cache_line(info)
+    info.kv_cache_dtype = ""
+    assert kv_cache_line(info).endswith("1.000 GiB")
