@@ -86,6 +86,8 @@ class ModelRunner(ModelRunnerBase):
         """``tp``: a worker rank's tensor-parallel setup (rank 0 makes its own, starting the workers)."""
         mc = config.model
         self.config = config
+        #: start-up phases and their seconds (``strata serve`` prints them)
+        self.startup = Phases()
         full_config = load_decoder_config(mc.model)
         device = resolve_device(mc.device)
         #: the engine may schedule step N+1 before step N's tokens reach the host (EngineCore reads this). Default:
