@@ -151,3 +151,12 @@ def test_worker_exits_when_rank0_is_killed(tmp_path):
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(worker), "the worker outlived its killed rank 0"
+
+
+def test_tp2_with_int8_kv_cache_equals_tp1(tmp_path):
+    # each rank calibrates the scales of its own KV heads in the same collective forward: the split changes nothing
+    family, overrides = VARIANTS["qwen3-qknorm"]
+    path = make_tiny_checkpoint(family, tmp_path, tokenizer=False, **overrides)
+    tp2, _ = _generate(path, 2, kv_cache_dtype="int8")
+    tp1, _ = _generate(path, 1, kv_cache_dtype="int8")
+    assert [o.token_ids for o in tp2] == [o.token_ids for o in tp1]
