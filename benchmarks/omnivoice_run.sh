@@ -4,7 +4,7 @@
 # /work/main/.wt_omni, then run with carry [".wt_omni", ".whl"]:  cd .wt_omni && bash benchmarks/omnivoice_run.sh
 # The reference and pydub are pure Python and are imported from their wheels; the rest is pip-installed.
 set -u
-W=$(cd ../.whl && pwd)
+W=${WHL_DIR:-$(cd ../.whl && pwd)}
 python -m pip install -q --no-deps "$W"/cffi-*.whl "$W"/pycparser-*.whl "$W"/msgspec-*.whl \
   "$W"/torchaudio-2.11.0-*.whl "$W"/soundfile-*.whl 2>&1 | grep -v -i warning | tail -2
 export PYTHONPATH="$W/omnivoice-0.2.1-py3-none-any.whl:$W/pydub-0.25.1-py2.py3-none-any.whl"

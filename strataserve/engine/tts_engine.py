@@ -29,7 +29,7 @@ from strataserve.models.qwen3_tts.prompt import build_prompt
 from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
 from strataserve.models.qwen3_tts.voice_clone import VoiceClonePrompt, VoiceCloner
 from strataserve.runner.attention import kv_cache_bytes_per_block
-from strataserve.runner.model_runner import select_ops
+from strataserve.runner.execution_plan import select_ops
 from strataserve.runner.tts_runner import CodeSampling, TTSRequestState, TTSRunner
 
 #: OpenAI's limit for /v1/audio/speech input

@@ -1,7 +1,7 @@
 """``ModelRunner``: loads the model, owns the KV pool, and executes one scheduled step at a time.
 
-Start-up: resolve device/dtype -> pick the OpSet for the runner mode (``select_ops``, the one place modes are
-decided) -> load weights -> size the KV pool (``num_blocks`` override, else a GiB budget on CPU, else a fraction
+Start-up: resolve device/dtype -> pick the OpSet for the runner mode (``runner/execution_plan.py``, the one place modes
+are decided) -> load weights -> size the KV pool (``num_blocks`` override, else a GiB budget on CPU, else a fraction
 of GPU memory minus weights and a profiled peak forward) -> preallocate it -> (hybrid) time cuBLAS against the
 Triton GEMV per batch-1 weight shape -> capture CUDA graphs (graph/hybrid).
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 
 import torch
 
@@ -33,11 +32,11 @@ from strataserve.models.hf_config import DecoderConfig, load_decoder_config
 from strataserve.models.loader import load_model, resolve_device, resolve_dtype
 from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_block, TorchAttention
 from strataserve.runner.base import ModelRunnerBase
+from strataserve.runner.execution_plan import select_ops
 from strataserve.kernels.kv_quant_ref import is_quantized
 from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
 from strataserve.runner.kv_quant import calibrate_kv_scales, resolve_kv_cache_dtype
 from strataserve.runner.logits_mask import apply_token_bitmask
-from strataserve.runner.ops import OpSet, TorchOps
 from strataserve.runner.prompt_logprobs import PromptRows, prompt_logprobs, prompt_rows
 from strataserve.runner.sampler import Sampler, SamplingRequest
 from strataserve.runner.tp_worker import RankSetup, setup
@@ -47,37 +46,6 @@ log = logging.getLogger(__name__)
 
 # "graph" mode (torch attention inside CUDA graphs): the widest context a captured decode step covers.
 _GRAPH_TORCH_MAX_TOKENS = 2048
-
-
-@dataclass(frozen=True)
-class ExecutionPlan:
-    """What the runner mode resolved to: which ops run, and whether decode steps replay CUDA graphs."""
-
-    mode: str
-    ops: OpSet
-    cuda_graphs: bool
-
-
-def select_ops(mode: str, cfg: DecoderConfig, device: torch.device) -> ExecutionPlan:
-    """eager = PyTorch ops; triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
-    graphs. ``auto`` = hybrid on CUDA, eager on CPU."""
-    if mode == "auto":
-        mode = "hybrid" if device.type == "cuda" else "eager"
-    if mode == "eager":
-        return ExecutionPlan(mode, TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)), False)
-    if device.type != "cuda":
-        raise ValueError(f"runner mode {mode!r} needs a CUDA device with triton; on {device.type} use mode='eager' "
-                         "(or 'auto')")
-    if mode == "graph":
-        return ExecutionPlan(mode, TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)), True)
-    try:
-        from strataserve.runner.triton_ops import TritonAttention, TritonOps
-    except ImportError as exc:
-        raise ValueError(f"runner mode {mode!r} needs triton ({exc}); install triton or use mode='eager'") from None
-    ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                    long_first=envs.STRATA_DECODE_LONG_FIRST),
-                    fused_rope_kv=envs.STRATA_FUSED_ROPE_KV)
-    return ExecutionPlan(mode, ops, mode == "hybrid")
 
 
 class ModelRunner(ModelRunnerBase):

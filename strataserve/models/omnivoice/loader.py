@@ -17,7 +17,7 @@ from strataserve.models.omnivoice.codec import HiggsDecoder, load_higgs_decoder
 from strataserve.models.omnivoice.config import MissingCheckpointFileError, OmniVoiceConfig, load_omnivoice_config
 from strataserve.models.omnivoice.model import OmniVoiceModel, init_random_omnivoice, load_omnivoice_weights
 from strataserve.models.omnivoice.prompt import VoiceReference
-from strataserve.runner.model_runner import select_ops
+from strataserve.runner.execution_plan import select_ops
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -1,0 +1,45 @@
+"""Runner modes → the ops a model runs with: the one place eager / triton / graph / hybrid are decided.
+
+Every runner (LLM, Qwen3-TTS talker, OmniVoice backbone) asks ``select_ops`` so the model code never knows the mode.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strataserve import envs
+from strataserve.models.hf_config import DecoderConfig
+from strataserve.runner.attention import TorchAttention
+from strataserve.runner.ops import OpSet, TorchOps
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """What the runner mode resolved to: which ops run, and whether decode steps replay CUDA graphs."""
+
+    mode: str
+    ops: OpSet
+    cuda_graphs: bool
+
+
+def select_ops(mode: str, cfg: DecoderConfig, device: torch.device) -> ExecutionPlan:
+    """eager = PyTorch ops; triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
+    graphs. ``auto`` = hybrid on CUDA, eager on CPU."""
+    if mode == "auto":
+        mode = "hybrid" if device.type == "cuda" else "eager"
+    if mode == "eager":
+        return ExecutionPlan(mode, TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)), False)
+    if device.type != "cuda":
+        raise ValueError(f"runner mode {mode!r} needs a CUDA device with triton; on {device.type} use mode='eager' "
+                         "(or 'auto')")
+    if mode == "graph":
+        return ExecutionPlan(mode, TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)), True)
+    try:
+        from strataserve.runner.triton_ops import TritonAttention, TritonOps
+    except ImportError as exc:
+        raise ValueError(f"runner mode {mode!r} needs triton ({exc}); install triton or use mode='eager'") from None
+    ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                    long_first=envs.STRATA_DECODE_LONG_FIRST),
+                    fused_rope_kv=envs.STRATA_FUSED_ROPE_KV)
+    return ExecutionPlan(mode, ops, mode == "hybrid")
