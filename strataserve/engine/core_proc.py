@@ -62,7 +62,7 @@ def _kv_bytes_per_block(core: Any, block_size: int) -> int:
     return kv_cache_bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, runner.dtype)
 
 
-def _ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
+def core_ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
     runner = getattr(core, "runner", None)
     block_size = int(getattr(runner, "block_size", config.cache.block_size))
     num_blocks = int(getattr(core, "num_blocks", getattr(runner, "num_blocks", 0)))
@@ -87,23 +87,22 @@ def _die_with_parent() -> None:
 
 
 def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, handshake: Any,
-                    core_factory: Callable[[EngineConfig], Any] | None = None) -> None:
+                    core_factory: Callable[[EngineConfig], Any] | None = None,
+                    env: dict[str, str] | None = None) -> None:
     """Process entry point (spawn target). Returns when told to shut down or when the parent goes away.
 
     ``core_factory`` (a picklable, importable callable) replaces ``EngineCore(config)``; tests pass one that
-    builds the core over a fake runner."""
+    builds the core over a fake runner. ``env`` is applied before the model loads (a replica's
+    ``CUDA_VISIBLE_DEVICES``: CUDA reads it at its first use, not at import)."""
+    os.environ.update(env or {})
     # Ctrl-C goes to the whole process group; the front decides how to stop us (it sends SHUTDOWN / SIGTERM).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _die_with_parent()
     parent = os.getppid()
     try:
-        if core_factory is None:
-            from strataserve.engine.engine_core import EngineCore
-
-            core_factory = EngineCore
-        core = core_factory(config)
-        info = _ready_info(core, config)
+        core = build_core(config, core_factory)
+        info = core_ready_info(core, config)
     except BaseException as exc:  # noqa: BLE001 — every start-up failure must reach the front as a message
         tb = traceback.format_exc(limit=4)
         message = str(exc) or exc.__class__.__name__
@@ -113,6 +112,25 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
             print(tb, file=sys.stderr)
         return
 
+    def ready() -> None:  # sent once both sockets are connected, so the front's first send never waits
+        handshake.send_bytes(msgspec.msgpack.encode(info))
+        handshake.close()
+
+    serve_core(core, input_addr, output_addr, lambda: os.getppid() != parent, ready)
+
+
+def build_core(config: EngineConfig, core_factory: Callable[[EngineConfig], Any] | None = None) -> Any:
+    if core_factory is None:
+        from strataserve.engine.engine_core import EngineCore
+
+        core_factory = EngineCore
+    return core_factory(config)
+
+
+def serve_core(core: Any, input_addr: str, output_addr: str, orphaned: Callable[[], bool],
+               on_connected: Callable[[], Any] | None = None) -> None:
+    """Connect to the front's two sockets and run the step loop until SHUTDOWN (or ``orphaned()`` turns True);
+    the core is shut down on the way out. Hosts the core in a spawned process and in a Ray actor alike."""
     ctx = zmq.Context(io_threads=1)
     inp = ctx.socket(zmq.PULL)
     out = ctx.socket(zmq.PUSH)
@@ -122,10 +140,10 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
     out.setsockopt(zmq.SNDHWM, 0)  # unbounded: the core never waits on the front
     inp.connect(input_addr)
     out.connect(output_addr)
-    handshake.send_bytes(msgspec.msgpack.encode(info))
-    handshake.close()
+    if on_connected is not None:
+        on_connected()
     try:
-        _loop(core, inp, out, parent)
+        _loop(core, inp, out, orphaned)
     finally:
         try:
             core.shutdown()
@@ -135,7 +153,7 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
             ctx.term()
 
 
-def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, parent: int) -> None:
+def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, orphaned: Callable[[], bool]) -> None:
     req_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
     ids_decoder = msgspec.msgpack.Decoder(list[str])
     encoder = msgspec.msgpack.Encoder()
@@ -147,7 +165,7 @@ def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, parent: int) -> None:
         if not busy:
             # Idle: sleep in the kernel until a message arrives.
             if not poller.poll(_IDLE_POLL_MS):
-                if os.getppid() != parent:
+                if orphaned():
                     return
                 continue
         # Drain everything queued so this step sees every new request and abort.
@@ -169,7 +187,7 @@ def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, parent: int) -> None:
             outputs: EngineCoreOutputs = core.step()
             if outputs.outputs or outputs.stats is not None:
                 out.send(encoder.encode(outputs), copy=False)
-        if busy and os.getppid() != parent:
+        if busy and orphaned():
             return
 
 
