@@ -107,10 +107,13 @@ def main() -> None:
 
     from strataserve.router.local_replicas import ReplicatedEngine, start_replicas
 
+    # The object store carries nothing but actor calls (outputs stream over zmq): keep it small.
     ray.init(num_cpus=2 if args.tiny else None, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 2**20 if args.tiny else None)
+             object_store_memory=(100 if args.tiny else 1024) * 2**20)
     tmp = tempfile.TemporaryDirectory()
     path, vocab = write_checkpoint(Path(tmp.name), args.tiny)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the checkpoint was written on GPU 0, where a replica is about to load
     cfg = engine_config(path, args.tiny, max_num_seqs, args.skip_tokenizer_init)
     t0 = time.perf_counter()
     both = start_replicas("bench", cfg, count=args.replicas, placement="ray")

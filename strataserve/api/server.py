@@ -169,8 +169,9 @@ def build_state(engine: Any, spec: LocalLLMSpec, metrics_group: MetricsGroup) ->
                             register=False)
     metrics_group.add(metrics)
     sched = spec.engine.scheduler
+    cores = len(engine.engines) if isinstance(engine, ReplicatedEngine) else 1  # each replica queues its own
     state = ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=spec.name, max_model_len=max_len,
-                       metrics=metrics, max_inflight_seqs=sched.max_num_seqs + sched.max_waiting_requests,
+                       metrics=metrics, max_inflight_seqs=cores * (sched.max_num_seqs + sched.max_waiting_requests),
                        vocab_size=getattr(engine, "vocab_size", None) or _vocab_size(engine.tokenizer),
                        tool_call_parser=spec.tool_call_parser, enable_auto_tool_choice=spec.enable_auto_tool_choice)
     return state

@@ -28,28 +28,41 @@ class EngineStartupError(RuntimeError):
 
 class MPCoreClient(ZmqCoreClient):
     """Spawns ``run_engine_core`` and talks to it over zmq. Construct from synchronous code (it blocks until the
-    model is loaded); use ``get_outputs`` from one event loop afterwards. ``env`` is set in the child before the
+    model is loaded; with ``wait=False`` it returns at once and ``wait_ready`` blocks, so several cores load
+    side by side); use ``get_outputs`` from one event loop afterwards. ``env`` is set in the child before the
     model loads (e.g. ``CUDA_VISIBLE_DEVICES`` for one replica's GPUs)."""
 
     def __init__(self, config: EngineConfig, startup_timeout_s: float | None = None,
                  core_factory: Callable[[EngineConfig], Any] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, *, wait: bool = True) -> None:
         super().__init__()
         in_addr, out_addr = self._bind()
         mp = multiprocessing.get_context("spawn")
-        parent_conn, child_conn = mp.Pipe(duplex=False)
+        self._conn, child_conn = mp.Pipe(duplex=False)
         self._proc = mp.Process(target=run_engine_core, name="strata-engine-core", daemon=True,
                                 args=(config, in_addr, out_addr, child_conn, core_factory, env))
         try:
             self._proc.start()
+        except BaseException:
+            self._conn.close()
+            self.shutdown()
+            raise
+        finally:
             child_conn.close()
-            self.ready_info = self._handshake(parent_conn, startup_timeout_s)
+        self._startup_timeout_s = startup_timeout_s
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the model is loaded (``EngineStartupError`` if it fails); the core is shut down then."""
+        try:
+            self.ready_info = self._handshake(self._conn, self._startup_timeout_s)
             self._wait_connected()
         except BaseException:
             self.shutdown()
             raise
         finally:
-            parent_conn.close()
+            self._conn.close()
         self.info = CoreInfo(max_model_len=self.ready_info.max_model_len, num_blocks=self.ready_info.num_blocks,
                              block_size=self.ready_info.block_size)
 

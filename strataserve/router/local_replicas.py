@@ -91,29 +91,38 @@ class ReplicaLauncher:
                              f"shows {len(ids)}; lower replicas or num_gpus_per_replica")
         return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
-    def __call__(self, i: int) -> Any:
-        from strataserve.engine.async_llm import AsyncLLM
-
+    def start_core(self, i: int) -> Any:
+        """Replica ``i``'s core client: a Ray actor with its model loaded, or a local process still loading
+        (``front`` waits for it)."""
         if self.plan.placement == "ray":
             from strataserve.engine.ray_client import RayCoreClient
 
-            client: Any = RayCoreClient(self.config, name=f"{self.name}-r{i}", num_gpus=self.plan.num_gpus,
-                                        startup_timeout_s=self.startup_timeout_s)
-        else:
-            from strataserve.engine.mp_client import MPCoreClient
+            return RayCoreClient(self.config, name=f"{self.name}-r{i}", num_gpus=self.plan.num_gpus,
+                                 startup_timeout_s=self.startup_timeout_s)
+        from strataserve.engine.mp_client import MPCoreClient
 
-            config = self.config
-            if self.plan.num_gpus >= 1 and config.model.device.startswith("cuda:"):
-                # the child sees only its own GPUs, numbered from 0
-                config = dataclasses.replace(config, model=dataclasses.replace(config.model, device="cuda"))
-            client = MPCoreClient(config, self.startup_timeout_s, env=self._local_env(i))
+        config = self.config
+        if self.plan.num_gpus >= 1 and config.model.device.startswith("cuda:"):
+            # the child sees only its own GPUs, numbered from 0
+            config = dataclasses.replace(config, model=dataclasses.replace(config.model, device="cuda"))
+        return MPCoreClient(config, self.startup_timeout_s, env=self._local_env(i), wait=False)
+
+    def front(self, client: Any) -> Any:
+        """The ``AsyncLLM`` over a started core client (waits for a local process's model to load)."""
+        from strataserve.engine.async_llm import AsyncLLM
+
         try:
+            if hasattr(client, "wait_ready"):
+                client.wait_ready()
             engine = AsyncLLM(self.config, core_client=client, tokenizer=self.tokenizer)
         except BaseException:
             client.shutdown()
             raise
         self.tokenizer = engine.tokenizer
         return engine
+
+    def __call__(self, i: int) -> Any:
+        return self.front(self.start_core(i))
 
 
 def _affinity_key(prompt: Any, chars: int) -> bytes | str | None:
@@ -283,10 +292,18 @@ def start_replicas(name: str, config: EngineConfig, *, count: int, placement: Li
                 if f.exception() is not None:
                     raise f.exception()
         else:
-            # One by one from this thread: a child's parent-death signal fires when the *thread* that spawned it
-            # exits, so a pool thread would take its engine process down with it.
-            for i in range(count):
-                engines.append(launcher(i))
+            # Spawned from this thread (a child's parent-death signal fires when the *thread* that spawned it
+            # exits, so a pool thread would take its engine process down with it); they load side by side.
+            clients: list[Any] = []
+            try:
+                for i in range(count):
+                    clients.append(launcher.start_core(i))
+                while clients:
+                    engines.append(launcher.front(clients.pop(0)))
+            except BaseException:
+                for c in clients:
+                    c.shutdown()
+                raise
     except BaseException:
         for e in engines:
             e.shutdown()

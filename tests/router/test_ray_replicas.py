@@ -1,15 +1,18 @@
 """Two replicas of the demo model as Ray actors behind the router (`placement: ray`), on a local Ray cluster
 this test starts (2 CPUs, 4 declared GPUs so each replica's placement group of 2 GPUs is real Ray scheduling;
-the models run on the CPU). The `strata serve --config` process joins it through `ray_address`.
+the models run on the CPU). The `strata serve --config` process joins it through `ray_address`. The same
+server also runs the demo model as two engine processes on this host (`placement: local`).
 
 Checked through the HTTP API with the `openai` client: greedy answers equal HF transformers' from both
 replicas; killing the actor that streams a request fails that request with the 503 `engine_dead` error while
-the other replica keeps answering, /health says degraded, and a replacement actor comes up (restart counted).
+the other replica keeps answering, /health says degraded, and a replacement actor comes up (restart counted);
+the same for a SIGKILLed local replica process.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import signal
 import time
 
 import httpx
@@ -39,7 +42,9 @@ def server(cluster, tmp_path_factory):
     cfg = write_config(tmp / "router.yaml", {
         "models": [{"name": "demo", "path": str(DEMO_MODEL_DIR), "device": "cpu", "dtype": "float32",
                     "kv_cache_memory_gib": 0.01, "max_model_len": 512, "replicas": 2, "placement": "ray",
-                    "ray_address": cluster, "num_gpus_per_replica": 2}],
+                    "ray_address": cluster, "num_gpus_per_replica": 2},
+                   {"name": "local", "path": str(DEMO_MODEL_DIR), "device": "cpu", "dtype": "float32",
+                    "kv_cache_memory_gib": 0.01, "max_model_len": 512, "replicas": 2, "placement": "local"}],
         "health_check_interval_s": 0.3,
     })
     srv = Proc(["--config", str(cfg)], free_port(), tmp / "router.log").start(timeout=240)
@@ -47,8 +52,21 @@ def server(cluster, tmp_path_factory):
     srv.stop()
 
 
-def _replicas(srv) -> list[dict]:
-    return httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["replicas"]
+def _replicas(srv, model: str = "demo") -> list[dict]:
+    data = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"]
+    return next(m for m in data if m["id"] == model)["replicas"]
+
+
+def _recovered(srv, model: str, timeout: float = 120) -> list[dict]:
+    """Poll until every replica of ``model`` is healthy and /health is a plain 200 again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reps = _replicas(srv, model)
+        health = httpx.get(srv.url + "/health", timeout=10)
+        if all(r["healthy"] for r in reps) and health.status_code == 200 and not health.content:
+            return reps
+        assert time.monotonic() < deadline, reps
+        time.sleep(0.5)
 
 
 def _hf_greedy(ids: list[int], n: int) -> list[int]:
@@ -99,18 +117,31 @@ def test_killing_an_actor_fails_its_stream_and_a_replacement_comes_up(server):
     r = client.completions.create(model="demo", prompt="Hello", max_tokens=4)
     assert r.choices[0].finish_reason == "length"
     health = httpx.get(server.url + "/health", timeout=10)
-    assert health.status_code == 200 and health.json() == {"status": "degraded", "models": {"demo": "degraded"}}
-    deadline = time.monotonic() + 120
-    while True:
-        reps = _replicas(server)
-        if all(r["healthy"] for r in reps) and httpx.get(server.url + "/health").status_code == 200 \
-                and not httpx.get(server.url + "/health").content:
-            break
-        assert time.monotonic() < deadline, reps
-        time.sleep(0.5)
+    assert health.status_code == 200 and health.json() == {"status": "degraded",
+                                                           "models": {"demo": "degraded", "local": "serving"}}
+    reps = _recovered(server, "demo")
     names = {r["actor"] for r in reps}
     assert victim["actor"] not in names and other["actor"] in names
     metrics = httpx.get(server.url + "/metrics").text
     assert 'strata:engine_restarts_total{model_name="demo"} 1.0' in metrics
     r = client.completions.create(model="demo", prompt="Hello again", max_tokens=4)
     assert r.usage.completion_tokens == 4
+
+
+def test_local_replica_processes_share_the_load_and_one_killed_is_replaced(server):
+    reps = _replicas(server, "local")
+    assert len({r["pid"] for r in reps}) == 2 and all(r["healthy"] for r in reps)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+
+    def ask(i):
+        return client.completions.create(model="local", prompt=f"Story {i}:", max_tokens=24,
+                                         extra_body={"ignore_eos": True}).usage.completion_tokens
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(ask, range(4))) == [24] * 4
+    assert min(r["served"] for r in _replicas(server, "local")) >= 1
+    os.kill(reps[0]["pid"], signal.SIGKILL)
+    assert [ask(i) for i in range(3)] == [24] * 3  # the other process answers meanwhile
+    after = _recovered(server, "local")
+    assert after[0]["pid"] != reps[0]["pid"] and after[1]["pid"] == reps[1]["pid"]
+    assert 'strata:engine_restarts_total{model_name="local"} 1.0' in httpx.get(server.url + "/metrics").text
