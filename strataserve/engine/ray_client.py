@@ -41,7 +41,7 @@ def require_ray() -> Any:
 
 def ensure_ray(address: str | None) -> Any:
     """``ray.init`` once per process: ``address`` None lets Ray find a cluster (``RAY_ADDRESS``, else a new local
-    one); "auto" means the cluster ``ray start --head`` runs on this machine; else ``HOST:PORT`` or ``ray://...``.
+    one); "auto" means the cluster ``ray start`` joined this machine to; else the head's ``HOST:PORT``.
     A process that already called ``ray.init`` (a test, a benchmark) keeps its cluster."""
     ray = require_ray()
     if not ray.is_initialized():

@@ -62,8 +62,8 @@ class LocalModel(_ModelBase):
     replicas: int = Field(1, ge=1, le=1024)
     placement: Literal["local", "ray"] | None = Field(None, description="local: K engine processes on this host; "
                                                       "ray: K Ray actors on the cluster ray.init finds")
-    ray_address: str | None = Field(None, min_length=1, description="the Ray cluster: auto, HOST:PORT or "
-                                    "ray://HOST:PORT (default: RAY_ADDRESS, else a new local one)")
+    ray_address: str | None = Field(None, min_length=1, description="the Ray cluster: auto or HOST:PORT (default: "
+                                    "RAY_ADDRESS, else a new local one)")
     num_gpus_per_replica: float | None = Field(None, ge=0, description="default: the tensor-parallel size on "
                                                "CUDA, 0 on CPU")
 
@@ -72,6 +72,14 @@ class LocalModel(_ModelBase):
     def _ray_installed(cls, v: str | None) -> str | None:
         if v == "ray" and importlib.util.find_spec("ray") is None:
             raise ValueError("Ray is not installed: pip install 'strataserve[ray]' (or use placement: local)")
+        return v
+
+    @field_validator("ray_address")
+    @classmethod
+    def _not_ray_client(cls, v: str | None) -> str | None:
+        if v is not None and v.startswith("ray://"):
+            raise ValueError("Ray Client (ray://) is not supported: the replicas stream to this server over zmq, so "
+                             "run strata serve on a node of the cluster and give the head as HOST:PORT (or auto)")
         return v
 
     @model_validator(mode="after")

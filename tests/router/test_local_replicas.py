@@ -156,6 +156,7 @@ def test_gpus_per_replica_default():
     ({"replicas": 2, "num_gpus_per_replica": 1}, "models[0] (m): num_gpus_per_replica needs placement"),
     ({"placement": "local", "num_gpus_per_replica": 0.5}, "placement local takes whole GPUs"),
     ({"placement": "ray", "num_gpus_per_replica": -1}, "models[0] (m).num_gpus_per_replica: Input should be"),
+    ({"placement": "ray", "ray_address": "ray://head:10001"}, "models[0] (m).ray_address: Ray Client (ray://) is not"),
 ])
 def test_replica_config_errors_name_the_key(tmp_path, entry, message):
     with pytest.raises(ConfigError) as err:
