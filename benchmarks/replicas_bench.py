@@ -13,7 +13,11 @@ Prints one line per run, then the summary line:
 ``replicas_bench replicas=2 ratio_min=... ratios=... tok_s_1=... tok_s_2=... goal=1.9 met=...``.
 
     python benchmarks/replicas_bench.py                      # 2 GPUs: Qwen3-0.6B shape, 3 rounds
+    python benchmarks/replicas_bench.py --placement local    # the same without Ray: 2 engine processes
     python benchmarks/replicas_bench.py --tiny               # CPU: tiny model, tiny workload (a smoke test)
+
+``--placement local`` (``placement: local`` in the config: one engine process per GPU on this host, same zmq
+wire, same router path) measures the same replication where Ray is not installed.
 """
 from __future__ import annotations
 
@@ -90,6 +94,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="CPU: tiny random Llama, tiny workload")
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--placement", choices=("ray", "local"), default="ray")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-prompts", type=int, default=None, help="default 256 (--tiny: 16)")
     ap.add_argument("--skip-tokenizer-init", action="store_true",
@@ -101,22 +106,26 @@ def main() -> None:
     lo, hi = (16, 64) if args.tiny else (100, 1024)
     max_num_seqs = 16 if args.tiny else 256
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # one host: every Ray address on loopback
-    import ray
     import torch
 
     from strataserve.router.local_replicas import ReplicatedEngine, start_replicas
 
-    # The object store carries nothing but actor calls (outputs stream over zmq): keep it small.
-    ray.init(num_cpus=2 if args.tiny else None, include_dashboard=False, log_to_driver=False,
-             object_store_memory=(100 if args.tiny else 1024) * 2**20)
+    ray_version = None
+    if args.placement == "ray":
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # one host: every Ray address on loopback
+        import ray
+
+        # The object store carries nothing but actor calls (outputs stream over zmq): keep it small.
+        ray.init(num_cpus=2 if args.tiny else None, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=(100 if args.tiny else 1024) * 2**20)
+        ray_version = ray.__version__
     tmp = tempfile.TemporaryDirectory()
     path, vocab = write_checkpoint(Path(tmp.name), args.tiny)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the checkpoint was written on GPU 0, where a replica is about to load
     cfg = engine_config(path, args.tiny, max_num_seqs, args.skip_tokenizer_init)
     t0 = time.perf_counter()
-    both = start_replicas("bench", cfg, count=args.replicas, placement="ray")
+    both = start_replicas("bench", cfg, count=args.replicas, placement=args.placement)
     startup = time.perf_counter() - t0
     views = {1: ReplicatedEngine("bench", both.engines[:1]), args.replicas: both}
     rows: list[dict] = []
@@ -137,15 +146,16 @@ def main() -> None:
 
     asyncio.run(bench())
     both.shutdown()
-    ray.shutdown()
+    if ray_version is not None:
+        ray.shutdown()
     per = {k: [r["tok_per_s"] for r in rows if r["replicas"] == k] for k in (1, args.replicas)}
     ratios = [round(b / a, 3) for a, b in zip(per[1], per[args.replicas])]
-    summary = {"bench": "replicas", "replicas": args.replicas, "ratio_min": min(ratios), "ratios": ratios,
+    summary = {"bench": "replicas", "replicas": args.replicas, "placement": args.placement, "ratio_min": min(ratios), "ratios": ratios,
                "tok_s_1": per[1], f"tok_s_{args.replicas}": per[args.replicas], "goal": args.goal,
                "met": all(r >= args.goal for r in ratios), "model": "tiny-llama" if args.tiny else "qwen3-0.6b-shape",
                "num_prompts": n, "lengths": [lo, hi], "skip_tokenizer_init": args.skip_tokenizer_init,
                "startup_s": round(startup, 1), "device": torch.cuda.get_device_name(0) if not args.tiny else "cpu",
-               "torch": torch.__version__, "ray": ray.__version__, "date": datetime.date.today().isoformat()}
+               "torch": torch.__version__, "ray": ray_version, "date": datetime.date.today().isoformat()}
     if args.out is not None:
         with args.out.open("a") as f:
             f.write(json.dumps(summary) + "\n")

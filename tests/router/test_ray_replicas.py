@@ -29,11 +29,13 @@ from strataserve.engine.ray_client import NAMESPACE
 @pytest.fixture(scope="module")
 def cluster():
     # Single-machine mode: every Ray address is 127.0.0.1 (inherited by the server process and the workers).
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, object_store_memory=100 * 2**20,
              namespace=NAMESPACE, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+    mp.undo()
 
 
 @pytest.fixture(scope="module")
