@@ -147,3 +147,16 @@ def test_local_replica_processes_share_the_load_and_one_killed_is_replaced(serve
     after = _recovered(server, "local")
     assert after[0]["pid"] != reps[0]["pid"] and after[1]["pid"] == reps[1]["pid"]
     assert 'strata:engine_restarts_total{model_name="local"} 1.0' in httpx.get(server.url + "/metrics").text
+
+
+def test_an_actor_that_cannot_start_says_why(cluster, tmp_path):
+    from strataserve.config import EngineConfig, ModelConfig
+    from strataserve.engine.mp_client import EngineStartupError
+    from strataserve.engine.ray_client import RayCoreClient
+
+    config = EngineConfig(model=ModelConfig(model=str(tmp_path), device="cpu"))
+    with pytest.raises(EngineStartupError, match=r"engine actor bad-\w+ failed to load the model: .*config\.json"):
+        RayCoreClient(config, name="bad")
+    with pytest.raises(EngineStartupError, match=r"did not finish loading within 2s \(is the cluster short"):
+        RayCoreClient(config, name="huge", num_gpus=8, startup_timeout_s=2)  # 4 GPUs in this cluster
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(("bad", "huge"))]
