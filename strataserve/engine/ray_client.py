@@ -118,8 +118,8 @@ class RayCoreClient(ZmqCoreClient):
             from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            self._pg = placement_group([{"CPU": num_cpus, "GPU": num_gpus}], strategy="STRICT_PACK",
-                                       name=f"{self.name}-pg")
+            bundle = {k: v for k, v in (("CPU", num_cpus), ("GPU", num_gpus)) if v}  # Ray refuses 0 amounts
+            self._pg = placement_group([bundle], strategy="STRICT_PACK", name=f"{self.name}-pg")
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self._pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
         return opts

@@ -18,24 +18,28 @@ import time
 import httpx
 import openai
 import pytest
-import ray
 import torch
 from router_servers import Proc, free_port, write_config
 
-from strataserve.assets import DEMO_MODEL_DIR
-from strataserve.engine.ray_client import NAMESPACE
+# Ray reads this when it is first imported: single-machine mode, where every Ray address (this process's
+# cluster, the server process that inherits the variable, their workers) is 127.0.0.1, not the host's address.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+import ray  # noqa: E402
+
+from strataserve.assets import DEMO_MODEL_DIR  # noqa: E402
+from strataserve.engine.ray_client import NAMESPACE  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    # Single-machine mode: every Ray address is 127.0.0.1 (inherited by the server process and the workers).
-    mp = pytest.MonkeyPatch()
-    mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, object_store_memory=100 * 2**20,
              namespace=NAMESPACE, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-    mp.undo()
+    try:
+        address = ray.get_runtime_context().gcs_address
+        assert address.startswith("127.0.0.1:"), f"Ray bound {address}: it was imported before this module"
+        yield address
+    finally:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +159,9 @@ def test_an_actor_that_cannot_start_says_why(cluster, tmp_path):
     from strataserve.engine.ray_client import RayCoreClient
 
     config = EngineConfig(model=ModelConfig(model=str(tmp_path), device="cpu"))
+    # num_cpus=0: the server's replicas hold both of the cluster's CPUs
     with pytest.raises(EngineStartupError, match=r"engine actor bad-\w+ failed to load the model: .*config\.json"):
-        RayCoreClient(config, name="bad")
+        RayCoreClient(config, name="bad", num_cpus=0, startup_timeout_s=120)
     with pytest.raises(EngineStartupError, match=r"did not finish loading within 2s \(is the cluster short"):
-        RayCoreClient(config, name="huge", num_gpus=8, startup_timeout_s=2)  # 4 GPUs in this cluster
+        RayCoreClient(config, name="huge", num_gpus=8, num_cpus=0, startup_timeout_s=2)  # the cluster has 4
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(("bad", "huge"))]
