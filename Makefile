@@ -15,7 +15,7 @@ $(BIN)/python:
 TORCH_SPEC ?= torch==2.13.0
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e '.[test,onnx,bench,tts,tts-ref]'
+	$(BIN)/pip install -q -e '.[test,onnx,bench,tts,tts-ref,ray]'
 	$(BIN)/pip install -q --no-deps 'qwen-tts-hf==0.1.1.post1' 'omnivoice==0.2.1'
 	touch $(STAMP)
 

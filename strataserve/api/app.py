@@ -45,9 +45,10 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
     async def health(request: Request) -> Response:
         """200 when every local engine is alive (an upstream being down is reported, not fatal: the other
         models keep serving); 503 with a JSON body naming each model's state otherwise (``degraded``: an engine
-        is dead or restarting; the others serve)."""
+        is dead or restarting; the others serve). A model with replicas, some of them down, still serves: 200
+        with ``{"status": "degraded", "models": ...}`` while its replacements start."""
         states = {b.name: b.status() for b in router.local_backends()}
-        down = [name for name, st in states.items() if st != "serving"]
+        down = [name for name, st in states.items() if st not in ("serving", "degraded")]
         if down:
             err = APIError(503, f"the engine process of model(s) {', '.join(down)} is not running"
                            f"{' (restarting)' if 'restarting' in states.values() else ''}",
@@ -57,6 +58,8 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
         ms = router.tensors
         if ms is not None and not ms.live():
             return APIError(503, "model server is not live", type="service_unavailable").response()
+        if "degraded" in states.values():
+            return JSONResponse({"status": "degraded", "models": states})
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -72,8 +75,8 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
                      "root": card.name, "payload": card.payload.value, "backend": card.backend, "ready": card.ready}
             if card.max_model_len is not None:
                 entry["max_model_len"] = card.max_model_len
-            if card.payload == Payload.SPEECH:
-                entry.update(card.extra)  # voices, languages
+            if card.payload == Payload.SPEECH or "replicas" in card.extra:
+                entry.update(card.extra)  # voices, languages; local replicas: each one's health, load, place
             data.append(entry)
         if router.tensors is not None and router.tensors.local is not None:
             for m in router.tensors.local.repository_index(ready_only=True):

@@ -38,6 +38,7 @@ from strataserve.router.backends.local_llm import LocalLLMBackend
 from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
 from strataserve.router.backends.tts import TTSBackend
 from strataserve.router.config import KServeUpstream, LocalModel, OpenAIUpstream, RouterConfig
+from strataserve.router.local_replicas import ReplicatedEngine, start_replicas
 from strataserve.router.metrics import RouterMetrics
 from strataserve.router.quota import KeyQuota, RateLimits
 from strataserve.router.router import Router
@@ -58,6 +59,11 @@ class LocalLLMSpec:
     gpu_cost_per_hour: float | None = None
     tool_call_parser: str | None = None  # hermes / llama3_json / mistral: parse tool calls out of the output
     enable_auto_tool_choice: bool = False
+    # Replicas (router/local_replicas.py): None = one engine-core process, as without a config file
+    placement: str | None = None  # "local" (processes on this host) or "ray" (actors on a Ray cluster)
+    replicas: int = 1
+    ray_address: str | None = None
+    num_gpus_per_replica: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,9 @@ class ServeOptions:
         ``tools`` is the command line's (tool_call_parser, enable_auto_tool_choice), which an entry may override."""
         llms = tuple(LocalLLMSpec(m.name, base_engine(m), m.gpu_cost_per_hour,
                                   m.tool_call_parser if m.tool_call_parser is not None else tools[0],
-                                  m.enable_auto_tool_choice if m.enable_auto_tool_choice is not None else tools[1])
+                                  m.enable_auto_tool_choice if m.enable_auto_tool_choice is not None else tools[1],
+                                  (m.placement or "local") if m.replicated else None, m.replicas, m.ray_address,
+                                  m.num_gpus_per_replica)
                      for m in config.models if isinstance(m, LocalModel))
         ups = tuple(m for m in config.models if not isinstance(m, LocalModel))
         classes = {k: SLA(k, v.priority, v.ttft_ms, v.tpot_ms) for k, v in config.sla_classes.items()}
@@ -193,8 +201,9 @@ def build_state(engine: Any, spec: LocalLLMSpec, metrics_group: MetricsGroup) ->
                             register=False)
     metrics_group.add(metrics)
     sched = spec.engine.scheduler
+    cores = len(engine.engines) if isinstance(engine, ReplicatedEngine) else 1  # each replica queues its own
     state = ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=spec.name, max_model_len=max_len,
-                       metrics=metrics, max_inflight_seqs=sched.max_num_seqs + sched.max_waiting_requests,
+                       metrics=metrics, max_inflight_seqs=cores * (sched.max_num_seqs + sched.max_waiting_requests),
                        vocab_size=getattr(engine, "vocab_size", None) or _vocab_size(engine.tokenizer),
                        tool_call_parser=spec.tool_call_parser, enable_auto_tool_choice=spec.enable_auto_tool_choice)
     return state
@@ -221,7 +230,7 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
             continue
         backend = LocalLLMBackend(build_state(engine, spec, group), spec.gpu_cost_per_hour)
         if options.restart_engines:
-            backend.supervisor = _supervisor(backend, spec, options, engines, restarts, console)
+            backend.supervisors = _supervisors(backend, spec, options, engines, restarts, console)
         router.add(backend)
     kserve: dict[str, KServeUpstreamBackend] = {}
     for up in options.upstreams:
@@ -248,15 +257,42 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
     return router
 
 
-def _supervisor(backend: LocalLLMBackend, spec: LocalLLMSpec, options: ServeOptions, engines: dict[str, Any],
-                restarts: RestartMetrics, console: Console) -> EngineSupervisor:
+def _supervisors(backend: LocalLLMBackend, spec: LocalLLMSpec, options: ServeOptions, engines: dict[str, Any],
+                 restarts: RestartMetrics, console: Console) -> list[EngineSupervisor]:
+    """One supervisor per engine core: the model's one process, or each of its replicas."""
     state = backend.state
+    if isinstance(state.engine, ReplicatedEngine):
+        rep, launch = state.engine, state.engine.launcher
+        return [EngineSupervisor(spec.name, lambda i=i: rep.engines[i], lambda e, i=i: rep.replace(i, e),
+                                 lambda i=i: launch(i), restarts) for i in range(len(rep.engines))]
 
     def replace(engine: Any) -> None:
         state.engine = engines[spec.name] = engine  # the final shutdown stops the live one
 
-    return EngineSupervisor(spec.name, lambda: state.engine, replace,
-                            lambda: load_engine(spec.engine, console, options.startup_timeout_s, spec.name), restarts)
+    return [EngineSupervisor(spec.name, lambda: state.engine, replace,
+                             lambda: load_engine(spec.engine, console, options.startup_timeout_s, spec.name),
+                             restarts)]
+
+
+def load_replicas(spec: LocalLLMSpec, options: ServeOptions, console: Console) -> ReplicatedEngine:
+    """The model's replicas (engine processes on this host, or Ray actors), started together."""
+    from strataserve.engine.mp_client import EngineStartupError
+
+    where = "Ray actors" if spec.placement == "ray" else "engine processes"
+    with console.status(f"[bold]Loading model[/] [bold]{spec.name}[/] {spec.engine.model.model} ({spec.replicas} "
+                        f"{where})…"):
+        try:
+            engine = start_replicas(spec.name, spec.engine, count=spec.replicas, placement=spec.placement or "local",
+                                    ray_address=spec.ray_address, num_gpus_per_replica=spec.num_gpus_per_replica,
+                                    startup_timeout_s=options.startup_timeout_s,
+                                    affinity_chars=options.affinity_chars, slack=options.affinity_slack)
+        except (ValueError, ConnectionError) as exc:  # GPUs short, or no Ray cluster at ray_address
+            raise EngineStartupError(str(exc)) from None
+    plan = engine.launcher.plan if engine.launcher is not None else None
+    gpus = f", {plan.num_gpus:g} GPU(s) each" if plan is not None and plan.num_gpus else ""
+    console.print(f"[green]✓[/] model [bold]{spec.name}[/] loaded: {spec.replicas} replicas as {where}{gpus}; "
+                  f"max_model_len {engine.max_model_len}")
+    return engine
 
 
 def build_door(options: ServeOptions, router: Router) -> Door:
@@ -367,6 +403,8 @@ def serve(options: ServeOptions, console: Console | None = None, started: dict[E
         for spec in options.llms:
             if is_qwen3_tts_dir(spec.engine.model.model) or is_omnivoice_dir(spec.engine.model.model):  # speech
                 engines[spec.name] = _load_speech(spec, console)
+            elif spec.placement is not None:  # replicas: several engine cores behind the router
+                engines[spec.name] = load_replicas(spec, options, console)
             else:  # an LLM, in its own engine-core process
                 engines[spec.name] = load_engine(spec.engine, console, options.startup_timeout_s, spec.name,
                                                  client=started.pop(process_key(spec.engine), None))

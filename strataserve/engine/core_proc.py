@@ -68,7 +68,7 @@ def _kv_bytes_per_block(core: Any, block_size: int) -> int:
                                     getattr(runner, "kv_cache_dtype", runner.dtype))
 
 
-def _ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
+def core_ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
     runner = getattr(core, "runner", None)
     block_size = int(getattr(runner, "block_size", config.cache.block_size))
     num_blocks = int(getattr(core, "num_blocks", getattr(runner, "num_blocks", 0)))
@@ -95,11 +95,14 @@ def _die_with_parent() -> None:
 
 
 def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, handshake: Any,
-                    core_factory: Callable[[EngineConfig], Any] | None = None) -> None:
+                    core_factory: Callable[[EngineConfig], Any] | None = None,
+                    env: dict[str, str] | None = None) -> None:
     """Process entry point (spawn target). Returns when told to shut down or when the parent goes away.
 
     ``core_factory`` (a picklable, importable callable) replaces ``EngineCore(config)``; tests pass one that
-    builds the core over a fake runner."""
+    builds the core over a fake runner. ``env`` is applied before the model loads (a replica's
+    ``CUDA_VISIBLE_DEVICES``: CUDA reads it at its first use, not at import)."""
+    os.environ.update(env or {})
     # Ctrl-C goes to the whole process group; the front decides how to stop us (it sends SHUTDOWN / SIGTERM).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -108,19 +111,8 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
     phases = Phases()
     phases.add("process spawn", process_age())
     try:
-        with phases.time("imports"):
-            if core_factory is None:
-                from strataserve.engine.engine_core import EngineCore
-                from strataserve.runner import model_runner  # noqa: F401  (torch, triton: timed apart)
-
-                core_factory = EngineCore
-        t0 = time.perf_counter()
-        core = core_factory(config)
-        runner_phases = getattr(getattr(core, "runner", None), "startup", None)
-        for name, sec in getattr(runner_phases, "items", []):
-            phases.add(name, sec)
-        phases.add("engine core", time.perf_counter() - t0 - sum(sec for _, sec in phases.items[2:]))
-        info = _ready_info(core, config)
+        core = build_core(config, core_factory, phases)
+        info = core_ready_info(core, config)
         info.startup = phases.items
     except BaseException as exc:  # noqa: BLE001 — every start-up failure must reach the front as a message
         tb = traceback.format_exc(limit=4)
@@ -131,6 +123,36 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
             print(tb, file=sys.stderr)
         return
 
+    def ready() -> None:  # sent once both sockets are connected, so the front's first send never waits
+        handshake.send_bytes(msgspec.msgpack.encode(info))
+        handshake.close()
+
+    serve_core(core, input_addr, output_addr, lambda: os.getppid() != parent, ready)
+
+
+def build_core(config: EngineConfig, core_factory: Callable[[EngineConfig], Any] | None = None,
+               phases: Phases | None = None) -> Any:
+    """The engine core, its start-up phases (imports, then the runner's own) added to ``phases``."""
+    phases = phases if phases is not None else Phases()
+    with phases.time("imports"):
+        if core_factory is None:
+            from strataserve.engine.engine_core import EngineCore
+            from strataserve.runner import model_runner  # noqa: F401  (torch, triton: timed apart)
+
+            core_factory = EngineCore
+    t0, first = time.perf_counter(), len(phases.items)
+    core = core_factory(config)
+    runner_phases = getattr(getattr(core, "runner", None), "startup", None)
+    for name, sec in getattr(runner_phases, "items", []):
+        phases.add(name, sec)
+    phases.add("engine core", time.perf_counter() - t0 - sum(sec for _, sec in phases.items[first:]))
+    return core
+
+
+def serve_core(core: Any, input_addr: str, output_addr: str, orphaned: Callable[[], bool],
+               on_connected: Callable[[], Any] | None = None) -> None:
+    """Connect to the front's two sockets and run the step loop until SHUTDOWN (or ``orphaned()`` turns True);
+    the core is shut down on the way out. Hosts the core in a spawned process and in a Ray actor alike."""
     ctx = zmq.Context(io_threads=1)
     inp = ctx.socket(zmq.PULL)
     out = ctx.socket(zmq.PUSH)
@@ -140,10 +162,10 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
     out.setsockopt(zmq.SNDHWM, 0)  # unbounded: the core never waits on the front
     inp.connect(input_addr)
     out.connect(output_addr)
-    handshake.send_bytes(msgspec.msgpack.encode(info))
-    handshake.close()
+    if on_connected is not None:
+        on_connected()
     try:
-        _loop(core, inp, out, parent)
+        _loop(core, inp, out, orphaned)
     finally:
         try:
             core.shutdown()
@@ -153,7 +175,7 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
             ctx.term()
 
 
-def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, parent: int) -> None:
+def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, orphaned: Callable[[], bool]) -> None:
     req_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
     ids_decoder = msgspec.msgpack.Decoder(list[str])
     encoder = msgspec.msgpack.Encoder()
@@ -165,7 +187,7 @@ def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, parent: int) -> None:
         if not busy:
             # Idle: sleep in the kernel until a message arrives.
             if not poller.poll(_IDLE_POLL_MS):
-                if os.getppid() != parent:
+                if orphaned():
                     return
                 continue
         # Drain everything queued so this step sees every new request and abort.
@@ -187,7 +209,7 @@ def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, parent: int) -> None:
             outputs: EngineCoreOutputs = core.step()
             if outputs.outputs or outputs.stats is not None:
                 out.send(encoder.encode(outputs), copy=False)
-        if busy and os.getppid() != parent:
+        if busy and orphaned():
             return
 
 

@@ -7,6 +7,7 @@ be mapped to a class. Errors name the key (``models[1].url``) and say what to ch
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -58,6 +59,46 @@ class LocalModel(_ModelBase):
     skip_tokenizer_init: bool | None = None
     tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
     enable_auto_tool_choice: bool | None = None
+    # Replicas: K engine cores of this model, balanced by the router (``router/local_replicas.py``).
+    replicas: int = Field(1, ge=1, le=1024)
+    placement: Literal["local", "ray"] | None = Field(None, description="local: K engine processes on this host; "
+                                                      "ray: K Ray actors on the cluster ray.init finds")
+    ray_address: str | None = Field(None, min_length=1, description="the Ray cluster: auto or HOST:PORT (default: "
+                                    "RAY_ADDRESS, else a new local one)")
+    num_gpus_per_replica: float | None = Field(None, ge=0, description="default: the tensor-parallel size on "
+                                               "CUDA, 0 on CPU")
+
+    @field_validator("placement")
+    @classmethod
+    def _ray_installed(cls, v: str | None) -> str | None:
+        if v == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("Ray is not installed: pip install 'strataserve[ray]' (or use placement: local)")
+        return v
+
+    @field_validator("ray_address")
+    @classmethod
+    def _not_ray_client(cls, v: str | None) -> str | None:
+        if v is not None and v.startswith("ray://"):
+            raise ValueError("Ray Client (ray://) is not supported: the replicas stream to this server over zmq, so "
+                             "run strata serve on a node of the cluster and give the head as HOST:PORT (or auto)")
+        return v
+
+    @model_validator(mode="after")
+    def _replica_keys(self) -> "LocalModel":
+        if self.ray_address is not None and self.placement != "ray":
+            raise ValueError("ray_address is only used with placement: ray; add placement: ray or remove it")
+        if self.num_gpus_per_replica is not None and self.placement is None:
+            raise ValueError("num_gpus_per_replica needs placement: local or ray")
+        if (self.placement == "local" and self.num_gpus_per_replica is not None
+                and self.num_gpus_per_replica != int(self.num_gpus_per_replica)):
+            raise ValueError("num_gpus_per_replica: placement local takes whole GPUs; use placement ray to "
+                             "share a GPU between replicas")
+        return self
+
+    @property
+    def replicated(self) -> bool:
+        """True when the entry runs through the replica path (several cores, or one Ray actor)."""
+        return self.replicas > 1 or self.placement is not None
 
     @field_validator("path")
     @classmethod
@@ -181,6 +222,10 @@ class RouterConfig(_Strict):
                 raise ValueError(f"api_keys: class {k.sla!r} is not one of sla_classes ({', '.join(self.sla_classes)})")
         if self.model_repository is not None and not Path(self.model_repository).is_dir():
             raise ValueError(f"model_repository: folder {self.model_repository!r} does not exist")
+        addrs = {m.ray_address for m in self.models if isinstance(m, LocalModel) and m.placement == "ray"}
+        if len(addrs) > 1:
+            raise ValueError("ray_address: every placement: ray model must use the same Ray cluster (one "
+                             "ray.init per server); give them one ray_address")
         if not self.models and self.model_repository is None:
             raise ValueError("models: the config serves nothing; list at least one model or a model_repository")
         return self

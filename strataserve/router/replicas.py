@@ -1,4 +1,5 @@
-"""Replicas of one upstream model: least-outstanding choice with prefix affinity, and health tracking.
+"""Replicas of one model (upstream servers, or local engine cores: ``local_replicas.py``): least-outstanding
+choice with prefix affinity, and health tracking.
 
 Choice: among healthy replicas, the one with the fewest requests in flight; but when the request has a long
 enough prompt prefix, the replica that prefix hashes to (rendezvous hashing, stable as replicas come and go) is
@@ -63,14 +64,16 @@ class ReplicaSet:
     def healthy(self) -> list[Replica]:
         return [r for r in self.replicas if r.healthy]
 
-    def choose(self, prefix: str | None = None, exclude: tuple[Replica, ...] = ()) -> Replica | None:
-        """The replica for a request, or None when every replica (not excluded) is down."""
+    def choose(self, prefix: str | bytes | None = None, exclude: tuple[Replica, ...] = ()) -> Replica | None:
+        """The replica for a request, or None when every replica (not excluded) is down. ``prefix``: the prompt's
+        text, or its leading token ids as bytes (already cut to the affinity length)."""
         live = [r for r in self.replicas if r.healthy and r not in exclude]
         if not live:
             return None
         least = min(live, key=lambda r: r.outstanding)
         if prefix and self.affinity_chars and len(live) > 1 and len(prefix) >= min(64, self.affinity_chars):
-            h = xxhash.xxh64_intdigest(prefix[: self.affinity_chars].encode())
+            data = prefix if isinstance(prefix, bytes) else prefix[: self.affinity_chars].encode()
+            h = xxhash.xxh64_intdigest(data)
             affine = max(live, key=lambda r: xxhash.xxh64_intdigest(h.to_bytes(8, "little"), seed=r.key & 0xFFFFFFFF))
             if affine.outstanding <= least.outstanding + self.slack:
                 return affine
