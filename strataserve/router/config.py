@@ -54,6 +54,8 @@ class LocalModel(_ModelBase):
     num_gpu_blocks_override: int | None = Field(None, ge=2)
     enable_prefix_caching: bool | None = None
     kv_cache_dtype: Literal["auto", "fp8", "int8"] | None = None
+    tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs this model is split over (one host)")
+    load_format: Literal["auto", "dummy"] | None = None
     runner_mode: Literal["auto", "eager", "triton", "graph", "hybrid"] | None = None
     seed: int | None = None
     skip_tokenizer_init: bool | None = None
@@ -111,7 +113,8 @@ class LocalModel(_ModelBase):
         """The engine flags this entry sets (argparse dest names), for building its EngineConfig."""
         keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",
                 "block_size", "kv_cache_memory_gib", "gpu_memory_utilization", "num_gpu_blocks_override",
-                "enable_prefix_caching", "kv_cache_dtype", "runner_mode", "seed", "skip_tokenizer_init")
+                "enable_prefix_caching", "kv_cache_dtype", "tensor_parallel_size", "load_format", "runner_mode",
+                "seed", "skip_tokenizer_init")
         return {k: getattr(self, k) for k in keys if k in self.model_fields_set}
 
 

@@ -37,12 +37,8 @@ class ReplicaPlan:
 
 
 def tensor_parallel_size(config: EngineConfig) -> int:
-    """The engine's tensor-parallel size, wherever the config keeps it (1 when it has none)."""
-    for holder in (getattr(config, "parallel", None), config, config.model):
-        tp = getattr(holder, "tensor_parallel_size", None)
-        if isinstance(tp, int) and tp > 0:
-            return tp
-    return 1
+    """GPUs one engine of this config spans."""
+    return config.parallel.tensor_parallel_size
 
 
 def resolve_gpus(requested: float | None, config: EngineConfig, gpus_available: float) -> float:

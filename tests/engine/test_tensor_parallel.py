@@ -160,3 +160,20 @@ def test_tp2_with_int8_kv_cache_equals_tp1(tmp_path):
     tp2, _ = _generate(path, 2, kv_cache_dtype="int8")
     tp1, _ = _generate(path, 1, kv_cache_dtype="int8")
     assert [o.token_ids for o in tp2] == [o.token_ids for o in tp1]
+
+
+def test_router_config_entry_sets_tensor_parallelism_and_kv_dtype(tmp_path):
+    from strataserve.cli import _entry_engine, build_parser
+    from strataserve.router.config import parse_config
+    from strataserve.router.local_replicas import resolve_gpus
+
+    doc = {"models": [{"name": "big", "path": str(tmp_path), "tensor_parallel_size": 2, "load_format": "dummy",
+                       "kv_cache_dtype": "int8", "device": "cuda"},
+                      {"name": "small", "path": str(tmp_path)}]}
+    big, small = parse_config(doc).models
+    args = build_parser().parse_args(["serve"])
+    cfg = _entry_engine(args, big)
+    assert cfg.parallel.tensor_parallel_size == 2 and cfg.model.load_format == "dummy"
+    assert cfg.cache.kv_cache_dtype == "int8"
+    assert resolve_gpus(None, cfg, 8) == 2  # a replica of a TP=2 model takes two GPUs
+    assert _entry_engine(args, small).parallel.tensor_parallel_size == 1
