@@ -239,7 +239,8 @@ def main() -> None:
                 model = our_model(raw, codec_raw)
                 core, runner = build_core(model, max_num_seqs=max(BATCHES), max_num_batched_tokens=4096,
                                           kv_cache_memory_gib=4.0)
-                run_ours(core, runner, model, texts[:2], "warm")  # warm-up (kernels, allocator)
+                for b in dict.fromkeys([2, *BATCHES]):  # warm-up: kernels, allocator, each batch size's graphs
+                    run_ours(core, runner, model, texts[:b], f"warm{b}")
                 break
             except Exception:  # noqa: BLE001 - benchmark: say what broke and go on
                 import traceback
