@@ -105,10 +105,13 @@ def test_request_limits():
 
 
 def test_nothing_unpickles_untrusted_data():
-    """Requests are decoded by msgspec / numpy.frombuffer / protobuf. The only pickles are the isolated Python
-    model's pipe, between the server and the child process it spawned itself."""
+    """Requests are decoded by msgspec / numpy.frombuffer / protobuf. The only pickles travel between a process and
+    the children it spawned itself: the isolated Python model's pipe, and a tensor-parallel engine's job (stdin) and
+    per-step broadcast (its own process group, rendezvous on 127.0.0.1). ``torch.load`` only with
+    ``weights_only=True`` (tensors and plain containers, no code)."""
     risky = re.compile(r"\bpickle\b|\bdill\b|\bjoblib\b|\bshelve\b|\bmarshal\.loads|allow_pickle\s*=\s*True|"
-                       r"torch\.load\(|yaml\.load\(|yaml\.unsafe_load|(?<![.\w])(?<!def )(eval|exec)\(")
+                       r"torch\.load\((?!.*weights_only=True)|yaml\.load\(|yaml\.unsafe_load|"
+                       r"(?<![.\w])(?<!def )(eval|exec)\(")
     found = []
     for path in PACKAGE.rglob("*.py"):
         if path.name.endswith("_pb2.py") or path.name.endswith("_pb2_grpc.py"):
@@ -116,5 +119,5 @@ def test_nothing_unpickles_untrusted_data():
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if risky.search(line):
                 found.append(f"{path.relative_to(PACKAGE)}:{i}")
-    allowed = {"modelserver/backends/python_isolated.py"}
+    allowed = {"modelserver/backends/python_isolated.py", "runner/tp_worker.py"}
     assert {f.split(":")[0] for f in found} <= allowed, found
