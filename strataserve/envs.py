@@ -21,6 +21,12 @@ STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
 STRATA_DECODE_LONG_FIRST: bool = os.environ.get("STRATA_DECODE_LONG_FIRST", "1") != "0"
 #: greedy argmax inside the captured decode graph (all-greedy steps skip the logits gather and the sampler).
 STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
+#: "0": CPU attention gathers K/V through the block tables and runs SDPA (the path before the C kernel of
+#: ``runner/cpu_paged_attention.c``, which reads the blocks in place; the benchmarks' "before" and an escape hatch).
+STRATA_CPU_ATTENTION: bool = os.environ.get("STRATA_CPU_ATTENTION", "1") != "0"
+#: where compiled CPU kernels are kept (one file per source, compiler and CPU).
+STRATA_KERNEL_CACHE: str = os.environ.get("STRATA_KERNEL_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "strataserve", "kernels")
 
 # libgomp's default ACTIVE wait policy makes torch's CPU worker threads spin between parallel regions. When the
 # cores are shared (engine process, API process and clients on one small machine, or any other job) the spinning

@@ -98,7 +98,7 @@ class TorchAttention:
         k3 = k.view(t, hkv, d)
         v3 = v.view(t, hkv, d)
         if meta is None:
-            return self._causal(q3, k3, v3).reshape(t, hq * d)
+            return self.causal(q3, k3, v3).reshape(t, hq * d)
         k_cache, v_cache = self.kv_caches[layer_idx]
         k_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k3)
         v_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v3)
@@ -120,7 +120,7 @@ class TorchAttention:
             s, e = seg.start, seg.start + seg.query_len
             if seg.context_len == 0:
                 if seg.mask is None:
-                    out[s:e] = self._causal(q3[s:e], k3[s:e], v3[s:e])
+                    out[s:e] = self.causal(q3[s:e], k3[s:e], v3[s:e])
                 else:  # a sliding window cuts into the chunk: causal-and-windowed mask over its own K/V
                     o = F.scaled_dot_product_attention(q3[s:e].transpose(0, 1), k3[s:e].transpose(0, 1),
                                                        v3[s:e].transpose(0, 1), attn_mask=seg.mask,
@@ -138,7 +138,7 @@ class TorchAttention:
             out[s:e] = o.transpose(0, 1)
         return out.view(t, hq * d)
 
-    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """One causal sequence from its own fresh K/V: [n, H, D] in, [n, Hq, D] out."""
         o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                            is_causal=True, enable_gqa=self.num_heads != self.num_kv_heads)

@@ -30,6 +30,7 @@ from strataserve.models.hf_config import DecoderConfig, load_decoder_config
 from strataserve.models.loader import load_model, resolve_device, resolve_dtype
 from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_block, TorchAttention
 from strataserve.runner.base import ModelRunnerBase
+from strataserve.runner.cpu_attention import CpuPagedAttention, eager_attention
 from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
 from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.ops import OpSet, TorchOps
@@ -51,13 +52,14 @@ class ExecutionPlan:
     cuda_graphs: bool
 
 
-def select_ops(mode: str, cfg: DecoderConfig, device: torch.device) -> ExecutionPlan:
-    """eager = PyTorch ops; triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
-    graphs. ``auto`` = hybrid on CUDA, eager on CPU."""
+def select_ops(mode: str, cfg: DecoderConfig, device: torch.device, max_num_seqs: int = 256) -> ExecutionPlan:
+    """eager = PyTorch ops (on CPU with the in-place paged-attention kernel when it builds); triton = Triton
+    kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in graphs. ``auto`` = hybrid on CUDA, eager on
+    CPU."""
     if mode == "auto":
         mode = "hybrid" if device.type == "cuda" else "eager"
     if mode == "eager":
-        return ExecutionPlan(mode, TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)), False)
+        return ExecutionPlan(mode, TorchOps(eager_attention(cfg, device, max_num_seqs)), False)
     if device.type != "cuda":
         raise ValueError(f"runner mode {mode!r} needs a CUDA device with triton; on {device.type} use mode='eager' "
                          "(or 'auto')")
@@ -82,12 +84,14 @@ class ModelRunner(ModelRunnerBase):
         self.model_config = load_decoder_config(mc.model)
         self.dtype = resolve_dtype(mc.dtype, self.model_config, self.device)
         self.block_size = config.cache.block_size
-        self.plan = select_ops(config.runner.mode, self.model_config, self.device)
+        self.plan = select_ops(config.runner.mode, self.model_config, self.device, config.scheduler.max_num_seqs)
         # only the torch backend reads the per-group / per-segment views; kernel backends skip building them
         self._torch_views = isinstance(self.plan.ops.attention, TorchAttention)
-        #: sliding window masked in attention: the eager torch backend (its masks); elsewhere the context is capped
+        #: sliding window masked in attention: the eager backends (torch masks, CPU kernel bounds); elsewhere the
+        #: context is capped
+        masks_window = self._torch_views or isinstance(self.plan.ops.attention, CpuPagedAttention)
         self.sliding_window = (self.model_config.sliding_window if self.model_config.window_every_layer
-                               and self._torch_views and not self.plan.cuda_graphs else None)
+                               and masks_window and not self.plan.cuda_graphs else None)
         self.max_model_len = self._max_model_len(mc.max_model_len)
         self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops, self.max_model_len)
         self.num_blocks = self._num_blocks()
