@@ -61,13 +61,61 @@ static inline void prefetch_block(const void *p, size_t bytes) {
     for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
 }
 
+/* Scores of one key for every query head: st[h] = <q_h, k_{h / g}>. */
+#define DEFINE_QK(NAME, T, LOAD)                                                                                  \
+    static inline __attribute__((always_inline)) void NAME(float *st, const float *q, const T *kp, int hq, int g, \
+                                                          const int D) {                                         \
+        for (int h = 0; h < hq; ++h) {                                                                            \
+            const T *kh = kp + (size_t)(h / g) * D;                                                               \
+            const float *qh = q + (size_t)h * D;                                                                  \
+            float s = 0.0f;                                                                                       \
+            _Pragma("omp simd reduction(+:s)") for (int c = 0; c < D; ++c) s += qh[c] * LOAD(kh[c]);              \
+            st[h] = s;                                                                                            \
+        }                                                                                                         \
+    }
+
+#define LOAD_F32(x) (x)
+#define LOAD_BF16(x) bf16_to_f32(x)
+#define LOAD_F16(x) ((float)(x))
+DEFINE_QK(qk_generic_f32, float, LOAD_F32)
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* The sums of eight vectors as one vector, in order (a generic loop would reduce each dot product alone). */
+static inline __m256 hsum8(const __m256 *v) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+static inline __attribute__((always_inline)) void qk_f32(float *st, const float *q, const float *kp, int hq, int g,
+                                                         const int D) {
+    if (D % 8 || hq % 8) {
+        qk_generic_f32(st, q, kp, hq, g, D);
+        return;
+    }
+    for (int h8 = 0; h8 < hq; h8 += 8) {
+        __m256 a[8];
+        for (int j = 0; j < 8; ++j) {
+            const float *kh = kp + (size_t)((h8 + j) / g) * D, *qh = q + (size_t)(h8 + j) * D;
+            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qh), _mm256_loadu_ps(kh));
+            for (int c = 8; c < D; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + c), _mm256_loadu_ps(kh + c), acc);
+            a[j] = acc;
+        }
+        _mm256_storeu_ps(st + h8, hsum8(a));
+    }
+}
+#else
+#define qk_f32 qk_generic_f32
+#endif
+
 /* One query row, cache element type T (LOAD converts one element to float), head dim D (a constant in the
  * specialised copies below, so the inner loops unroll into whole vectors). Keys are walked block by block, each
  * block's rows of hkv * D values read front to back for all heads at once (the reads stream; the next block is
  * prefetched while this one is used). Scores are kept key-major, sc[key][head], so the softmax statistics of all
  * heads are elementwise vector operations over the keys. */
 #define MAX_HQ 256
-#define DEFINE_ROW(NAME, T, LOAD)                                                                                 \
+#define DEFINE_ROW(NAME, T, LOAD, QK)                                                                               \
     static inline __attribute__((always_inline)) void NAME(                                                      \
         const float *q, float *acc, const T *kc, const T *vc, const int32_t *bt, int lo, int hi, int hq,          \
         int hkv, const int D, int bs, float *sc) {                                                                \
@@ -77,16 +125,7 @@ static inline void prefetch_block(const void *p, size_t bytes) {
             const int b = p / bs, off = p % bs, end = hi < (b + 1) * bs ? hi : (b + 1) * bs;                      \
             if (end < hi) prefetch_block(kc + (size_t)bt[b + 1] * block, block * sizeof(T));                      \
             const T *kp = kc + (size_t)bt[b] * block + (size_t)off * tok;                                         \
-            for (; p < end; ++p, kp += tok) {                                                                     \
-                float *st = sc + (size_t)(p - lo) * hq;                                                           \
-                for (int h = 0; h < hq; ++h) {                                                                    \
-                    const T *kh = kp + (size_t)(h / g) * D;                                                       \
-                    const float *qh = q + (size_t)h * D;                                                          \
-                    float s = 0.0f;                                                                               \
-                    _Pragma("omp simd reduction(+:s)") for (int c = 0; c < D; ++c) s += qh[c] * LOAD(kh[c]);      \
-                    st[h] = s;                                                                                    \
-                }                                                                                                 \
-            }                                                                                                     \
+            for (; p < end; ++p, kp += tok) QK(sc + (size_t)(p - lo) * hq, q, kp, hq, g, D);                     \
         }                                                                                                         \
         float m[MAX_HQ], sum[MAX_HQ];                                                                             \
         for (int h = 0; h < hq; ++h) {                                                                            \
@@ -123,12 +162,11 @@ static inline void prefetch_block(const void *p, size_t bytes) {
         }                                                                                                         \
     }
 
-#define LOAD_F32(x) (x)
-#define LOAD_BF16(x) bf16_to_f32(x)
-#define LOAD_F16(x) ((float)(x))
-DEFINE_ROW(row_f32, float, LOAD_F32)
-DEFINE_ROW(row_bf16, uint16_t, LOAD_BF16)
-DEFINE_ROW(row_f16, _Float16, LOAD_F16)
+DEFINE_QK(qk_bf16, uint16_t, LOAD_BF16)
+DEFINE_QK(qk_f16, _Float16, LOAD_F16)
+DEFINE_ROW(row_f32, float, LOAD_F32, qk_f32)
+DEFINE_ROW(row_bf16, uint16_t, LOAD_BF16, qk_bf16)
+DEFINE_ROW(row_f16, _Float16, LOAD_F16, qk_f16)
 
 /* The row for a runtime head dim, with the common head dims as compile-time constants. */
 #define DISPATCH_D(ROW, T)                                                                                        \
