@@ -115,12 +115,25 @@ def test_bad_inputs_say_what_is_wrong():
         cpu_kernel.paged_attention(q, q.clone(), k_cache, k_cache, bt, one - 1, one, one.long(), 1.0)
 
 
+def _config(arch="LlamaForCausalLM", window=None) -> DecoderConfig:
+    return DecoderConfig(architecture=arch, vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=1,
+                         num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4,
+                         rope_scaling=None, max_position_embeddings=64, tie_word_embeddings=False, qkv_bias=False,
+                         qk_norm=False, bos_token_id=None, eos_token_ids=(), torch_dtype="float32",
+                         sliding_window=window)
+
+
 def test_eager_runner_picks_the_kernel_unless_switched_off(monkeypatch):
-    cfg = DecoderConfig(architecture="MistralForCausalLM", vocab_size=32, hidden_size=64, intermediate_size=128,
-                        num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4,
-                        rope_scaling=None, max_position_embeddings=64, tie_word_embeddings=False, qkv_bias=False,
-                        qk_norm=False, bos_token_id=None, eos_token_ids=(), torch_dtype="float32", sliding_window=8)
+    cfg = _config("MistralForCausalLM", window=8)
     att = eager_attention(cfg, CPU)
     assert isinstance(att, CpuPagedAttention) and att.window == 8
     monkeypatch.setattr(envs, "STRATA_CPU_ATTENTION", False)
     assert isinstance(eager_attention(cfg, CPU), TorchAttention)
+
+
+def test_without_a_compiler_the_runner_keeps_the_torch_path(monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert cpu_kernel.load.__wrapped__() is None  # the cached library of this process stays as it is
+    assert "no C compiler" in caplog.text
+    monkeypatch.setattr(cpu_kernel, "load", lambda: None)
+    assert isinstance(eager_attention(_config(), CPU), TorchAttention)
