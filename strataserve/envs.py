@@ -27,15 +27,38 @@ STRATA_TP_ALLREDUCE: str = os.environ.get("STRATA_TP_ALLREDUCE", "nccl")
 #: ``strata serve`` spawns the engine process before its own heavy imports and loads the tokenizer while the engine
 #: loads (issue 12 item 3); "0": one after the other, as before (the start-up benchmark's "before" switch).
 STRATA_SERVE_EARLY_SPAWN: bool = os.environ.get("STRATA_SERVE_EARLY_SPAWN", "1") != "0"
+#: "0": CPU attention gathers K/V through the block tables and runs SDPA (the path before the C kernel of
+#: ``runner/cpu_paged_attention.c``, which reads the blocks in place; the benchmarks' "before" and an escape hatch).
+STRATA_CPU_ATTENTION: bool = os.environ.get("STRATA_CPU_ATTENTION", "1") != "0"
+#: where compiled CPU kernels are kept (one file per source, compiler and CPU).
+STRATA_KERNEL_CACHE: str = os.environ.get("STRATA_KERNEL_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "strataserve", "kernels")
 
-# libgomp's default ACTIVE wait policy makes torch's CPU worker threads spin between parallel regions. When the
-# cores are shared (engine process, API process and clients on one small machine, or any other job) the spinning
-# threads steal the very cores the work needs: on the 2-core CI machine the offline benchmark fell from ~1,950 to
-# ~215 tok/s with one other busy process. PASSIVE costs little when the machine is idle (docs/performance.md).
-_PROCESS_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+#: "adaptive" (default): a CPU engine runs as many torch threads as the cores other processes leave free, re-checked
+#: while it steps (``runner/cpu_threads.py``); "fixed": torch's count (``torch.set_num_threads`` / OMP_NUM_THREADS).
+STRATA_CPU_THREADS: str = os.environ.get("STRATA_CPU_THREADS", "adaptive")
+if STRATA_CPU_THREADS not in ("adaptive", "fixed"):
+    raise ValueError(f"STRATA_CPU_THREADS={STRATA_CPU_THREADS!r}: use 'adaptive' or 'fixed'")
+
+# OpenMP waiting (measured in docs/performance.md, "CPU threads"). Between two parallel regions a torch worker
+# thread either spins or sleeps. Spinning wins while the engine loop is busy on cores nobody else wants (the gaps
+# between ops are microseconds; waking a sleeping thread costs more), and loses badly when another process needs
+# the core (libgomp's default 300,000 spins collapsed the offline benchmark from ~1,950 to ~215 tok/s next to one
+# busy process). So: spin a bounded while (GOMP_SPINCOUNT=10000, ~0.4 ms here: covers the gaps inside a step and
+# most between steps, then the threads sleep, so an idle engine burns nothing), and let the thread governor drop to one thread,
+# which never waits on another, when other processes want the cores. OMP_WAIT_POLICY=ACTIVE (spin forever) would
+# keep an idle server's cores busy; PASSIVE (never spin) costs ~25% on an idle machine.
+# A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT always wins.
+_SPIN_DEFAULT = "10000"
+
+
+def _process_defaults() -> dict[str, str]:
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return {}
+    return {"GOMP_SPINCOUNT": _SPIN_DEFAULT}
 
 
 def apply_process_defaults() -> None:
     """Set our defaults for variables the user has not set (theirs always win)."""
-    for key, value in _PROCESS_DEFAULTS.items():
+    for key, value in _process_defaults().items():
         os.environ.setdefault(key, value)

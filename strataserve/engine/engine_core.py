@@ -16,6 +16,7 @@ from strataserve.engine.request import Request
 from strataserve.engine.scheduler import Scheduler
 from strataserve.engine.structured_output import StructuredOutputManager
 from strataserve.runner.base import ModelRunnerBase
+from strataserve.runner.cpu_threads import CpuThreadGovernor
 
 
 class EngineCore:
@@ -40,6 +41,8 @@ class EngineCore:
             config.model.tokenizer or config.model.model, getattr(mcfg, "vocab_size", 0),
             getattr(runner, "eos_token_ids", ()))
         self._async = bool(getattr(runner, "supports_async", False)) and hasattr(runner, "launch")
+        #: CPU engines: torch threads follow the cores other processes leave free (None elsewhere)
+        self.thread_governor = CpuThreadGovernor.for_device(getattr(runner, "device", None))
         self._in_flight: tuple[SchedulerOutput, Any, float] | None = None
         self._seq = itertools.count()
         self._prefill_time = 0.0
@@ -71,6 +74,16 @@ class EngineCore:
 
         With async scheduling the outputs returned are those of the step launched by the previous call (the
         step launched now reports next time); callers loop while ``has_unfinished_requests()`` either way."""
+        gov = self.thread_governor
+        if gov is None:
+            return self._step()
+        gov.tick()
+        out = self._step()
+        if not self.has_unfinished_requests():
+            gov.release()  # idle: hand torch its own thread count back (an in-process engine shares it)
+        return out
+
+    def _step(self) -> EngineCoreOutputs:
         if self._async:
             return self._step_async()
         sched = self.scheduler.schedule()

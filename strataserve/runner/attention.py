@@ -112,7 +112,7 @@ class TorchAttention:
         if meta is None:
             if self.kv_observer is not None:
                 self.kv_observer(layer_idx, k3, v3)
-            return self._causal(q3, k3, v3).reshape(t, hq * d)
+            return self.causal(q3, k3, v3).reshape(t, hq * d)
         k_cache, v_cache = self.kv_caches[layer_idx]
         scales = None if self.kv_scales is None else self.kv_scales[layer_idx]
         k_new, v_new = k3, v3
@@ -147,7 +147,7 @@ class TorchAttention:
             s, e = seg.start, seg.start + seg.query_len
             if seg.context_len == 0:
                 if seg.mask is None:
-                    out[s:e] = self._causal(q3[s:e], k3[s:e], v3[s:e])
+                    out[s:e] = self.causal(q3[s:e], k3[s:e], v3[s:e])
                 else:  # a sliding window cuts into the chunk: causal-and-windowed mask over its own K/V
                     o = F.scaled_dot_product_attention(q3[s:e].transpose(0, 1), k3[s:e].transpose(0, 1),
                                                        v3[s:e].transpose(0, 1), attn_mask=seg.mask,
@@ -165,7 +165,7 @@ class TorchAttention:
             out[s:e] = o.transpose(0, 1)
         return out.view(t, hq * d)
 
-    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """One causal sequence from its own fresh K/V: [n, H, D] in, [n, Hq, D] out."""
         o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                            is_causal=True, enable_gqa=self.num_heads != self.num_kv_heads)

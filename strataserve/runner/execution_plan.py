@@ -11,6 +11,7 @@ import torch
 from strataserve import envs
 from strataserve.models.hf_config import DecoderConfig
 from strataserve.runner.attention import TorchAttention
+from strataserve.runner.cpu_attention import eager_attention
 from strataserve.runner.ops import OpSet, TorchOps
 
 
@@ -23,13 +24,17 @@ class ExecutionPlan:
     cuda_graphs: bool
 
 
-def select_ops(mode: str, cfg: DecoderConfig, device: torch.device) -> ExecutionPlan:
-    """eager = PyTorch ops; triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
+def select_ops(mode: str, cfg: DecoderConfig, device: torch.device, max_num_seqs: int = 256, *,
+               cpu_kernel: bool = False) -> ExecutionPlan:
+    """eager = PyTorch ops (with ``cpu_kernel``: on CPU the in-place paged-attention kernel when it builds, see
+    ``runner/cpu_attention.py``); triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
     graphs. ``auto`` = hybrid on CUDA, eager on CPU."""
     if mode == "auto":
         mode = "hybrid" if device.type == "cuda" else "eager"
     if mode == "eager":
-        return ExecutionPlan(mode, TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)), False)
+        attention = (eager_attention(cfg, device, max_num_seqs) if cpu_kernel
+                     else TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+        return ExecutionPlan(mode, TorchOps(attention), False)
     if device.type != "cuda":
         raise ValueError(f"runner mode {mode!r} needs a CUDA device with triton; on {device.type} use mode='eager' "
                          "(or 'auto')")

@@ -34,6 +34,7 @@ from strataserve.runner.attention import allocate_kv_cache, kv_cache_bytes_per_b
 from strataserve.runner.base import ModelRunnerBase
 from strataserve.runner.execution_plan import select_ops
 from strataserve.kernels.kv_quant_ref import is_quantized
+from strataserve.runner.cpu_attention import CpuPagedAttention
 from strataserve.runner.input_batch import BlockTableRows, InputBatch, build_input_batch
 from strataserve.runner.kv_quant import calibrate_kv_scales, resolve_kv_cache_dtype
 from strataserve.runner.logits_mask import apply_token_bitmask
@@ -81,12 +82,16 @@ class ModelRunner(ModelRunnerBase):
         self.model_config = self.tp.local_config(full_config)
         self.dtype = resolve_dtype(mc.dtype, self.model_config, self.device)
         self.block_size = config.cache.block_size
-        self.plan = select_ops(config.runner.mode, self.model_config, self.device)
+        # the in-place CPU paged-attention kernel reads model-dtype caches; fp8/int8 caches take the torch path
+        self.plan = select_ops(config.runner.mode, self.model_config, self.device, config.scheduler.max_num_seqs,
+                               cpu_kernel=config.cache.kv_cache_dtype == "auto")
         # only the torch backend reads the per-group / per-segment views; kernel backends skip building them
         self._torch_views = isinstance(self.plan.ops.attention, TorchAttention)
-        #: sliding window masked in attention: the eager torch backend (its masks); elsewhere the context is capped
+        #: sliding window masked in attention: the eager backends (torch masks, CPU kernel bounds); elsewhere the
+        #: context is capped
+        masks_window = self._torch_views or isinstance(self.plan.ops.attention, CpuPagedAttention)
         self.sliding_window = (self.model_config.sliding_window if self.model_config.window_every_layer
-                               and self._torch_views and not self.plan.cuda_graphs else None)
+                               and masks_window and not self.plan.cuda_graphs else None)
         self.max_model_len = self._max_model_len(mc.max_model_len)
         #: KV storage dtype: the model dtype, or fp8/int8 with per-head scales (``runner/kv_quant.py``)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device,

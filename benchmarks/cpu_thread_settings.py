@@ -1,0 +1,88 @@
+"""OpenMP / torch thread settings on CPU: the offline benchmark under each setting, rotating order per round.
+
+Each setting runs ``offline_throughput.py`` in a fresh interpreter (libgomp reads its variables once, at load) with
+``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` cleared first and then the setting's own variables applied. ``--busy N``
+starts N background processes spinning on a core each for the whole run (a shared machine: the API process, a
+client, another job). Prints one line per run: ``round=1 setting=default busy=0 tok_per_s=... cpu_s=...``.
+
+    python benchmarks/cpu_thread_settings.py --rounds 3 --num-requests 128
+    python benchmarks/cpu_thread_settings.py --rounds 3 --busy 1 --settings default,passive,active
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+SETTINGS: dict[str, dict[str, str]] = {
+    "default": {},  # strataserve's defaults: GOMP_SPINCOUNT=10000, thread governor on
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE", "STRATA_CPU_THREADS": "fixed"},  # the default before issue 16
+    "spin10k": {"GOMP_SPINCOUNT": "10000", "STRATA_CPU_THREADS": "fixed"},  # the default's spin, 2 threads always
+    "spin100k": {"GOMP_SPINCOUNT": "100000", "STRATA_CPU_THREADS": "fixed"},
+    "gomp_default": {"GOMP_SPINCOUNT": "300000", "STRATA_CPU_THREADS": "fixed"},  # libgomp's own default
+    "active": {"OMP_WAIT_POLICY": "ACTIVE", "STRATA_CPU_THREADS": "fixed"},  # spin (almost) forever
+    "threads1": {"STRATA_CPU_THREADS": "fixed", "STRATA_BENCH_THREADS": "1"},
+}
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        pass
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--settings", default="default,passive,spin100k,threads1")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--busy", type=int, default=0, help="background processes spinning during the runs")
+    p.add_argument("--num-requests", type=int, default=256)
+    args, extra = p.parse_known_args(argv)
+    names = args.settings.split(",")
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        raise SystemExit(f"unknown settings {unknown}; choose from {sorted(SETTINGS)}")
+    tmp = tempfile.TemporaryDirectory()
+    from _tiny_checkpoint import write_random_llama
+
+    model = str(write_random_llama(Path(tmp.name) / "tiny-llama"))
+    stop = mp.Event()
+    spinners = [mp.Process(target=_spin, args=(stop,), daemon=True) for _ in range(args.busy)]
+    for s in spinners:
+        s.start()
+    rows = []
+    try:
+        for r in range(1, args.rounds + 1):
+            k = (r - 1) % len(names)
+            for name in names[k:] + names[:k]:  # rotate who goes first
+                env = {key: v for key, v in os.environ.items()
+                       if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STRATA_CPU_THREADS")}
+                env.update(SETTINGS[name])
+                threads = env.pop("STRATA_BENCH_THREADS", "0")
+                cmd = [sys.executable, str(HERE / "offline_throughput.py"), "--model", model, "--num-requests",
+                       str(args.num_requests), "--threads", threads, *extra]
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                line = [ln for ln in proc.stdout.splitlines() if ln.startswith("output_tokens=")]
+                if proc.returncode != 0 or not line:
+                    raise SystemExit(f"{name} failed:\n{proc.stderr[-2000:]}")
+                got = dict(kv.split("=", 1) for kv in line[-1].split())
+                row = {"round": r, "setting": name, "busy": args.busy, "tok_per_s": got["tok_per_s"],
+                       "cpu_s": got["cpu_s"], "threads": got["threads"]}
+                print(" ".join(f"{a}={b}" for a, b in row.items()), flush=True)
+                rows.append(row)
+    finally:
+        stop.set()
+        for s in spinners:
+            s.join()
+        tmp.cleanup()
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Build, load and call the CPU paged-attention kernel (``cpu_paged_attention.c``, the math is in its header).
+
+The C file is compiled once per machine with the system C compiler (``$CC``, else ``cc``) into
+``STRATA_KERNEL_CACHE`` (default ``~/.cache/strataserve/kernels``), named by a hash of the source, the flags, the
+compiler and the CPU, and loaded with ctypes (whose calls release the GIL). Plain C with no torch headers: it
+compiles in about two seconds. Without a compiler ``load()`` returns None and says why; the caller falls back to
+the PyTorch path.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from strataserve import envs
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("cpu_paged_attention.c")
+# -march=native: the library is built on the machine that runs it (the cache key holds the CPU's flags).
+# No -ffast-math: linking it would switch the whole process to flush-to-zero.
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC"]
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_i32p = ctypes.POINTER(ctypes.c_int32)
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features", "model name")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(cc: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # same filesystem: the rename is atomic
+        out = Path(tmp) / target.name
+        proc = subprocess.run([cc, *_FLAGS, "-o", str(out), str(_SOURCE)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-2000:]}")
+        os.replace(out, target)
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel library (built on first use), or None when it cannot be built here."""
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        log.warning("no C compiler (%s) found: CPU attention falls back to PyTorch gather + SDPA (slower)", cc)
+        return None
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        key = hashlib.sha256("\0".join([_SOURCE.read_text(), *_FLAGS, version, _cpu_flags()]).encode())
+        target = Path(envs.STRATA_KERNEL_CACHE) / f"cpu_paged_attention-{key.hexdigest()[:16]}.so"
+        if not target.exists():
+            _build(cc, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning("CPU attention kernel unavailable (%s): falling back to PyTorch gather + SDPA", exc)
+        return None
+    fn = lib.strata_paged_attention
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, _i32p,
+                   ctypes.c_int64, _i32p, _i32p, _i32p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                   ctypes.c_int32, ctypes.c_float, ctypes.c_int32, ctypes.c_int32]
+    return lib
+
+
+def _i32(t: torch.Tensor):
+    return ctypes.cast(t.data_ptr(), _i32p)
+
+
+def paged_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, q_start: torch.Tensor, q_len: torch.Tensor, kv_lens: torch.Tensor,
+                    scale: float, window: int | None = None) -> None:
+    """Attention of S sequences' query rows of ``q`` ``[T, Hq, D]`` into the same rows of ``out`` (contiguous
+    ``[T, Hq, D]``), reading caches ``[num_blocks, block_size, Hkv, D]`` through ``block_tables`` (int32
+    ``[S, max_blocks]``). Sequence s owns rows ``q_start[s] .. q_start[s] + q_len[s] - 1`` and ``kv_lens[s]``
+    keys including them (int32 ``[S]`` each); its queries are its last positions, causal, and with a ``window``
+    each sees only the last ``window`` positions up to itself."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the CPU attention kernel could not be built (see the log)")
+    t, hq, d = q.shape
+    _, bs, hkv, d_cache = k_cache.shape
+    dtype = _DTYPES.get(q.dtype)
+    if dtype is None or not (q.dtype == out.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"CPU paged attention takes float32/bfloat16/float16 tensors of one dtype, got q {q.dtype}, "
+                         f"out {out.dtype}, caches {k_cache.dtype}/{v_cache.dtype}")
+    if d != d_cache or v_cache.shape != k_cache.shape or out.shape != q.shape or hq % hkv:
+        raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, out {tuple(out.shape)}, caches "
+                         f"{tuple(k_cache.shape)}/{tuple(v_cache.shape)}")
+    if q.stride(2) != 1 or q.stride(1) != d or not (out.is_contiguous() and k_cache.is_contiguous()
+                                                       and v_cache.is_contiguous()):
+        raise ValueError("q needs contiguous heads (any row stride); out and the caches must be contiguous")
+    s = kv_lens.shape[0]
+    for name, x, shape in (("block_tables", block_tables, (s, block_tables.shape[-1])), ("q_start", q_start, (s,)),
+                           ("q_len", q_len, (s,)), ("kv_lens", kv_lens, (s,))):
+        if x.dtype != torch.int32 or tuple(x.shape) != shape or not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous int32 {shape}, got {x.dtype} {tuple(x.shape)}")
+    if s == 0:
+        return
+    rc = lib.strata_paged_attention(q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(),
+                                    v_cache.data_ptr(), _i32(block_tables), block_tables.stride(0), _i32(q_start),
+                                    _i32(q_len), _i32(kv_lens), s, hq, hkv, d, bs, scale, window or 0, dtype)
+    if rc != 0:
+        raise RuntimeError(f"CPU paged attention failed with code {rc}")

@@ -1,0 +1,253 @@
+/* Paged attention on the CPU, reading K/V from the blocks in place (no gather into a contiguous copy).
+ *
+ * Math, for one query row of sequence s at position pos = kv_lens[s] - query_len + i and query head h, keys
+ * [lo, pos] with lo = max(0, pos - window + 1) (window <= 0: lo = 0), kv head kh = h / (hq / hkv):
+ *     s_j = scale * <q_h, K[j, kh]>,   p_j = exp(s_j - max_j s_j) / sum_j exp(s_j - max_j s_j),
+ *     out_h = sum_j p_j V[j, kh]
+ * in float32 whatever the cache dtype (float32, bfloat16 or float16). Token j of a sequence lives in block
+ * block_table[j / bs], row j % bs of caches laid out [num_blocks, bs, hkv, d] (runner/attention.py).
+ *
+ * Two passes per query row: scores for every key and head into a per-thread buffer, softmax, then the weighted
+ * sum of V. Each key's K (then V) row of hkv * d values is read once for all query heads, in block order, so the
+ * reads stream through memory. Rows (one per query) are shared among the OpenMP threads of the process: the
+ * library links libgomp.so.1, which resolves to the copy torch already loaded, so both use one thread pool.
+ * exp is a polynomial that gcc vectorises (libm's expf stays scalar without -ffast-math, which we avoid: a
+ * -ffast-math shared object sets flush-to-zero for the whole process).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* exp(x) for x <= 0 (scores minus their max): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor series to
+ * r^7 (truncation error < 1e-8 relative), 2^n built in the exponent bits. Below -87 the result is 0. */
+static inline float exp_nonpos(float x) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    x = x < -87.0f ? -87.0f : x;
+    float n = __builtin_floorf(x * log2e + 0.5f);
+    float r = x - n * ln2_hi - n * ln2_lo;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, 4);
+    return p * scale;
+}
+
+static inline void prefetch_block(const void *p, size_t bytes) {
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
+}
+
+/* Scores of one key for every query head: st[h] = <q_h, k_{h / g}>. */
+#define DEFINE_QK(NAME, T, LOAD)                                                                                  \
+    static inline __attribute__((always_inline)) void NAME(float *st, const float *q, const T *kp, int hq, int g, \
+                                                          const int D) {                                         \
+        for (int h = 0; h < hq; ++h) {                                                                            \
+            const T *kh = kp + (size_t)(h / g) * D;                                                               \
+            const float *qh = q + (size_t)h * D;                                                                  \
+            float s = 0.0f;                                                                                       \
+            _Pragma("omp simd reduction(+:s)") for (int c = 0; c < D; ++c) s += qh[c] * LOAD(kh[c]);              \
+            st[h] = s;                                                                                            \
+        }                                                                                                         \
+    }
+
+#define LOAD_F32(x) (x)
+#define LOAD_BF16(x) bf16_to_f32(x)
+#define LOAD_F16(x) ((float)(x))
+DEFINE_QK(qk_generic_f32, float, LOAD_F32)
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* The sums of eight vectors as one vector, in order (a generic loop would reduce each dot product alone). */
+static inline __m256 hsum8(const __m256 *v) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+static inline __attribute__((always_inline)) void qk_f32(float *st, const float *q, const float *kp, int hq, int g,
+                                                         const int D) {
+    if (D % 8 || hq % 8) {
+        qk_generic_f32(st, q, kp, hq, g, D);
+        return;
+    }
+    for (int h8 = 0; h8 < hq; h8 += 8) {
+        __m256 a[8];
+        for (int j = 0; j < 8; ++j) {
+            const float *kh = kp + (size_t)((h8 + j) / g) * D, *qh = q + (size_t)(h8 + j) * D;
+            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qh), _mm256_loadu_ps(kh));
+            for (int c = 8; c < D; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + c), _mm256_loadu_ps(kh + c), acc);
+            a[j] = acc;
+        }
+        _mm256_storeu_ps(st + h8, hsum8(a));
+    }
+}
+#else
+#define qk_f32 qk_generic_f32
+#endif
+
+/* One query row, cache element type T (LOAD converts one element to float), head dim D (a constant in the
+ * specialised copies below, so the inner loops unroll into whole vectors). Keys are walked block by block, each
+ * block's rows of hkv * D values read front to back for all heads at once (the reads stream; the next block is
+ * prefetched while this one is used). Scores are kept key-major, sc[key][head], so the softmax statistics of all
+ * heads are elementwise vector operations over the keys. */
+#define MAX_HQ 256
+#define DEFINE_ROW(NAME, T, LOAD, QK)                                                                               \
+    static inline __attribute__((always_inline)) void NAME(                                                      \
+        const float *q, float *acc, const T *kc, const T *vc, const int32_t *bt, int lo, int hi, int hq,          \
+        int hkv, const int D, int bs, float *sc) {                                                                \
+        const int g = hq / hkv, n = hi - lo;                                                                      \
+        const size_t tok = (size_t)hkv * D, block = (size_t)bs * tok;                                             \
+        for (int p = lo; p < hi;) {                                                                               \
+            const int b = p / bs, off = p % bs, end = hi < (b + 1) * bs ? hi : (b + 1) * bs;                      \
+            if (end < hi) prefetch_block(kc + (size_t)bt[b + 1] * block, block * sizeof(T));                      \
+            const T *kp = kc + (size_t)bt[b] * block + (size_t)off * tok;                                         \
+            for (; p < end; ++p, kp += tok) QK(sc + (size_t)(p - lo) * hq, q, kp, hq, g, D);                     \
+        }                                                                                                         \
+        float m[MAX_HQ], sum[MAX_HQ];                                                                             \
+        for (int h = 0; h < hq; ++h) {                                                                            \
+            m[h] = sc[h];                                                                                         \
+            sum[h] = 0.0f;                                                                                        \
+        }                                                                                                         \
+        for (int j = 1; j < n; ++j)                                                                               \
+            _Pragma("omp simd") for (int h = 0; h < hq; ++h) m[h] = sc[(size_t)j * hq + h] > m[h] ? sc[(size_t)j * hq + h] : m[h]; \
+        for (int j = 0; j < n; ++j) {                                                                             \
+            float *st = sc + (size_t)j * hq;                                                                      \
+            _Pragma("omp simd") for (int h = 0; h < hq; ++h) {                                                    \
+                st[h] = exp_nonpos(st[h] - m[h]);                                                                 \
+                sum[h] += st[h];                                                                                  \
+            }                                                                                                     \
+        }                                                                                                         \
+        memset(acc, 0, sizeof(float) * (size_t)hq * D);                                                           \
+        for (int p = lo; p < hi;) {                                                                               \
+            const int b = p / bs, off = p % bs, end = hi < (b + 1) * bs ? hi : (b + 1) * bs;                      \
+            if (end < hi) prefetch_block(vc + (size_t)bt[b + 1] * block, block * sizeof(T));                      \
+            const T *vp = vc + (size_t)bt[b] * block + (size_t)off * tok;                                         \
+            for (; p < end; ++p, vp += tok) {                                                                     \
+                const float *w = sc + (size_t)(p - lo) * hq;                                                      \
+                for (int h = 0; h < hq; ++h) {                                                                    \
+                    const T *vh = vp + (size_t)(h / g) * D;                                                       \
+                    float *a = acc + (size_t)h * D;                                                               \
+                    const float x = w[h];                                                                         \
+                    _Pragma("omp simd") for (int c = 0; c < D; ++c) a[c] += x * LOAD(vh[c]);                      \
+                }                                                                                                 \
+            }                                                                                                     \
+        }                                                                                                         \
+        for (int h = 0; h < hq; ++h) {                                                                            \
+            const float inv = 1.0f / sum[h];                                                                      \
+            for (int c = 0; c < D; ++c) acc[(size_t)h * D + c] *= inv;                                            \
+        }                                                                                                         \
+    }
+
+DEFINE_QK(qk_bf16, uint16_t, LOAD_BF16)
+DEFINE_QK(qk_f16, _Float16, LOAD_F16)
+DEFINE_ROW(row_f32, float, LOAD_F32, qk_f32)
+DEFINE_ROW(row_bf16, uint16_t, LOAD_BF16, qk_bf16)
+DEFINE_ROW(row_f16, _Float16, LOAD_F16, qk_f16)
+
+/* The row for a runtime head dim, with the common head dims as compile-time constants. */
+#define DISPATCH_D(ROW, T)                                                                                        \
+    static void ROW##_any(const float *q, float *acc, const T *kc, const T *vc, const int32_t *bt, int lo,       \
+                          int hi, int hq, int hkv, int D, int bs, float *sc) {                                    \
+        switch (D) {                                                                                              \
+        case 32: ROW(q, acc, kc, vc, bt, lo, hi, hq, hkv, 32, bs, sc); break;                                     \
+        case 64: ROW(q, acc, kc, vc, bt, lo, hi, hq, hkv, 64, bs, sc); break;                                     \
+        case 128: ROW(q, acc, kc, vc, bt, lo, hi, hq, hkv, 128, bs, sc); break;                                   \
+        default: ROW(q, acc, kc, vc, bt, lo, hi, hq, hkv, D, bs, sc);                                             \
+        }                                                                                                         \
+    }
+DISPATCH_D(row_f32, float)
+DISPATCH_D(row_bf16, uint16_t)
+DISPATCH_D(row_f16, _Float16)
+
+/* Attention of the query rows of num_seqs sequences. Sequence s owns the q_len[s] rows starting at q_start[s]
+ * (its last positions) and kv_lens[s] keys including them; its block table is row s of block_tables.
+ * q: row r at q + r * q_row_stride (element type = dtype), heads contiguous inside a row;
+ * out: contiguous [rows, hq * d], only the rows of the sequences are written.
+ * Returns 0, or -1 for an unknown dtype, -2 when hkv does not divide hq (or hq > MAX_HQ), -3 when out of
+ * memory. */
+int strata_paged_attention(const void *q, int64_t q_row_stride, void *out, const void *k_cache,
+                           const void *v_cache, const int32_t *block_tables, int64_t bt_stride,
+                           const int32_t *q_start, const int32_t *q_len, const int32_t *kv_lens, int32_t num_seqs,
+                           int32_t hq, int32_t hkv, int32_t d, int32_t bs, float scale, int32_t window,
+                           int32_t dtype) {
+    if (dtype < DT_F32 || dtype > DT_F16) return -1;
+    if (hkv <= 0 || hq % hkv != 0 || hq > MAX_HQ) return -2;
+    int rows = 0, max_keys = 1;
+    for (int s = 0; s < num_seqs; ++s) {
+        rows += q_len[s];
+        max_keys = kv_lens[s] > max_keys ? kv_lens[s] : max_keys;
+    }
+    if (rows <= 0) return 0;
+    if (window > 0 && window < max_keys) max_keys = window;
+    int32_t *item = malloc(sizeof(int32_t) * 2 * (size_t)rows); /* (sequence, query index) of each work item */
+    if (!item) return -3;
+    for (int s = 0, i = 0; s < num_seqs; ++s)
+        for (int j = 0; j < q_len[s]; ++j, ++i) {
+            item[2 * i] = s;
+            item[2 * i + 1] = j;
+        }
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *buf = malloc(sizeof(float) * ((size_t)hq * max_keys + 2 * (size_t)hq * d));
+        float *sc = buf, *qf = buf ? buf + (size_t)hq * max_keys : NULL, *acc = qf ? qf + (size_t)hq * d : NULL;
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 2)
+        for (int i = 0; i < rows; ++i) {
+            if (!buf) continue;
+            const int s = item[2 * i], j = item[2 * i + 1], r = q_start[s] + j;
+            const int pos = kv_lens[s] - q_len[s] + j;
+            const int lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, hi = pos + 1;
+            const int32_t *bt = block_tables + (size_t)s * bt_stride;
+            const size_t hd = (size_t)hq * d;
+            if (dtype == DT_F32) {
+                const float *qr = (const float *)q + (size_t)r * q_row_stride;
+                for (size_t c = 0; c < hd; ++c) qf[c] = qr[c] * scale;
+                row_f32_any(qf, acc, k_cache, v_cache, bt, lo, hi, hq, hkv, d, bs, sc);
+                memcpy((float *)out + (size_t)r * hd, acc, sizeof(float) * hd);
+            } else if (dtype == DT_BF16) {
+                const uint16_t *qr = (const uint16_t *)q + (size_t)r * q_row_stride;
+                for (size_t c = 0; c < hd; ++c) qf[c] = bf16_to_f32(qr[c]) * scale;
+                row_bf16_any(qf, acc, k_cache, v_cache, bt, lo, hi, hq, hkv, d, bs, sc);
+                uint16_t *o = (uint16_t *)out + (size_t)r * hd;
+                for (size_t c = 0; c < hd; ++c) o[c] = f32_to_bf16(acc[c]);
+            } else {
+                const _Float16 *qr = (const _Float16 *)q + (size_t)r * q_row_stride;
+                for (size_t c = 0; c < hd; ++c) qf[c] = (float)qr[c] * scale;
+                row_f16_any(qf, acc, k_cache, v_cache, bt, lo, hi, hq, hkv, d, bs, sc);
+                _Float16 *o = (_Float16 *)out + (size_t)r * hd;
+                for (size_t c = 0; c < hd; ++c) o[c] = (_Float16)acc[c];
+            }
+        }
+        free(buf);
+    }
+    free(item);
+    return failed ? -3 : 0;
+}
