@@ -1,7 +1,7 @@
 """Start-up and shutdown of ``strata serve``: engine processes, the router and its backends, optional model
 repository + gRPC, uvicorn.
 
-Order: load each local engine (its own child process, handshake) → build the router (upstream backends start
+Order: load each local engine (its own child process, handshake; `api/engines.py`) → build the router (upstream backends start
 their health checks; the model server loads; each local engine gets a supervisor that restarts it after a
 crash) → bind HTTP (and gRPC), with TLS when given → print the ready URLs. On SIGTERM (or SIGINT) the server
 drains: new requests get 503 + Retry-After and /health 503 while admitted ones finish, for up to
@@ -16,7 +16,6 @@ import contextlib
 import inspect
 import logging
 import signal
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,6 +25,7 @@ from rich.console import Console
 
 from strataserve.api.app import build_app
 from strataserve.api.door import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED_BYTES, Door, DoorConfig
+from strataserve.api.engines import load_engine, load_speech
 from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import MetricsGroup, ServerMetrics
 from strataserve.api.serving import ServerState
@@ -45,7 +45,7 @@ from strataserve.router.router import Router
 from strataserve.router.sla import SLA, SLAPolicy
 from strataserve.router.supervisor import EngineSupervisor, RestartMetrics
 from strataserve.router.tensors import TensorRouter
-from strataserve.startup import format_phases, process_age
+from strataserve.startup import process_age
 
 log = logging.getLogger("strataserve.server")
 
@@ -124,60 +124,6 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
         yield
-
-
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
-
-
-def _fmt_gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.3f} GiB" if num_bytes else "unknown size"
-
-
-def kv_cache_line(info: Any) -> str:
-    """The start-up line about the KV pool (an engine's ``ReadyInfo``); fp8 / int8 say what they bought."""
-    kv = ""
-    if info.kv_cache_dtype:
-        gain = _DTYPE_BYTES.get(info.dtype, 0) / _DTYPE_BYTES.get(info.kv_cache_dtype, 1)
-        kv = f" in {info.kv_cache_dtype} (per-head scales; {gain:g}× the blocks of a {info.dtype} cache)"
-    return (f"KV cache: {info.num_blocks} blocks × {info.block_size} tokens = {info.num_blocks * info.block_size} "
-            f"tokens, {_fmt_gib(info.kv_cache_bytes)}{kv}")
-
-
-def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float | None = None,
-                name: str | None = None, client: Any = None) -> Any:
-    """The AsyncLLM front end over an engine-core child process; raises with the child's error if loading fails.
-    ``client``: an ``MPCoreClient(config, wait=False)`` started earlier (``strata serve`` spawns it before its own
-    heavy imports). The tokenizer loads here while the engine process loads the model."""
-    from strataserve.engine.async_llm import AsyncLLM
-    from strataserve.engine.input_processor import load_tokenizer
-    from strataserve.engine.mp_client import MPCoreClient
-
-    label = f"[bold]{name}[/] " if name else ""
-    with console.status(f"[bold]Loading model[/] {label}{config.model.model} (engine process)…"):
-        if client is None:
-            client = MPCoreClient(config, startup_timeout_s=startup_timeout_s, wait=False)
-        try:
-            t0 = time.perf_counter()
-            try:
-                tokenizer = load_tokenizer(config.model.tokenizer or config.model.model,
-                                           config.model.skip_tokenizer_init)
-            except Exception:
-                client.wait_ready(startup_timeout_s)  # the engine's error (e.g. no config.json) comes first
-                raise
-            t_tok = time.perf_counter() - t0
-            client.wait_ready(startup_timeout_s)
-            engine = AsyncLLM(config, core_client=client, tokenizer=tokenizer)
-        except BaseException:
-            client.shutdown()
-            raise
-    info = client.ready_info
-    console.print(f"[green]✓[/] engine process: spawned at {client.spawned_at:.2f} s, ready at "
-                  f"{process_age():.2f} s ({format_phases(info.startup)}); tokenizer {t_tok:.2f} s beside it",
-                  soft_wrap=True)
-    console.print(f"[green]✓[/] model {label}loaded on {info.device} ({info.dtype}); max_model_len "
-                  f"{info.max_model_len}")
-    console.print(f"[green]✓[/] {kv_cache_line(info)}")
-    return engine
 
 
 def _vocab_size(tokenizer: Any) -> int | None:
@@ -402,7 +348,7 @@ def serve(options: ServeOptions, console: Console | None = None, started: dict[E
     try:
         for spec in options.llms:
             if is_qwen3_tts_dir(spec.engine.model.model) or is_omnivoice_dir(spec.engine.model.model):  # speech
-                engines[spec.name] = _load_speech(spec, console)
+                engines[spec.name] = load_speech(spec, console)
             elif spec.placement is not None:  # replicas: several engine cores behind the router
                 engines[spec.name] = load_replicas(spec, options, console)
             else:  # an LLM, in its own engine-core process
@@ -415,32 +361,3 @@ def serve(options: ServeOptions, console: Console | None = None, started: dict[E
         for engine in engines.values():
             engine.shutdown()
         console.print("strataserve stopped")
-
-
-def _load_speech(spec: LocalLLMSpec, console: Console) -> Any:
-    """An in-process ``AsyncTTS`` (its engine core runs on a thread) for a Qwen3-TTS checkpoint folder, or an
-    ``AsyncOmniVoice`` (its batching scheduler runs on a thread) for an OmniVoice folder."""
-    from strataserve.engine.async_tts import AsyncTTS
-    from strataserve.engine.mp_client import EngineStartupError
-    from strataserve.engine.omnivoice_tts import AsyncOmniVoice
-
-    cfg, name = spec.engine, spec.name
-    if is_omnivoice_dir(cfg.model.model):
-        with console.status(f"[bold]Loading speech model[/] {cfg.model.model}…"):
-            try:
-                return AsyncOmniVoice.from_pretrained(cfg.model.model, device=cfg.model.device,
-                                                      dtype=cfg.model.dtype, mode=cfg.runner.mode,
-                                                      max_batch=cfg.scheduler.max_num_seqs, name=name)
-            except ValueError as exc:
-                raise EngineStartupError(str(exc)) from None
-
-    with console.status(f"[bold]Loading speech model[/] {cfg.model.model}…"):
-        try:
-            return AsyncTTS.from_pretrained(cfg.model.model, device=cfg.model.device, dtype=cfg.model.dtype,
-                                            mode=cfg.runner.mode, max_model_len=cfg.model.max_model_len or 4096,
-                                            max_num_seqs=cfg.scheduler.max_num_seqs,
-                                            max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-                                            block_size=cfg.cache.block_size, num_blocks=cfg.cache.num_blocks,
-                                            kv_cache_memory_gib=cfg.cache.kv_cache_memory_gib, name=name)
-        except ValueError as exc:  # named checkpoint errors: the CLI reports them as a failed start
-            raise EngineStartupError(str(exc)) from None
