@@ -1,13 +1,13 @@
 """Start-up and shutdown of ``strata serve``: engine processes, the router and its backends, optional model
 repository + gRPC, uvicorn.
 
-Order: load each local engine (its own child process, handshake; `api/engines.py`) → build the router (upstream backends start
-their health checks; the model server loads; each local engine gets a supervisor that restarts it after a
-crash) → bind HTTP (and gRPC), with TLS when given → print the ready URLs. On SIGTERM (or SIGINT) the server
-drains: new requests get 503 + Retry-After and /health 503 while admitted ones finish, for up to
+Order: load each local engine (its own child process, handshake; `api/engines.py`) → build the router (upstream
+backends start their health checks; the model server loads; each local engine gets a supervisor that restarts it
+after a crash) → bind HTTP (and gRPC), with TLS when given → print the ready URLs. On SIGTERM (or SIGINT) the
+server drains: new requests get 503 + Retry-After and /health 503 while admitted ones finish, for up to
 ``--shutdown-timeout`` seconds (a second signal cuts it short); then uvicorn, gRPC, the router's backends, the
-model server and the engine processes are stopped, in that order, so no port, socket file or child process
-outlives the server.
+model server and the engine processes are stopped, in that order, so no port, socket file or child process outlives
+the server.
 """
 from __future__ import annotations
 
