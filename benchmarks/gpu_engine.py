@@ -10,7 +10,7 @@ import torch
 
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.llm_engine import LLMEngine
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.sampling import SamplingParams
 from strataserve.runner.model_runner import ModelRunner
 
 

@@ -21,10 +21,10 @@ import torch  # noqa: E402
 
 from strataserve.config import SchedulerConfig  # noqa: E402
 from strataserve.engine.output_processor import OutputProcessor  # noqa: E402
-from strataserve.engine.outputs import ModelRunnerOutput  # noqa: E402
-from strataserve.engine.protocol import EngineCoreOutputs  # noqa: E402
+from strataserve.types.outputs import ModelRunnerOutput  # noqa: E402
+from strataserve.types.protocol import EngineCoreOutputs  # noqa: E402
 from strataserve.engine.request import Request  # noqa: E402
-from strataserve.engine.sampling_params import SamplingParams  # noqa: E402
+from strataserve.types.sampling import SamplingParams  # noqa: E402
 from strataserve.engine.scheduler import Scheduler  # noqa: E402
 from strataserve.runner import input_batch as ib  # noqa: E402
 

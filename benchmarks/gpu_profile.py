@@ -51,7 +51,7 @@ def profile_decode(cfg, mode: str, batch: int, prompt: int, steps: int = 10) -> 
 
 def profile_engine_windows(eng, prompts, outs, windows: tuple[tuple[int, int], ...]) -> str:
     """Run the workload through ``eng`` step by step, profiling the engine steps in each [start, end) window."""
-    from strataserve.engine.sampling_params import SamplingParams
+    from strataserve.types.sampling import SamplingParams
 
     for i, (p, n) in enumerate(zip(prompts, outs)):
         eng.add_request(f"p{i}", list(p), SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))

@@ -147,7 +147,7 @@ def served_ttfa(ov) -> dict:
     import asyncio
 
     from strataserve.engine.omnivoice_tts import AsyncOmniVoice
-    from strataserve.engine.tts_engine import SpeechParams
+    from strataserve.types.speech import SpeechParams
 
     tts = AsyncOmniVoice(ov, name="bench")
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 import msgspec  # noqa: E402
 
 from strataserve.engine.core_client import CoreClient, CoreInfo  # noqa: E402
-from strataserve.engine.protocol import EngineCoreOutput, EngineCoreOutputs  # noqa: E402
+from strataserve.types.protocol import EngineCoreOutput, EngineCoreOutputs  # noqa: E402
 
 
 class InstantCore(CoreClient):
@@ -65,7 +65,7 @@ def measure(path: Path, k: int, n: int, out_len: int) -> dict:
     from strataserve.config import EngineConfig, ModelConfig
     from strataserve.engine.async_llm import AsyncLLM
     from strataserve.engine.input_processor import load_tokenizer
-    from strataserve.engine.sampling_params import SamplingParams
+    from strataserve.types.sampling import SamplingParams
     from strataserve.router.local_replicas import ReplicatedEngine
 
     cfg = EngineConfig(model=ModelConfig(model=str(path), device="cpu"))

@@ -73,7 +73,7 @@ def workload(n: int, lo: int, hi: int, vocab: int, seed: int) -> tuple[list[list
 
 
 async def run(engine, prompts: list[list[int]], outs: list[int], tag: str) -> tuple[int, float]:
-    from strataserve.engine.sampling_params import SamplingParams
+    from strataserve.types.sampling import SamplingParams
 
     async def one(i: int) -> int:
         params = SamplingParams(temperature=0.0, max_tokens=outs[i], ignore_eos=True)

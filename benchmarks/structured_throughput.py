@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     import torch
 
     from strataserve import LLM, SamplingParams
-    from strataserve.engine.sampling_params import GuidedDecodingParams
+    from strataserve.types.sampling import GuidedDecodingParams
 
     if args.model is None:
         from strataserve.assets import DEMO_MODEL_DIR

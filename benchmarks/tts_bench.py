@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from strataserve.engine.async_tts import AsyncTTS  # noqa: E402
-from strataserve.engine.protocol import EngineCoreRequest  # noqa: E402
-from strataserve.engine.sampling_params import SamplingParams  # noqa: E402
+from strataserve.types.protocol import EngineCoreRequest  # noqa: E402
+from strataserve.types.sampling import SamplingParams  # noqa: E402
 from strataserve.engine.tts_engine import TTSModel, build_core, build_talker  # noqa: E402
 from strataserve.models.qwen3_tts.codec import CodecDecoder  # noqa: E402
 from strataserve.models.qwen3_tts.config import tts_config_from_dict  # noqa: E402

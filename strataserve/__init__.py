@@ -16,11 +16,11 @@ __version__ = "0.1.0"
 
 _WHERE = {
     "LLM": "strataserve.engine.llm",
-    "SamplingParams": "strataserve.engine.sampling_params",
-    "GuidedDecodingParams": "strataserve.engine.sampling_params",
-    "StructuredOutputsParams": "strataserve.engine.sampling_params",
-    "RequestOutput": "strataserve.engine.outputs",
-    "CompletionOutput": "strataserve.engine.outputs",
+    "SamplingParams": "strataserve.types.sampling",
+    "GuidedDecodingParams": "strataserve.types.sampling",
+    "StructuredOutputsParams": "strataserve.types.sampling",
+    "RequestOutput": "strataserve.types.outputs",
+    "CompletionOutput": "strataserve.types.outputs",
     "AsyncLLM": "strataserve.engine.async_llm",
     "TTS": "strataserve.engine.tts",
     "AsyncTTS": "strataserve.engine.async_tts",
@@ -29,9 +29,9 @@ _WHERE = {
 if TYPE_CHECKING:
     from strataserve.engine.async_llm import AsyncLLM
     from strataserve.engine.llm import LLM
-    from strataserve.engine.outputs import CompletionOutput, RequestOutput
+    from strataserve.types.outputs import CompletionOutput, RequestOutput
     from strataserve.engine.async_tts import AsyncTTS
-    from strataserve.engine.sampling_params import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
+    from strataserve.types.sampling import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
     from strataserve.engine.tts import TTS
 
 

@@ -249,7 +249,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from strataserve.api.server import serve
-    from strataserve.engine.mp_client import EngineStartupError
+    from strataserve.types.errors import EngineStartupError
 
     console = Console(stderr=True)
     options = _serve_options(args, console)

@@ -16,7 +16,7 @@ from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
 from strataserve.api.serving import (ServerState, admit, engine_abort_error, engine_stream, forward, make_params,
                                      new_id, resolve_max_tokens, sse_body, traced, until_disconnect)
 from strataserve.api.tools import ToolPlan, ToolStreamer, assistant_message, message_dicts, plan_tools, tool_events
-from strataserve.engine.sampling_params import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
+from strataserve.types.sampling import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
 from strataserve.router.metrics import RouteTrace
 
 router = APIRouter()

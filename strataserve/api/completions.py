@@ -17,7 +17,7 @@ from strataserve.api.serving import (ServerState, admit, check_token_ids, engine
                                      forward, make_params, merge_streams, new_id, resolve_max_tokens, sse_body,
                                      traced, until_disconnect)
 from strataserve.router.metrics import RouteTrace
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.sampling import SamplingParams
 
 router = APIRouter()
 

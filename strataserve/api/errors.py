@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from strataserve.engine.core_client import EngineDeadError
+from strataserve.types.errors import EngineDeadError
 
 log = logging.getLogger("strataserve.api")
 

@@ -5,7 +5,7 @@ from typing import Any
 
 import msgspec
 
-from strataserve.engine.outputs import Logprob
+from strataserve.types.outputs import Logprob
 
 _json = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"

@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from strataserve.api.errors import bad_request
-from strataserve.engine.sampling_params import GuidedDecodingParams
-from strataserve.engine.structured_output import check_guided
+from strataserve.types.sampling import GuidedDecodingParams
+from strataserve.grammar import check_guided
 
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 

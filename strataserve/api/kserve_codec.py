@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from strataserve.modelserver.types import (
+from strataserve.types.tensors import (
     KSERVE_DTYPES,
     InferRequest,
     InferResponse,

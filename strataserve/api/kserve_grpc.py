@@ -29,8 +29,8 @@ from google.protobuf import json_format
 from strataserve.api.kserve_codec import check_shape, split_request_parameters, tensor_from_raw, tensor_to_raw
 from strataserve.api.proto import grpc_service_pb2 as pb
 from strataserve.api.proto import grpc_service_pb2_grpc as pb_grpc
-from strataserve.modelserver import model_config_pb2
-from strataserve.modelserver.types import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
+from strataserve.types import model_config_pb2
+from strataserve.types.tensors import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
 
 logger = logging.getLogger(__name__)
 

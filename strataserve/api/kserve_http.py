@@ -35,7 +35,7 @@ from strataserve.api.kserve_codec import (
     parameters_of,
     response_to_dict,
 )
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 logger = logging.getLogger(__name__)
 

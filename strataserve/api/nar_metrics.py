@@ -9,7 +9,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from strataserve.api.metrics import LoopHistogram
-from strataserve.runner.nar_runner import BatchStats
+from strataserve.types.speech import BatchStats
 
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 _WASTE_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9)

@@ -1,7 +1,7 @@
 """Start-up and shutdown of ``strata serve``: engine processes, the router and its backends, optional model
 repository + gRPC, uvicorn.
 
-Order: load each local engine (its own child process, handshake; `api/engines.py`) → build the router (upstream
+Order: load each local engine (its own child process, handshake; `router/launch.py`) → build the router (upstream
 backends start their health checks; the model server loads; each local engine gets a supervisor that restarts it
 after a crash) → bind HTTP (and gRPC), with TLS when given → print the ready URLs. On SIGTERM (or SIGINT) the
 server drains: new requests get 503 + Retry-After and /health 503 while admitted ones finish, for up to
@@ -25,20 +25,18 @@ from rich.console import Console
 
 from strataserve.api.app import build_app
 from strataserve.api.door import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED_BYTES, Door, DoorConfig
-from strataserve.api.engines import load_engine, load_speech
 from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import MetricsGroup, ServerMetrics
 from strataserve.api.serving import ServerState
-from strataserve.models.omnivoice.config import is_omnivoice_dir
-from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir
 from strataserve.config import EngineConfig
-from strataserve.engine.mp_client import process_key
 from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
 from strataserve.router.backends.local_llm import LocalLLMBackend
 from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
 from strataserve.router.backends.tts import TTSBackend
 from strataserve.router.config import KServeUpstream, LocalModel, OpenAIUpstream, RouterConfig
-from strataserve.router.local_replicas import ReplicatedEngine, start_replicas
+from strataserve.router.launch import (adopt_early_client, is_in_process_speech, is_speech_dir, load_engine,
+                                       load_replicas, load_speech, start_model_server)
+from strataserve.router.local_replicas import ReplicatedEngine
 from strataserve.router.metrics import RouterMetrics
 from strataserve.router.quota import KeyQuota, RateLimits
 from strataserve.router.router import Router
@@ -163,15 +161,12 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
                        console: Console) -> Router:
     """Every backend the options declare, registered with one router (the model repository is started here).
     ``engines`` maps each local model's name to its ``AsyncLLM`` or, for a speech checkpoint, its ``AsyncTTS``."""
-    from strataserve.engine.async_tts import AsyncTTS
-    from strataserve.engine.omnivoice_tts import AsyncOmniVoice
-
     router = Router(options.sla, RouterMetrics(registry), KeyQuota(options.rate))
     group, speech_group = MetricsGroup(registry), MetricsGroup(registry)
     restarts = RestartMetrics(registry)
     for spec in options.llms:
         engine = engines[spec.name]
-        if isinstance(engine, (AsyncTTS, AsyncOmniVoice)):  # in-process: no engine process to supervise
+        if is_in_process_speech(engine):  # no engine process to supervise
             router.add(TTSBackend(engine, speech_group, spec.gpu_cost_per_hour))
             continue
         backend = LocalLLMBackend(build_state(engine, spec, group), spec.gpu_cost_per_hour)
@@ -189,14 +184,8 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
             kserve[up.name] = backend
     model_server = None
     if options.model_repository:
-        from strataserve.modelserver.server import ModelServer
-
-        with console.status(f"[bold]Loading model repository[/] {options.model_repository}…"):
-            model_server = ModelServer(options.model_repository, control_mode=options.model_control_mode,
-                                       registry=registry, load_models=list(options.load_models))
-            await model_server.start()
-        console.print(f"[green]✓[/] model repository {options.model_repository} "
-                      f"(control mode {options.model_control_mode})")
+        model_server = await start_model_server(options.model_repository, options.model_control_mode, registry,
+                                                options.load_models, console)
     if model_server is not None or kserve:
         router.tensors = TensorRouter(model_server, kserve, router.non_tensor_cards)
     await router.start()
@@ -218,27 +207,6 @@ def _supervisors(backend: LocalLLMBackend, spec: LocalLLMSpec, options: ServeOpt
     return [EngineSupervisor(spec.name, lambda: state.engine, replace,
                              lambda: load_engine(spec.engine, console, options.startup_timeout_s, spec.name),
                              restarts)]
-
-
-def load_replicas(spec: LocalLLMSpec, options: ServeOptions, console: Console) -> ReplicatedEngine:
-    """The model's replicas (engine processes on this host, or Ray actors), started together."""
-    from strataserve.engine.mp_client import EngineStartupError
-
-    where = "Ray actors" if spec.placement == "ray" else "engine processes"
-    with console.status(f"[bold]Loading model[/] [bold]{spec.name}[/] {spec.engine.model.model} ({spec.replicas} "
-                        f"{where})…"):
-        try:
-            engine = start_replicas(spec.name, spec.engine, count=spec.replicas, placement=spec.placement or "local",
-                                    ray_address=spec.ray_address, num_gpus_per_replica=spec.num_gpus_per_replica,
-                                    startup_timeout_s=options.startup_timeout_s,
-                                    affinity_chars=options.affinity_chars, slack=options.affinity_slack)
-        except (ValueError, ConnectionError) as exc:  # GPUs short, or no Ray cluster at ray_address
-            raise EngineStartupError(str(exc)) from None
-    plan = engine.launcher.plan if engine.launcher is not None else None
-    gpus = f", {plan.num_gpus:g} GPU(s) each" if plan is not None and plan.num_gpus else ""
-    console.print(f"[green]✓[/] model [bold]{spec.name}[/] loaded: {spec.replicas} replicas as {where}{gpus}; "
-                  f"max_model_len {engine.max_model_len}")
-    return engine
 
 
 def build_door(options: ServeOptions, router: Router) -> Door:
@@ -347,13 +315,17 @@ def serve(options: ServeOptions, console: Console | None = None, started: dict[E
                       f"{' (beside the engine process)' if started else ''}", soft_wrap=True)
     try:
         for spec in options.llms:
-            if is_qwen3_tts_dir(spec.engine.model.model) or is_omnivoice_dir(spec.engine.model.model):  # speech
-                engines[spec.name] = load_speech(spec, console)
+            if is_speech_dir(spec.engine.model.model):
+                engines[spec.name] = load_speech(spec.name, spec.engine, console)
             elif spec.placement is not None:  # replicas: several engine cores behind the router
-                engines[spec.name] = load_replicas(spec, options, console)
+                engines[spec.name] = load_replicas(
+                    spec.name, spec.engine, console, replicas=spec.replicas, placement=spec.placement,
+                    ray_address=spec.ray_address, num_gpus_per_replica=spec.num_gpus_per_replica,
+                    startup_timeout_s=options.startup_timeout_s, affinity_chars=options.affinity_chars,
+                    affinity_slack=options.affinity_slack)
             else:  # an LLM, in its own engine-core process
                 engines[spec.name] = load_engine(spec.engine, console, options.startup_timeout_s, spec.name,
-                                                 client=started.pop(process_key(spec.engine), None))
+                                                 client=adopt_early_client(started, spec.engine))
         _run_loop(_serve_async(options, engines, console))
     finally:
         for client in started.values():  # spawned early but not adopted (e.g. the options changed)

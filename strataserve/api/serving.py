@@ -17,9 +17,9 @@ from strataserve.api.errors import APIError, bad_request, engine_dead, from_valu
 from strataserve.api.formatting import DONE, sse
 from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import ServerMetrics
-from strataserve.engine.core_client import EngineDeadError
-from strataserve.engine.outputs import RequestOutput
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.errors import EngineDeadError
+from strataserve.types.outputs import RequestOutput
+from strataserve.types.sampling import SamplingParams
 from strataserve.router.metrics import RouteTrace
 from strataserve.router.router import Router, outcome_of
 from strataserve.router.sla import SLA, bearer_key
@@ -32,7 +32,7 @@ T = TypeVar("T")
 class ServerState:
     """Everything a route needs, built once at start-up (``app.state.strata``)."""
 
-    engine: Any  # strataserve.engine.async_llm.AsyncLLM
+    engine: Any  # the local model's AsyncLLM (or ReplicatedEngine), handed over by the router's launch
     tokenizer: Any
     model_name: str
     max_model_len: int

@@ -30,7 +30,8 @@ from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 
 from strataserve.api.errors import APIError, bad_request
-from strataserve.engine.tts_engine import CloneInput, SpeechParams, TTSInputError
+from strataserve.types.speech import CloneInput
+from strataserve.types.speech import SpeechParams, TTSInputError
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg"}
 _STREAM_FORMATS = ("audio", "sse")

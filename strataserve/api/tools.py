@@ -15,7 +15,7 @@ from typing import Any
 
 from strataserve.api.errors import bad_request
 from strataserve.api.tool_parsers import ToolCall, ToolParser, get_parser
-from strataserve.engine.sampling_params import GuidedDecodingParams
+from strataserve.types.sampling import GuidedDecodingParams
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 

@@ -15,13 +15,14 @@ import asyncio
 from typing import Any, AsyncIterator
 
 from strataserve.config import EngineConfig
-from strataserve.engine.core_client import CoreClient, EngineDeadError, InprocCoreClient
+from strataserve.engine.core_client import CoreClient, InprocCoreClient
+from strataserve.types.errors import EngineDeadError
 from strataserve.engine.input_processor import (InputProcessor, PromptType, as_tokenizer, load_tokenizer,
                                                 model_config_or_none)
 from strataserve.engine.output_processor import OutputProcessor, RequestOutputKind
-from strataserve.engine.outputs import CompletionOutput, RequestOutput
-from strataserve.engine.protocol import SchedulerStats
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.outputs import CompletionOutput, RequestOutput
+from strataserve.types.protocol import SchedulerStats
+from strataserve.types.sampling import SamplingParams
 from strataserve.runner.base import ModelRunnerBase
 
 

@@ -17,34 +17,26 @@ import asyncio
 import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 import torch
 
-from strataserve.engine.core_client import EngineDeadError, InprocCoreClient
-from strataserve.engine.protocol import EngineCoreOutput, SchedulerStats
-from strataserve.engine.tts_engine import CloneInput, SpeechParams, ServesTTSModel, TTSModel, build_core, \
-    build_request, encode_reference, load_tts_model
-
-
-@dataclass
-class SpeechTiming:
-    """One finished (or aborted) request, for metrics."""
-
-    queue_time: float  # arrival -> first scheduled (s)
-    time_to_first_audio: float | None  # arrival -> first chunk handed to the caller (s)
-    frames: int
-    audio_seconds: float
-    wall_seconds: float  # arrival -> finish
-    finish_reason: str
-
-    @property
-    def real_time_factor(self) -> float:
-        """wall time per second of audio (< 1 is faster than real time)."""
-        return self.wall_seconds / self.audio_seconds if self.audio_seconds else float("inf")
+from strataserve.types.speech import SpeechTiming
+from strataserve.engine.core_client import InprocCoreClient
+from strataserve.types.errors import EngineDeadError
+from strataserve.types.protocol import EngineCoreOutput, SchedulerStats
+from strataserve.engine.tts_engine import (
+    CloneInput,
+    ServesTTSModel,
+    TTSModel,
+    build_core,
+    build_request,
+    encode_reference,
+    load_tts_model,
+)
+from strataserve.types.speech import SpeechParams
 
 
 class SpeechStream:

@@ -25,15 +25,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from strataserve.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from strataserve.types.errors import EngineDeadError
+from strataserve.types.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 
 if TYPE_CHECKING:
     from strataserve.config import EngineConfig
     from strataserve.engine.engine_core import EngineCore
-
-
-class EngineDeadError(RuntimeError):
-    """The engine core stopped (crashed or was shut down); requests in flight cannot complete."""
 
 
 class CoreInfo(msgspec.Struct, kw_only=True):

@@ -25,7 +25,7 @@ import msgspec
 import zmq
 
 from strataserve.config import EngineConfig
-from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from strataserve.types.protocol import EngineCoreOutputs, EngineCoreRequest
 from strataserve.startup import Phases, process_age
 
 # Input message kinds: the first frame of a multipart message.
@@ -218,7 +218,7 @@ def _add(core: Any, request: EngineCoreRequest, out: zmq.Socket, encoder: msgspe
     try:
         core.add_request(request)
     except ValueError as exc:
-        from strataserve.engine.protocol import EngineCoreOutput
+        from strataserve.types.protocol import EngineCoreOutput
 
         err = EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason="abort",
                                stop_reason=str(exc))

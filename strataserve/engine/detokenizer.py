@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.sampling import SamplingParams
 
 #: prompt tokens used as left context for the first output token
 CONTEXT_TOKENS = 5

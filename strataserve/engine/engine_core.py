@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from strataserve.config import EngineConfig
-from strataserve.engine.outputs import SchedulerOutput
-from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from strataserve.types.outputs import SchedulerOutput
+from strataserve.types.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from strataserve.engine.request import Request
 from strataserve.engine.scheduler import Scheduler
 from strataserve.engine.structured_output import StructuredOutputManager

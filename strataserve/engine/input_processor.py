@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from strataserve.engine.request import check_prompt_length
-from strataserve.engine.sampling_params import SamplingParams
-from strataserve.engine.structured_output import check_guided
+from strataserve.types.sampling import SamplingParams
+from strataserve.grammar import check_guided
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
 

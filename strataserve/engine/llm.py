@@ -15,8 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.input_processor import PromptType
 from strataserve.engine.llm_engine import LLMEngine
-from strataserve.engine.outputs import RequestOutput
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.outputs import RequestOutput
+from strataserve.types.sampling import SamplingParams
 from strataserve.runner.base import ModelRunnerBase
 
 # vLLM arguments that mean nothing here; accepted (with a warning when they ask for something we lack).

@@ -8,9 +8,9 @@ from strataserve.engine.engine_core import EngineCore
 from strataserve.engine.input_processor import (InputProcessor, PromptType, as_tokenizer, load_tokenizer,
                                                 model_config_or_none)
 from strataserve.engine.output_processor import OutputProcessor, RequestOutputKind
-from strataserve.engine.outputs import RequestOutput
-from strataserve.engine.protocol import SchedulerStats
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.outputs import RequestOutput
+from strataserve.types.protocol import SchedulerStats
+from strataserve.types.sampling import SamplingParams
 from strataserve.runner.base import ModelRunnerBase
 
 

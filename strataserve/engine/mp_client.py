@@ -21,6 +21,7 @@ from strataserve.config import EngineConfig
 from strataserve.engine.core_client import CoreInfo
 from strataserve.engine.core_proc import ReadyInfo, StartupError, run_engine_core
 from strataserve.engine.zmq_client import ZmqCoreClient
+from strataserve.types.errors import EngineStartupError
 from strataserve.startup import process_age
 
 
@@ -28,10 +29,6 @@ def process_key(config: EngineConfig) -> EngineConfig:
     """What an engine process is started with: the config less the API-side model name (``strata serve`` adopts
     an early-spawned process for the LLM whose key matches)."""
     return replace(config, model=replace(config.model, served_model_name=None))
-
-
-class EngineStartupError(RuntimeError):
-    """The engine process could not load the model; the message says why."""
 
 
 class MPCoreClient(ZmqCoreClient):

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from strataserve.engine.core_client import EngineDeadError
+from strataserve.types.errors import EngineDeadError
 from strataserve.runner.nar_runner import NARRequest, NARRunner
 
 #: (request, tokens [C, T] or None, waveform float32 [samples] or None, error or None)

@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from strataserve.engine.tts_engine import MAX_INPUT_CHARS, SpeechParams, TTSInputError
+from strataserve.engine.tts_engine import MAX_INPUT_CHARS
+from strataserve.types.speech import SpeechParams, TTSInputError
 from strataserve.models.omnivoice.loader import LoadedOmniVoice
 from strataserve.models.omnivoice.prompt import VoiceReference, build_input_ids, estimate_frames
 from strataserve.runner.nar_runner import NARRequest, UnmaskSettings

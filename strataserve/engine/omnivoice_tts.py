@@ -23,15 +23,16 @@ from typing import Any, AsyncIterator, Callable, Sequence
 import numpy as np
 import torch
 
-from strataserve.engine.async_tts import SpeechTiming
+from strataserve.types.speech import SpeechTiming
 from strataserve.engine.nar_scheduler import NARScheduler
 from strataserve.engine.omnivoice_requests import _LANGUAGE_NAMES, ChunkPolicy, OmniVoiceRequests
 from strataserve.engine.tts import SpeechOutput, _per_text
-from strataserve.engine.tts_engine import SpeechParams
+from strataserve.types.speech import SpeechParams
 from strataserve.models.omnivoice.codec import ReferenceEncoder
 from strataserve.models.omnivoice.loader import LoadedOmniVoice, load_omnivoice
 from strataserve.models.omnivoice.prompt import VoiceReference
-from strataserve.runner.nar_runner import BatchStats, NARRequest, NARRunner
+from strataserve.runner.nar_runner import NARRequest, NARRunner
+from strataserve.types.speech import BatchStats
 
 
 def finish_audio(wav: torch.Tensor, ref: VoiceReference | None) -> np.ndarray:

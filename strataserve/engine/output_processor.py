@@ -18,9 +18,9 @@ from typing import Any
 import xxhash
 
 from strataserve.engine.detokenizer import (IncrementalDetokenizer, TokenTextCache, decode_all, make_decode)
-from strataserve.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
-from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
+from strataserve.types.protocol import EngineCoreOutputs, EngineCoreRequest
+from strataserve.types.sampling import SamplingParams
 
 
 def _ended_by_token(finish: str | None, stop_reason: int | str | None, params: SamplingParams) -> bool:

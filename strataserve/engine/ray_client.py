@@ -23,7 +23,7 @@ import msgspec
 from strataserve.config import EngineConfig
 from strataserve.engine.core_client import CoreInfo
 from strataserve.engine.core_proc import ReadyInfo, core_ready_info, build_core, serve_core
-from strataserve.engine.mp_client import EngineStartupError
+from strataserve.types.errors import EngineStartupError
 from strataserve.engine.zmq_client import ZmqCoreClient
 
 #: the Ray namespace of the engine actors (``ray.get_actor(name, namespace=NAMESPACE)`` finds them)

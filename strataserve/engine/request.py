@@ -4,8 +4,8 @@ from __future__ import annotations
 import enum
 import time
 
-from strataserve.engine.protocol import EngineCoreRequest
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.protocol import EngineCoreRequest
+from strataserve.types.sampling import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):

@@ -31,8 +31,8 @@ import time
 
 from strataserve.config import SchedulerConfig
 from strataserve.engine.kv_cache_manager import KVCacheManager
-from strataserve.engine.outputs import ModelRunnerOutput, NewRequestData, ScheduledChunk, SchedulerOutput
-from strataserve.engine.protocol import EngineCoreOutput, SchedulerStats
+from strataserve.types.outputs import ModelRunnerOutput, NewRequestData, ScheduledChunk, SchedulerOutput
+from strataserve.types.protocol import EngineCoreOutput, SchedulerStats
 from strataserve.engine.request import Request, RequestStatus, check_prompt_length
 
 _RUNNING = RequestStatus.RUNNING

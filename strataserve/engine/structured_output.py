@@ -16,7 +16,6 @@ The tokenizer is loaded here only when the first constrained request arrives, so
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import OrderedDict
@@ -24,48 +23,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from strataserve.engine.sampling_params import GuidedDecodingParams
+from strataserve.grammar import build_grammar, load_xgrammar
+from strataserve.types.sampling import GuidedDecodingParams
 
 log = logging.getLogger(__name__)
 
 _CACHE_SIZE = 256  # compiled grammars kept (a JSON schema grammar is typically 10-500 kB)
-
-
-def _xgr() -> Any:
-    try:
-        import xgrammar
-    except ImportError as exc:  # an optional extra: say how to get it
-        raise ValueError(f"structured outputs need xgrammar ({exc}): pip install 'strataserve[structured]'") from None
-    return xgrammar
-
-
-def choice_grammar(choices: Sequence[str]) -> str:
-    """EBNF accepting exactly one of ``choices`` (JSON string escapes are valid EBNF literal escapes)."""
-    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
-
-
-def build_grammar(spec: GuidedDecodingParams) -> Any:
-    """The xgrammar ``Grammar`` of a spec (no tokenizer needed). Raises ValueError saying what is wrong with it."""
-    xgr = _xgr()
-    kind = spec.kind
-    try:
-        if kind == "json":
-            return xgr.Grammar.from_json_schema(spec.json, any_whitespace=False)
-        if kind == "json_object":
-            return xgr.Grammar.builtin_json_grammar()
-        if kind == "regex":
-            return xgr.Grammar.from_regex(spec.regex)
-        if kind == "choice":
-            return xgr.Grammar.from_ebnf(choice_grammar(spec.choice or []))
-        return xgr.Grammar.from_ebnf(spec.grammar)
-    except Exception as exc:  # xgrammar raises RuntimeError / InvalidJSONError for bad input
-        raise ValueError(f"invalid guided decoding {kind}: {str(exc).strip().splitlines()[0][:300]}") from None
-
-
-def check_guided(spec: GuidedDecodingParams | None) -> None:
-    """Validate a spec at the edge (API process / offline front end) so a bad schema is a 400, not a core error."""
-    if spec is not None:
-        build_grammar(spec)
 
 
 @dataclass(slots=True)
@@ -129,7 +92,7 @@ class StructuredOutputManager:
     # ------------------------------------------------------------------ compile
     def _get_compiler(self) -> Any:
         if self._compiler is None:
-            xgr = _xgr()
+            xgr = load_xgrammar()
             if self.tokenizer_path is None:
                 raise ValueError("structured outputs need the model's tokenizer; this engine has none")
             from strataserve.models.tokenizer import Tokenizer
@@ -156,7 +119,7 @@ class StructuredOutputManager:
         return compiled
 
     def new_state(self, spec: GuidedDecodingParams) -> GrammarState:
-        return GrammarState(_xgr().GrammarMatcher(self.compile(spec)))
+        return GrammarState(load_xgrammar().GrammarMatcher(self.compile(spec)))
 
     # ------------------------------------------------------------------ per step
     def prepare(self, sampled: Sequence[Any], pending_tokens: Callable[[], dict[str, int]] | None
@@ -174,7 +137,7 @@ class StructuredOutputManager:
         waiting = [r for r in reqs if r.num_pending > 1] if pending_tokens is not None else []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="strata-grammar")
-            self._batch = _xgr().BatchGrammarMatcher(max_threads=1)
+            self._batch = load_xgrammar().BatchGrammarMatcher(max_threads=1)
         return StructuredStep(self._pool.submit(self._fill, rows, reqs, waiting, pending_tokens))
 
     def _fill(self, rows: list[int], reqs: list[Any], waiting: list[Any],
@@ -185,7 +148,7 @@ class StructuredOutputManager:
                 tok = tokens.get(r.request_id)
                 if tok is not None and r.grammar.num_accepted == len(r.output_token_ids):
                     r.grammar.accept(tok)  # the in-flight token, which the scheduler has not appended yet
-        bitmask = _xgr().allocate_token_bitmask(len(reqs), self.vocab_size)
+        bitmask = load_xgrammar().allocate_token_bitmask(len(reqs), self.vocab_size)
         live, idx = [], []
         for j, r in enumerate(reqs):
             st = r.grammar

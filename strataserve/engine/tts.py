@@ -21,8 +21,15 @@ from typing import Sequence, TypeVar
 import numpy as np
 import torch
 
-from strataserve.engine.tts_engine import CloneInput, SpeechParams, ServesTTSModel, TTSModel, build_core, \
-    build_request, load_tts_model
+from strataserve.engine.tts_engine import (
+    CloneInput,
+    ServesTTSModel,
+    TTSModel,
+    build_core,
+    build_request,
+    load_tts_model,
+)
+from strataserve.types.speech import SpeechParams
 from strataserve.models.qwen3_tts.audio_input import AudioSource
 from strataserve.models.qwen3_tts.voice_clone import cut_reference
 

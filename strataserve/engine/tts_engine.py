@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
+from strataserve.types.speech import CloneInput, SpeechParams, TTSInputError
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from strataserve.engine.engine_core import EngineCore
-from strataserve.engine.protocol import EngineCoreRequest
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.protocol import EngineCoreRequest
+from strataserve.types.sampling import SamplingParams
 from strataserve.models.loader import resolve_device
-from strataserve.models.qwen3_tts.audio_input import AudioSource
 from strataserve.models.qwen3_tts.codec import CodecDecoder
 from strataserve.models.qwen3_tts.config import Qwen3TTSConfig, UnsupportedTTSVariantError, load_tts_config, \
     read_generation_defaults
@@ -35,28 +35,6 @@ from strataserve.runner.tts_runner import CodeSampling, TTSRequestState, TTSRunn
 #: OpenAI's limit for /v1/audio/speech input
 MAX_INPUT_CHARS = 4096
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class TTSInputError(ValueError):
-    """A request the model cannot serve as given (empty/over-long text, unknown voice or language, ...)."""
-
-
-@dataclass(frozen=True)
-class SpeechParams:
-    """Sampling for one request; None = the checkpoint's generation_config.json, else the reference defaults."""
-
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    max_new_frames: int | None = None
-    code_temperature: float | None = None  # the reference's subtalker_* settings
-    code_top_k: int | None = None
-    code_top_p: float | None = None
-    # non-autoregressive models (OmniVoice) only: unmasking steps and classifier-free guidance scale
-    num_step: int | None = None
-    guidance_scale: float | None = None
 
 
 _REF_DEFAULTS = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_new_frames=2048,
@@ -181,21 +159,6 @@ def resolve_params(p: SpeechParams, defaults: dict[str, Any]) -> tuple[SamplingP
     except ValueError as exc:
         raise TTSInputError(str(exc)) from None
     return sp, CodeSampling(cs_params.temperature, cs_params.top_k, cs_params.top_p)
-
-
-@dataclass(frozen=True)
-class CloneInput:
-    """Per-request voice cloning (Base checkpoints): reference audio, its transcript, x-vector-only mode."""
-
-    ref_audio: AudioSource | None = None
-    ref_text: str | None = None
-    x_vector_only: bool | None = None
-    allow_paths: bool = False  # offline callers may name a file; network input never reads the server's disk
-    encoded: VoiceClonePrompt | None = None  # ref_audio already encoded (``encode_reference``)
-
-    @property
-    def given(self) -> bool:
-        return self.ref_audio is not None or bool(self.ref_text) or self.x_vector_only is not None
 
 
 def encode_reference(model: TTSModel, clone: CloneInput) -> CloneInput:

@@ -21,9 +21,10 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from strataserve.engine.core_client import CoreClient, EngineDeadError
+from strataserve.engine.core_client import CoreClient
+from strataserve.types.errors import EngineDeadError
 from strataserve.engine.core_proc import ABORT, ADD, SHUTDOWN
-from strataserve.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from strataserve.types.protocol import EngineCoreOutputs, EngineCoreRequest
 
 
 class ZmqCoreClient(CoreClient):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strataserve.modelserver import model_config_pb2 as pb
+from strataserve.types import model_config_pb2 as pb
 from strataserve.modelserver.config import DEFAULT_MAX_BATCH_SIZE, ConfigError
 
 TEXT_INPUT, TEXT_OUTPUT = "text_input", "text_output"  # Triton's names for LLM text I/O

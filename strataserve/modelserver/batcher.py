@@ -23,7 +23,7 @@ from typing import Any
 from strataserve.modelserver.backends.base import Backend, BackendRequest
 from strataserve.modelserver.config import ConfigError, ModelSpec
 from strataserve.modelserver.stats import ModelStats
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 log = logging.getLogger(__name__)
 TIMEOUT_KEY = "EXECUTION_TIMEOUT_MS"

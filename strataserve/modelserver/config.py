@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from strataserve.modelserver import model_config_pb2 as pb
-from strataserve.modelserver.types import CONFIG_TO_KSERVE, ModelServerError
+from strataserve.types import model_config_pb2 as pb
+from strataserve.types.tensors import CONFIG_TO_KSERVE, ModelServerError
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete sets for a batchable model without max_batch_size (as Triton)

@@ -14,7 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from strataserve.modelserver.config import ConfigError, ModelSpec
 from strataserve.modelserver.model import ModelVersion, ServedVersion
 from strataserve.modelserver.stats import ModelStats
-from strataserve.modelserver.types import InferRequest, InferResponse, InferTensor, ModelServerError
+from strataserve.types.tensors import InferRequest, InferResponse, InferTensor, ModelServerError
 
 InferFn = Callable[[InferRequest], Awaitable[InferResponse]]
 

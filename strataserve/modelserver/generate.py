@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from strataserve.modelserver.config import ModelSpec
-from strataserve.modelserver.types import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
+from strataserve.types.tensors import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
 
 
 def _shape(dims: tuple[int, ...], size: int, name: str, model: str) -> list[int]:

@@ -22,7 +22,7 @@ from strataserve.modelserver.config import ConfigError, ModelSpec
 from strataserve.modelserver.model import ModelVersion, ServedVersion
 from strataserve.modelserver.repository import ModelSource, is_hf_folder
 from strataserve.modelserver.stats import ModelStats
-from strataserve.modelserver.types import InferRequest, InferResponse, InferTensor, ModelServerError
+from strataserve.types.tensors import InferRequest, InferResponse, InferTensor, ModelServerError
 
 _ids = itertools.count()
 
@@ -39,7 +39,7 @@ def _checkpoint(source: ModelSource, version: int) -> Path:
 
 
 def sampling_params(parameters: dict, model: str):
-    from strataserve.engine.sampling_params import SamplingParams
+    from strataserve.types.sampling import SamplingParams
 
     known = {f.name for f in fields(SamplingParams)}
     unknown = sorted(k for k in parameters if k not in known and k not in ("stream",))

@@ -16,7 +16,7 @@ from strataserve.modelserver.config import ModelSpec
 from strataserve.modelserver.pbtxt import config_to_json
 from strataserve.modelserver.repository import ModelSource
 from strataserve.modelserver.stats import ModelStats
-from strataserve.modelserver.types import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
+from strataserve.types.tensors import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
 
 
 def _device(spec: ModelSpec, index: int) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from strataserve.modelserver.types import CONFIG_TO_KSERVE, KSERVE_DTYPES, KSERVE_TO_CONFIG
+from strataserve.types.tensors import CONFIG_TO_KSERVE, KSERVE_DTYPES, KSERVE_TO_CONFIG
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -180,7 +180,7 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """BLS: run this request on another model of the server; errors come back in the response."""
-        from strataserve.modelserver.types import InferRequest, InferTensor, ModelServerError, kserve_dtype_of
+        from strataserve.types.tensors import InferRequest, InferTensor, ModelServerError, kserve_dtype_of
 
         server, loop = getattr(_bls, "server", None), getattr(_bls, "loop", None)
         if server is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from strataserve.modelserver import model_config_pb2 as pb
+from strataserve.types import model_config_pb2 as pb
 from strataserve.modelserver.config import ConfigError
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from strataserve.modelserver import model_config_pb2 as pb
+from strataserve.types import model_config_pb2 as pb
 from strataserve.modelserver.autocomplete import autocomplete_onnx, autocomplete_python, complete_llm_config
 from strataserve.modelserver.config import (
     PLATFORM_TO_BACKEND,
@@ -19,7 +19,7 @@ from strataserve.modelserver.config import (
     build_spec,
 )
 from strataserve.modelserver.pbtxt import parse_json_override, parse_pbtxt
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 CONFIG_FILE = "config.pbtxt"
 DEFAULT_FILENAMES = {"onnxruntime": ("model.onnx",), "pytorch": ("model.pt", "model.pt2"), "python": ("model.py",)}

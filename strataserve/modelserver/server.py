@@ -23,7 +23,7 @@ from strataserve.modelserver.llm import LLMVersion
 from strataserve.modelserver.model import ModelVersion, ServedVersion
 from strataserve.modelserver.repository import Repository
 from strataserve.modelserver.stats import ModelStats, StatsCollector
-from strataserve.modelserver.types import InferRequest, InferResponse, ModelServerError
+from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
 
 log = logging.getLogger(__name__)
 CONTROL_MODES = ("none", "explicit", "poll")

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from strataserve.api.kserve_codec import json_dumps, tensor_from_json, tensor_from_raw, tensor_to_raw
-from strataserve.modelserver.types import InferRequest, InferResponse, InferTensor, ModelServerError
+from strataserve.types.tensors import InferRequest, InferResponse, InferTensor, ModelServerError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Literal
 
 from strataserve.config import EngineConfig
-from strataserve.engine.core_client import EngineDeadError
+from strataserve.types.errors import EngineDeadError
 from strataserve.engine.input_processor import load_tokenizer
-from strataserve.engine.protocol import SchedulerStats
+from strataserve.types.protocol import SchedulerStats
 from strataserve.router.replicas import Replica, ReplicaSet
 
 

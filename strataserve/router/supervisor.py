@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
-from strataserve.engine.core_client import EngineDeadError
+from strataserve.types.errors import EngineDeadError
 
 log = logging.getLogger("strataserve.supervisor")
 

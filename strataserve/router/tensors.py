@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Callable
 
-from strataserve.modelserver.types import InferRequest, InferResponse, ModelServerError
+from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
 from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
 from strataserve.router.types import ModelCard, Payload
 

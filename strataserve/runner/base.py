@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from strataserve.types.outputs import ModelRunnerOutput, SchedulerOutput
 
 
 class ModelRunnerBase(ABC):

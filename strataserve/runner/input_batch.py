@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from strataserve.engine.outputs import ScheduledChunk
+from strataserve.types.outputs import ScheduledChunk
 from strataserve.runner.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 
 # Decode rows per padding group. Small groups pad less and, more importantly on CPU, keep each group's gathered

@@ -26,7 +26,7 @@ import torch
 
 from strataserve import envs
 from strataserve.config import EngineConfig
-from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from strataserve.types.outputs import ModelRunnerOutput, SchedulerOutput
 from strataserve.models.decoder import DecoderModel
 from strataserve.models.hf_config import DecoderConfig, load_decoder_config
 from strataserve.models.loader import load_model, resolve_device, resolve_dtype

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from strataserve.runner.nar_attention import CanvasMeta
+from strataserve.types.speech import BatchStats
 
 #: vocabulary fraction kept before class sampling (the reference's top-k filter ratio)
 CLASS_TOP_RATIO = 0.1
@@ -70,16 +71,6 @@ class NARRequest:
     @property
     def prefix_len(self) -> int:
         return self.cond_len - self.target_len
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    """What one batch cost: its bucket and how much of the canvas was padding."""
-
-    batch_size: int
-    bucket: tuple[int, int, int]  # (B_pad, T_pad, L_pad)
-    padding_waste: float  # fraction of canvas positions that were padding
-    seconds: float
 
 
 def unmask_schedule(target_len: int, num_codebooks: int, s: UnmaskSettings) -> list[int]:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from strataserve.engine.outputs import ScheduledChunk, TokenLogprobs
+from strataserve.types.outputs import ScheduledChunk, TokenLogprobs
 from strataserve.runner.input_batch import InputBatch
 from strataserve.runner.sampler import SamplingRequest, token_logprobs
 

@@ -24,8 +24,8 @@ from typing import Sequence
 
 import torch
 
-from strataserve.engine.outputs import TokenLogprobs
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.outputs import TokenLogprobs
+from strataserve.types.sampling import SamplingParams
 from strataserve.runner.penalties import apply_penalties, ban_tokens
 
 _MASK64 = (1 << 64) - 1

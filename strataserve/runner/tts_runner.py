@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.outputs import ModelRunnerOutput, SchedulerOutput
+from strataserve.types.sampling import SamplingParams
 from strataserve.models.qwen3_tts.prompt import TalkerPrompt
 from strataserve.models.qwen3_tts.talker import Qwen3TTSTalker
 from strataserve.runner.attention import AttentionMetadata, TorchAttention, allocate_kv_cache

@@ -10,10 +10,11 @@ import pytest
 from api_fakes import failing_core, fake_core
 from engine.engine_fakes import engine_config, reference_output
 
-from strataserve.engine.core_client import EngineDeadError
-from strataserve.engine.mp_client import EngineStartupError, MPCoreClient
-from strataserve.engine.protocol import EngineCoreRequest
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.errors import EngineDeadError
+from strataserve.engine.mp_client import MPCoreClient
+from strataserve.types.errors import EngineStartupError
+from strataserve.types.protocol import EngineCoreRequest
+from strataserve.types.sampling import SamplingParams
 
 
 def _req(rid: str, prompt: list[int], max_tokens: int) -> EngineCoreRequest:

@@ -45,7 +45,7 @@ def test_engine_core_times_each_start_up_phase(tmp_path):
 
 
 def test_kv_cache_line_reports_the_quantised_capacity():
-    from strataserve.api.engines import kv_cache_line
+    from strataserve.router.launch import kv_cache_line
     from strataserve.engine.core_proc import ReadyInfo
 
     info = ReadyInfo(num_blocks=100, block_size=16, max_model_len=64, kv_cache_bytes=2**30, device="cuda",

@@ -11,7 +11,7 @@ import pytest
 from strataserve.api import console
 from strataserve.api.console import ConsoleFeed, bucket_quantile
 from strataserve.api.metrics import LoopHistogram
-from strataserve.engine.protocol import SchedulerStats
+from strataserve.types.protocol import SchedulerStats
 from strataserve.router.cost import CostMeter
 from strataserve.router.metrics import RouterMetrics, RouteTrace
 from strataserve.router.router import Router

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from strataserve.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from strataserve.types.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from strataserve.engine.scheduler import PENDING_TOKEN
 from strataserve.runner.base import ModelRunnerBase
 

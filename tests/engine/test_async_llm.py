@@ -10,8 +10,8 @@ from engine_fakes import FakeRunner, engine_config, reference_output
 from engine_tokenizer import build_tokenizer
 
 from strataserve.engine.async_llm import AsyncLLM
-from strataserve.engine.core_client import EngineDeadError
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.errors import EngineDeadError
+from strataserve.types.sampling import SamplingParams
 
 NUM_BLOCKS = 64
 

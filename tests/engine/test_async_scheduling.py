@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from strataserve.engine.engine_core import EngineCore
-from strataserve.engine.protocol import EngineCoreRequest
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.protocol import EngineCoreRequest
+from strataserve.types.sampling import SamplingParams
 
 
 def make(num_blocks=64, max_model_len=64, **cfg) -> tuple[EngineCore, AsyncFakeRunner]:

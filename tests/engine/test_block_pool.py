@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from strataserve.engine.block_pool import BlockPool, hash_block
 from strataserve.engine.engine_core import EngineCore
-from strataserve.engine.protocol import EngineCoreRequest
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.protocol import EngineCoreRequest
+from strataserve.types.sampling import SamplingParams
 
 
 def test_chained_hash_depends_on_parent_and_tokens():

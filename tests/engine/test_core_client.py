@@ -6,12 +6,13 @@ import asyncio
 import pytest
 from engine_fakes import EOS, FakeRunner, engine_config, reference_output
 
-from strataserve.engine.core_client import EngineDeadError, InprocCoreClient
+from strataserve.engine.core_client import InprocCoreClient
+from strataserve.types.errors import EngineDeadError
 from strataserve.engine.engine_core import EngineCore
 from strataserve.engine.kv_cache_manager import KVCacheManager
-from strataserve.engine.protocol import EngineCoreRequest
+from strataserve.types.protocol import EngineCoreRequest
 from strataserve.engine.request import Request
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.sampling import SamplingParams
 
 
 def creq(rid, prompt, max_tokens=4):

@@ -7,7 +7,7 @@ import pytest
 from engine_tokenizer import build_tokenizer
 
 from strataserve.engine.detokenizer import IncrementalDetokenizer, decode_all, make_decode
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.sampling import SamplingParams
 
 TEXTS = ["emoji 🙂🚀 and 日本語のテキスト。", "café naïve 中文文本 🙂", "hello world, the quick brown fox"]
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from strataserve.engine.core_client import EngineDeadError
+from strataserve.types.errors import EngineDeadError
 from strataserve.engine.nar_scheduler import NARScheduler
 from strataserve.runner.nar_runner import NARRequest, UnmaskSettings
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 from engine_tokenizer import build_tokenizer
 
 from strataserve.engine.output_processor import OutputProcessor, RequestOutputKind, child_seed
-from strataserve.engine.outputs import TokenLogprobs
-from strataserve.engine.protocol import EngineCoreOutput, EngineCoreOutputs
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.outputs import TokenLogprobs
+from strataserve.types.protocol import EngineCoreOutput, EngineCoreOutputs
+from strataserve.types.sampling import SamplingParams
 
 
 def outs(*items):

@@ -7,8 +7,8 @@ import pytest
 from engine_fakes import EOS, FakeRunner, engine_config, reference_output
 
 from strataserve.engine.engine_core import EngineCore
-from strataserve.engine.protocol import EngineCoreRequest
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.protocol import EngineCoreRequest
+from strataserve.types.sampling import SamplingParams
 
 
 def make_core(num_blocks=64, block_size=4, max_model_len=256, **cfg) -> tuple[EngineCore, FakeRunner]:

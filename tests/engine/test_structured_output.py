@@ -15,8 +15,9 @@ import torch
 from _tiny_models import load_hf_model, make_tiny_checkpoint
 from strataserve import LLM, SamplingParams
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
-from strataserve.engine.sampling_params import GuidedDecodingParams
-from strataserve.engine.structured_output import StructuredOutputManager, build_grammar
+from strataserve.types.sampling import GuidedDecodingParams
+from strataserve.engine.structured_output import StructuredOutputManager
+from strataserve.grammar import build_grammar
 from strataserve.runner.model_runner import ModelRunner
 
 xgr = pytest.importorskip("xgrammar")

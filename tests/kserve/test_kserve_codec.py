@@ -13,7 +13,7 @@ from strataserve.api.kserve_codec import (
     response_to_dict,
     tensor_from_raw,
 )
-from strataserve.modelserver.types import InferResponse, InferTensor, ModelServerError
+from strataserve.types.tensors import InferResponse, InferTensor, ModelServerError
 
 
 def _inp(name, arr, datatype, binary):

@@ -43,7 +43,7 @@ def _dump(*modules: str) -> dict:
 
 
 def test_grpc_service_matches_tritonclient():
-    ours = _dump("strataserve.api.proto.grpc_service_pb2", "strataserve.modelserver.model_config_pb2")
+    ours = _dump("strataserve.api.proto.grpc_service_pb2", "strataserve.types.model_config_pb2")
     theirs = _dump("tritonclient.grpc.service_pb2", "tritonclient.grpc.model_config_pb2")
     required = {
         "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",

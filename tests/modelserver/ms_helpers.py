@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from strataserve.modelserver.server import ModelServer
-from strataserve.modelserver.types import InferRequest, InferTensor, ModelServerError
+from strataserve.types.tensors import InferRequest, InferTensor, ModelServerError
 
 
 @contextlib.asynccontextmanager
@@ -23,7 +23,7 @@ async def serving(repo, **kwargs):
 
 
 def tensor(name: str, array: np.ndarray, datatype: str | None = None) -> InferTensor:
-    from strataserve.modelserver.types import kserve_dtype_of
+    from strataserve.types.tensors import kserve_dtype_of
 
     return InferTensor(name, datatype or kserve_dtype_of(array), list(array.shape), array)
 

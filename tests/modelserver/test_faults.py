@@ -13,7 +13,7 @@ import pytest
 from _model_repos import write_python_model
 from ms_helpers import outputs, request, run, serving
 
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 ISOLATED = 'parameters { key: "EXECUTION_ISOLATION" value: { string_value: "process" } }\n'
 

@@ -8,7 +8,7 @@ import torch
 from _model_repos import build_standard_repo, mlp_reference
 from ms_helpers import expect_error, outputs, request, run, serving, tensor
 
-from strataserve.modelserver.types import InferRequest
+from strataserve.types.tensors import InferRequest
 
 
 @pytest.fixture

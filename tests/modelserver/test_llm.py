@@ -10,7 +10,7 @@ from ms_helpers import expect_error, outputs, request, run, serving
 
 from strataserve.config import EngineConfig, ModelConfig
 from strataserve.engine.async_llm import AsyncLLM
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.sampling import SamplingParams
 
 PARAMS = {"max_tokens": 6, "temperature": 0.0}
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from strataserve.engine.core_client import EngineDeadError
-from strataserve.engine.protocol import SchedulerStats
+from strataserve.types.errors import EngineDeadError
+from strataserve.types.protocol import SchedulerStats
 from strataserve.router.config import ConfigError, parse_config
 from strataserve.router.local_replicas import ReplicatedEngine, resolve_gpus, tensor_parallel_size
 

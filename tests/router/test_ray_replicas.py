@@ -155,7 +155,7 @@ def test_local_replica_processes_share_the_load_and_one_killed_is_replaced(serve
 
 def test_an_actor_that_cannot_start_says_why(cluster, tmp_path):
     from strataserve.config import EngineConfig, ModelConfig
-    from strataserve.engine.mp_client import EngineStartupError
+    from strataserve.types.errors import EngineStartupError
     from strataserve.engine.ray_client import RayCoreClient
 
     config = EngineConfig(model=ModelConfig(model=str(tmp_path), device="cpu"))

@@ -8,7 +8,7 @@ import pytest
 
 from strataserve.api.errors import APIError
 from strataserve.api.kserve_codec import decode_http_request, encode_http_response
-from strataserve.modelserver.types import InferRequest, InferResponse, InferTensor
+from strataserve.types.tensors import InferRequest, InferResponse, InferTensor
 from strataserve.router.admission import MIN_SAMPLES, AdmissionController
 from strataserve.router.cost import CostMeter
 from strataserve.router.kserve_client import HEADER_LENGTH, decode_response, encode_request

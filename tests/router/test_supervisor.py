@@ -6,7 +6,7 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
-from strataserve.engine.core_client import EngineDeadError
+from strataserve.types.errors import EngineDeadError
 from strataserve.router.supervisor import EngineSupervisor, RestartMetrics
 
 

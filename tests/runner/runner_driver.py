@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 
-from strataserve.engine.outputs import NewRequestData, ScheduledChunk, SchedulerOutput
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.outputs import NewRequestData, ScheduledChunk, SchedulerOutput
+from strataserve.types.sampling import SamplingParams
 
 
 class Driver:

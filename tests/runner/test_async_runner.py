@@ -10,8 +10,8 @@ import pytest
 from _tiny_models import hf_greedy, make_tiny_checkpoint
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.engine_core import EngineCore
-from strataserve.engine.protocol import EngineCoreRequest
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.protocol import EngineCoreRequest
+from strataserve.types.sampling import SamplingParams
 from strataserve.runner.model_runner import ModelRunner
 
 MAX_NEW = 10

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from strataserve import envs
-from strataserve.engine.outputs import ScheduledChunk
+from strataserve.types.outputs import ScheduledChunk
 from strataserve.models.hf_config import DecoderConfig
 from strataserve.runner import cpu_kernel
 from strataserve.runner.attention import TorchAttention

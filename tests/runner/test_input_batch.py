@@ -5,7 +5,7 @@ import random
 
 import torch
 
-from strataserve.engine.outputs import ScheduledChunk
+from strataserve.types.outputs import ScheduledChunk
 from strataserve.runner.attention import TorchAttention
 from strataserve.runner.input_batch import BlockTableRows, build_input_batch
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from strataserve.engine.sampling_params import SamplingParams as SP
+from strataserve.types.sampling import SamplingParams as SP
 from strataserve.runner.penalties import apply_penalties
 from strataserve.runner.sampler import Sampler, SamplingRequest
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from strataserve.engine.async_tts import AsyncTTS
-from strataserve.engine.core_client import EngineDeadError
+from strataserve.types.errors import EngineDeadError
 from strataserve.engine.tts import TTS
-from strataserve.engine.tts_engine import SpeechParams, TTSInputError, load_tts_model
+from strataserve.engine.tts_engine import load_tts_model
+from strataserve.types.speech import SpeechParams, TTSInputError
 
 TEXTS = ["Hello world, this is a test.", "Short one.", "Another sentence here"]
 

@@ -165,7 +165,7 @@ def test_cloning_from_a_clip_puts_its_tokens_in_the_prompt(ckpt):
     """The encoder (the whole Higgs tokenizer, torchaudio) is stood in for; what is tested is the request built
     around its tokens: denoise tag, transcript before the text, the clip's tokens before the target."""
     from strataserve.engine.omnivoice_requests import OmniVoiceRequests
-    from strataserve.engine.tts_engine import TTSInputError
+    from strataserve.types.speech import TTSInputError
 
     ov = load_omnivoice(ckpt, device="cpu")
     clip = torch.randint(0, 1024, (8, 6))

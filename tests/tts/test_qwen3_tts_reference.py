@@ -13,7 +13,7 @@ import torch
 
 from _tiny_tts import make_tiny_tts, reference_codes  # noqa: E402
 from strataserve.engine.tts import TTS  # noqa: E402
-from strataserve.engine.tts_engine import SpeechParams, TTSInputError  # noqa: E402
+from strataserve.types.speech import SpeechParams, TTSInputError
 from strataserve.models.qwen3_tts.config import MissingCheckpointFileError, UnsupportedTTSVariantError  # noqa: E402
 
 TEXTS = ["Hello world, this is a test.", "Short.", "A somewhat longer sentence to speak, with commas and more.",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from strataserve.engine.tts import TTS
-from strataserve.engine.tts_engine import SpeechParams
+from strataserve.types.speech import SpeechParams
 from strataserve.runner.cuda_graph import CudaGraphDecoder
 
 

@@ -16,7 +16,8 @@ import torch
 
 from _tiny_tts import import_reference, make_tiny_tts
 from strataserve.engine.tts import TTS
-from strataserve.engine.tts_engine import CloneInput, TTSInputError
+from strataserve.types.speech import CloneInput
+from strataserve.types.speech import TTSInputError
 from strataserve.models.qwen3_tts.audio_input import decode_audio, resample
 from strataserve.models.qwen3_tts.config import MissingCheckpointFileError
 

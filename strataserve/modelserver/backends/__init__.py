@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 from strataserve.modelserver.backends.base import Backend, InstanceContext
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 _REGISTRY: dict[str, str] = {
     "onnxruntime": "strataserve.modelserver.backends.onnx_rt:OnnxBackend",

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from strataserve.modelserver.config import ModelSpec
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 # send(outputs or None, error or None, final) — may be called from any thread.
 SendFn = Callable[[dict[str, np.ndarray] | None, BaseException | None, bool], None]

@@ -9,7 +9,7 @@ import onnxruntime as ort
 
 from strataserve.modelserver.backends.base import ArrayBackend, InstanceContext
 from strataserve.modelserver.repository import model_file
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 
 class OnnxBackend(ArrayBackend):

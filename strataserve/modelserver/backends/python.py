@@ -22,7 +22,7 @@ from strataserve.modelserver.backends.base import Backend, BackendRequest, Insta
 from strataserve.modelserver.config import ConfigError
 from strataserve.modelserver.pbtxt import config_to_json
 from strataserve.modelserver.repository import model_file
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 ISOLATION_KEY = "EXECUTION_ISOLATION"
 _module_ids = itertools.count()

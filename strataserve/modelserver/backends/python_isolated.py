@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from strataserve.modelserver import pb_utils
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 
 def _child_main(conn, path: str, args: dict) -> None:

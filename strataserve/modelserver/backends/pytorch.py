@@ -14,7 +14,7 @@ import torch
 from strataserve.modelserver.backends.base import ArrayBackend, InstanceContext
 from strataserve.modelserver.config import ConfigError
 from strataserve.modelserver.repository import model_file
-from strataserve.modelserver.types import ModelServerError
+from strataserve.types.tensors import ModelServerError
 
 
 class TorchBackend(ArrayBackend):

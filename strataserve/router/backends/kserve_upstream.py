@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from strataserve.modelserver.types import InferRequest, InferResponse, ModelServerError
+from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
 from strataserve.router.config import KServeUpstream
 from strataserve.router.kserve_client import HEADER_LENGTH, decode_response, encode_request, error_from_status
 from strataserve.router.backends.upstream import UpstreamBackend

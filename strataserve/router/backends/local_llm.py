@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from strataserve.api.serving import ServerState
-from strataserve.engine.core_client import EngineDeadError
+from strataserve.types.errors import EngineDeadError
 from strataserve.router.admission import AdmissionController
 from strataserve.router.local_replicas import ReplicatedEngine
 from strataserve.router.supervisor import EngineSupervisor

@@ -1,19 +1,24 @@
-"""Loading what ``strata serve`` hosts, with its start-up lines: an LLM engine (its engine-core child process and
-the tokenizer beside it), a replicated model, a speech model (Qwen3-TTS or OmniVoice, in process).
+"""Starting the engines the router's local backends wrap, with their start-up lines: an LLM engine (its engine-core
+child process and the tokenizer beside it), a replicated model, a speech model (Qwen3-TTS or OmniVoice, in
+process), the model repository's server. The API layer names none of them: ``strata serve`` asks
+``load_local_model`` / ``start_model_server`` and hands the results to the backends.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rich.console import Console
 
 from strataserve.config import EngineConfig
 from strataserve.models.omnivoice.config import is_omnivoice_dir
+from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir
+from strataserve.router.local_replicas import ReplicatedEngine, start_replicas
 from strataserve.startup import format_phases, process_age
+from strataserve.types.errors import EngineStartupError
 
 if TYPE_CHECKING:
-    from strataserve.api.server import LocalLLMSpec
+    from prometheus_client import CollectorRegistry
 
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
@@ -70,14 +75,12 @@ def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float
     return engine
 
 
-def load_speech(spec: LocalLLMSpec, console: Console) -> Any:
+def load_speech(name: str, cfg: EngineConfig, console: Console) -> Any:
     """An in-process ``AsyncTTS`` (its engine core runs on a thread) for a Qwen3-TTS checkpoint folder, or an
     ``AsyncOmniVoice`` (its batching scheduler runs on a thread) for an OmniVoice folder."""
     from strataserve.engine.async_tts import AsyncTTS
-    from strataserve.engine.mp_client import EngineStartupError
     from strataserve.engine.omnivoice_tts import AsyncOmniVoice
 
-    cfg, name = spec.engine, spec.name
     if is_omnivoice_dir(cfg.model.model):
         with console.status(f"[bold]Loading speech model[/] {cfg.model.model}…"):
             try:
@@ -97,3 +100,55 @@ def load_speech(spec: LocalLLMSpec, console: Console) -> Any:
                                             kv_cache_memory_gib=cfg.cache.kv_cache_memory_gib, name=name)
         except ValueError as exc:  # named checkpoint errors: the CLI reports them as a failed start
             raise EngineStartupError(str(exc)) from None
+
+
+def is_speech_dir(path: str) -> bool:
+    """A speech checkpoint (served in process by ``load_speech``) rather than an LLM."""
+    return is_qwen3_tts_dir(path) or is_omnivoice_dir(path)
+
+
+def is_in_process_speech(engine: Any) -> bool:
+    """Whether ``engine`` came from ``load_speech`` (no engine process to supervise)."""
+    from strataserve.engine.async_tts import AsyncTTS
+    from strataserve.engine.omnivoice_tts import AsyncOmniVoice
+
+    return isinstance(engine, (AsyncTTS, AsyncOmniVoice))
+
+
+def load_replicas(name: str, config: EngineConfig, console: Console, *, replicas: int, placement: str,
+                  ray_address: str | None, num_gpus_per_replica: float | None, startup_timeout_s: float | None,
+                  affinity_chars: int, affinity_slack: float) -> ReplicatedEngine:
+    """The model's replicas (engine processes on this host, or Ray actors), started together."""
+    where = "Ray actors" if placement == "ray" else "engine processes"
+    with console.status(f"[bold]Loading model[/] [bold]{name}[/] {config.model.model} ({replicas} {where})…"):
+        try:
+            engine = start_replicas(name, config, count=replicas, placement=placement, ray_address=ray_address,
+                                    num_gpus_per_replica=num_gpus_per_replica, startup_timeout_s=startup_timeout_s,
+                                    affinity_chars=affinity_chars, slack=affinity_slack)
+        except (ValueError, ConnectionError) as exc:  # GPUs short, or no Ray cluster at ray_address
+            raise EngineStartupError(str(exc)) from None
+    plan = engine.launcher.plan if engine.launcher is not None else None
+    gpus = f", {plan.num_gpus:g} GPU(s) each" if plan is not None and plan.num_gpus else ""
+    console.print(f"[green]✓[/] model [bold]{name}[/] loaded: {replicas} replicas as {where}{gpus}; "
+                  f"max_model_len {engine.max_model_len}")
+    return engine
+
+
+def adopt_early_client(started: dict, config: EngineConfig) -> Any:
+    """The engine process ``strata serve`` spawned before its imports for this config, if any (removed from
+    ``started``)."""
+    from strataserve.engine.mp_client import process_key
+
+    return started.pop(process_key(config), None)
+
+
+async def start_model_server(path: str, control_mode: str, registry: CollectorRegistry,
+                             load_models: Sequence[str], console: Console) -> Any:
+    """The model repository's server (the KServe tensor backend), started."""
+    from strataserve.modelserver.server import ModelServer
+
+    with console.status(f"[bold]Loading model repository[/] {path}…"):
+        model_server = ModelServer(path, control_mode=control_mode, registry=registry, load_models=list(load_models))
+        await model_server.start()
+    console.print(f"[green]✓[/] model repository {path} (control mode {control_mode})")
+    return model_server

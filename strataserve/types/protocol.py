@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
-from strataserve.engine.outputs import TokenLogprobs  # noqa: F401  (re-exported for encoders)
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.outputs import TokenLogprobs  # noqa: F401  (re-exported for encoders)
+from strataserve.types.sampling import SamplingParams
 
 
 class EngineCoreRequest(msgspec.Struct, kw_only=True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from strataserve.engine.sampling_params import SamplingParams
+from strataserve.types.sampling import SamplingParams
 
 
 # ----------------------------------------------------------------------------- scheduler -> runner

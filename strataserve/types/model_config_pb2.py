@@ -28,7 +28,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*strataserve/model
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'strataserve.modelserver.model_config_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'strataserve.types.model_config_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELDYNAMICBATCHING_PRIORITYQUEUEPOLICYENTRY']._loaded_options = None

@@ -1,0 +1,48 @@
+"""Output constraints as grammars: a ``GuidedDecodingParams`` compiled to an xgrammar ``Grammar``.
+
+Neutral ground: the API checks a request's constraint at the door with it (a bad schema is a 400 naming the field)
+and the engine builds its matchers from the same grammars (``engine/structured_output.py``).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from strataserve.types.sampling import GuidedDecodingParams
+
+
+def load_xgrammar() -> Any:
+    try:
+        import xgrammar
+    except ImportError as exc:  # an optional extra: say how to get it
+        raise ValueError(f"structured outputs need xgrammar ({exc}): pip install 'strataserve[structured]'") from None
+    return xgrammar
+
+
+def choice_grammar(choices: Sequence[str]) -> str:
+    """EBNF accepting exactly one of ``choices`` (JSON string escapes are valid EBNF literal escapes)."""
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+def build_grammar(spec: GuidedDecodingParams) -> Any:
+    """The xgrammar ``Grammar`` of a spec (no tokenizer needed). Raises ValueError saying what is wrong with it."""
+    xgr = load_xgrammar()
+    kind = spec.kind
+    try:
+        if kind == "json":
+            return xgr.Grammar.from_json_schema(spec.json, any_whitespace=False)
+        if kind == "json_object":
+            return xgr.Grammar.builtin_json_grammar()
+        if kind == "regex":
+            return xgr.Grammar.from_regex(spec.regex)
+        if kind == "choice":
+            return xgr.Grammar.from_ebnf(choice_grammar(spec.choice or []))
+        return xgr.Grammar.from_ebnf(spec.grammar)
+    except Exception as exc:  # xgrammar raises RuntimeError / InvalidJSONError for bad input
+        raise ValueError(f"invalid guided decoding {kind}: {str(exc).strip().splitlines()[0][:300]}") from None
+
+
+def check_guided(spec: GuidedDecodingParams | None) -> None:
+    """Validate a spec at the edge (API process / offline front end) so a bad schema is a 400, not a core error."""
+    if spec is not None:
+        build_grammar(spec)
