@@ -6,6 +6,7 @@ and the engine builds its matchers from the same grammars (``engine/structured_o
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from typing import Any, Sequence
 
 from strataserve.types.sampling import GuidedDecodingParams
@@ -43,6 +44,19 @@ def build_grammar(spec: GuidedDecodingParams) -> Any:
 
 
 def check_guided(spec: GuidedDecodingParams | None) -> None:
-    """Validate a spec at the edge (API process / offline front end) so a bad schema is a 400, not a core error."""
-    if spec is not None:
-        build_grammar(spec)
+    """Validate a spec at the edge (API process / offline front end) so a bad schema is a 400, not a core error.
+    A spec already found valid is not compiled again (the API checks it, then its engine front end does)."""
+    if spec is None:
+        return
+    key = json.dumps([spec.kind, spec.json, spec.regex, spec.choice, spec.grammar], sort_keys=True, default=str)
+    if key in _VALID:
+        _VALID.move_to_end(key)
+        return
+    build_grammar(spec)
+    _VALID[key] = None
+    if len(_VALID) > _VALID_MAX:
+        _VALID.popitem(last=False)
+
+
+_VALID: OrderedDict[str, None] = OrderedDict()  # recently validated specs (LRU); only valid ones are kept
+_VALID_MAX = 256

@@ -169,3 +169,20 @@ def test_grammars_compile_once_per_spec(ckpt):
     b = mgr.compile(GuidedDecodingParams(json=json.dumps(SCHEMA)))  # same schema given as text
     c = mgr.compile(GuidedDecodingParams(regex=REGEX))
     assert a is b and c is not a
+
+
+def test_check_guided_compiles_a_valid_spec_once_and_always_rejects_a_bad_one(monkeypatch):
+    from strataserve import grammar
+
+    calls = []
+    real = grammar.build_grammar
+    monkeypatch.setattr(grammar, "build_grammar", lambda spec: calls.append(spec) or real(spec))
+    good = GuidedDecodingParams(regex="[a-z]{3} unique-to-this-test")
+    grammar.check_guided(good)
+    grammar.check_guided(GuidedDecodingParams(regex="[a-z]{3} unique-to-this-test"))  # equal spec: cached
+    assert len(calls) == 1
+    bad = GuidedDecodingParams(json={"type": "nonsense-type"})
+    for _ in range(2):  # an invalid spec is never cached: each request gets its 400
+        with pytest.raises(ValueError, match="invalid guided decoding json"):
+            grammar.check_guided(bad)
+    assert len(calls) == 3
