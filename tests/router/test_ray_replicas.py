@@ -120,8 +120,8 @@ def test_killing_an_actor_fails_its_stream_and_a_replacement_comes_up(server):
         for _ in stream:
             pass
     # the other replica answers at once, and /health reports the model degraded while the replacement loads
-    r = client.completions.create(model="demo", prompt="Hello", max_tokens=4)
-    assert r.choices[0].finish_reason == "length"
+    r = client.completions.create(model="demo", prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
     health = httpx.get(server.url + "/health", timeout=10)
     assert health.status_code == 200 and health.json() == {"status": "degraded",
                                                            "models": {"demo": "degraded", "local": "serving"}}
@@ -130,7 +130,7 @@ def test_killing_an_actor_fails_its_stream_and_a_replacement_comes_up(server):
     assert victim["actor"] not in names and other["actor"] in names
     metrics = httpx.get(server.url + "/metrics").text
     assert 'strata:engine_restarts_total{model_name="demo"} 1.0' in metrics
-    r = client.completions.create(model="demo", prompt="Hello again", max_tokens=4)
+    r = client.completions.create(model="demo", prompt="Hello again", max_tokens=4, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 4
 
 
