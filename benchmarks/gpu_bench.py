@@ -123,8 +123,9 @@ def bench_throughput(modes, n: int = 256, profile: bool = False, label: str = "t
             # "<mode>-r5": the run-6 GPU switches off (separate rotary/norm/store kernels, no GEMV tuning, no
             # in-graph argmax), i.e. the code path of run 5: the "before" of run 6 in the same process
             sync = mode.endswith("-sync")
-            base = mode.removesuffix("-sync").removesuffix("-r5")
-            with run6_features(not mode.removesuffix("-sync").endswith("-r5")):
+            variant = mode.removesuffix("-sync")
+            base = variant.removesuffix("-r5").removesuffix("-r6")
+            with run6_features(not variant.endswith("-r5")), split_target(mb.split_target(variant)):
                 eng, t_ready = make_engine(str(path), base, "bfloat16", max_num_seqs=256,
                                            max_num_batched_tokens=16384, max_model_len=2048,
                                            async_scheduling=False if sync else None)
@@ -169,6 +170,18 @@ def run6_features(on: bool):
     finally:
         for n, v in saved.items():
             setattr(envs, n, v)
+
+
+@contextlib.contextmanager
+def split_target(target: int):
+    """``STRATA_DECODE_SPLIT_TARGET`` for engines built inside the block (run 8; 0: run 6's decode launch)."""
+    from strataserve import envs
+    saved = envs.STRATA_DECODE_SPLIT_TARGET
+    envs.STRATA_DECODE_SPLIT_TARGET = target
+    try:
+        yield
+    finally:
+        envs.STRATA_DECODE_SPLIT_TARGET = saved
 
 
 def profile_throughput(n: int = 256) -> None:
@@ -268,7 +281,20 @@ def main() -> None:
                                                             "hybrid-r5", "hybrid"])),
             ("decode64-rounds", lambda: bench_decode(bw, 64, ["hybrid-r5", "hybrid", "hybrid", "hybrid-r5",
                                                               "hybrid-r5", "hybrid"])),
-            ("sweeps6", lambda: [emit("kernel_sweep", **r) for r in sweeps6(bw)])]
+            ("sweeps6", lambda: [emit("kernel_sweep", **r) for r in sweeps6(bw)]),
+            # run 8: adaptive per-row decode splits; r5 / r6 / new (hybrid) in the same process, rotating order
+            ("sweeps8", lambda: [emit("kernel_sweep", **r) for r in _sweeps8(bw)]),
+            ("decode1-r8", lambda: bench_decode(bw, 1, R8_ORDER)),
+            ("decode64-r8", lambda: bench_decode(bw, 64, R8_ORDER)),
+            ("decode64-targets", lambda: bench_decode(bw, 64, ["hybrid-t1", "hybrid-t2", "hybrid-t4", "hybrid-t8"])),
+            ("throughput-r8", lambda: (bench_throughput(["hybrid-r5", "hybrid-r6", "hybrid"],
+                                                        label="throughput_warmup"),
+                                       bench_throughput(R8_ORDER))),
+            # 8b: run 6's path (the default before) against the new one only, three rounds alternating
+            ("decode1-r8b", lambda: bench_decode(bw, 1, ["hybrid-r6", "hybrid", "hybrid", "hybrid-r6"])),
+            ("throughput-r8b", lambda: (bench_throughput(["hybrid-r6"], label="throughput_warmup"),
+                                        bench_throughput(["hybrid-r6", "hybrid", "hybrid", "hybrid-r6", "hybrid-r6",
+                                                          "hybrid"])))]
     only = list(filter(None, args.only.split(",")))
     if only:  # in the order given
         unknown = set(only) - {name for name, _ in plan}
@@ -288,6 +314,16 @@ def main() -> None:
                 "graph_capture_s", "kernel", "triton_frac_copy_bw", "torch_frac_copy_bw", "triton_TFLOPs",
                 "torch_TFLOPs", "what", "error", "copy_TBps", "bf16_gemm_TFLOPs")
         print(" ".join(f"{k}={r[k]}" for k in keys if r.get(k) is not None))
+
+
+# three rounds, each mode first once: r5 = run 5's path, r6 = run 6's (the default before run 8), hybrid = now
+R8_ORDER = ["hybrid-r5", "hybrid-r6", "hybrid", "hybrid", "hybrid-r5", "hybrid-r6", "hybrid-r6", "hybrid",
+            "hybrid-r5"]
+
+
+def _sweeps8(bw: float) -> list[dict]:
+    import gpu_sweeps8
+    return gpu_sweeps8.decode_sweep8(bw)
 
 
 def _matmul_only(cfg, batch: int, bw: float) -> None:

@@ -10,6 +10,7 @@ drive ``DecoderModel`` directly so the figure is the model step without schedule
 """
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -52,6 +53,7 @@ def _sync() -> None:
 
 
 def _empty_cache() -> None:
+    gc.collect()  # a captured graph's runner refers back to its setup (a cycle): free the 16 GB model now
     if DEV == "cuda":
         torch.cuda.empty_cache()
 
@@ -61,11 +63,28 @@ def make_ops(mode: str, cfg: DecoderConfig):
     batch-1 matmul (run 2 of docs/gpu_notes.md), and "hybrid-r5": hybrid as of run 5 (rotary, q/k norm and KV
     store as separate kernels, run 5's decode-attention launch, cuBLAS for every matmul: the "before" of run 6). "hybrid" itself tunes the GEMV
     choice per shape in ``_Setup``, as the runner does at start-up."""
-    if mode in ("triton", "hybrid", "hybrid-gemv", "hybrid-r5"):
+    if mode in ("triton", "hybrid-gemv") or is_hybrid(mode):
         r5 = mode == "hybrid-r5"
-        return TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, long_first=not r5),
+        return TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, long_first=not r5,
+                                         split_target=split_target(mode)),
                          use_gemv=mode == "hybrid-gemv", fused_rope_kv=not r5)
     return TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+
+
+def is_hybrid(mode: str) -> bool:
+    """"hybrid" and its variants that tune the GEMV: "-r5"/"-r6" (run 5's / run 6's path), "-tN" (adaptive decode
+    splits aiming at N programs per SM)."""
+    return mode in ("hybrid", "hybrid-r5", "hybrid-r6") or mode.startswith("hybrid-t")
+
+
+def split_target(mode: str) -> int:
+    """The decode-attention ``split_target`` of a mode (run 8): 0 for run 5's and run 6's paths, N for "-tN"."""
+    if mode in ("hybrid-r5", "hybrid-r6"):
+        return 0
+    if mode.startswith("hybrid-t"):
+        return int(mode.removeprefix("hybrid-t"))
+    from strataserve import envs
+    return envs.STRATA_DECODE_SPLIT_TARGET
 
 
 def step_bytes(cfg: DecoderConfig, model: torch.nn.Module, batch: int, mean_ctx: float) -> float:
@@ -100,10 +119,10 @@ class _Setup:
         self.block_size = block_size
         self.graphs = None
         self.gemv_choices = []
-        if mode == "hybrid" and DEV == "cuda":
+        if is_hybrid(mode) and mode != "hybrid-r5" and DEV == "cuda":
             self.gemv_choices = tune_gemv(one_row_weights(self.model))
             self.model.ops.gemv_plan = {c.shape: c.config for c in self.gemv_choices if c.config is not None}
-        if mode in ("graph", "hybrid", "hybrid-gemv", "hybrid-r5"):
+        if mode in ("graph", "hybrid-gemv") or is_hybrid(mode):
             pad = -1 if mode.startswith("hybrid") else (num_blocks - 1) * block_size
             self.graphs = CudaGraphDecoder(self._step, max_bs_graph or batch, self.bps, dev, pad_slot=pad)
 

@@ -19,6 +19,12 @@ STRATA_FUSED_ROPE_KV: bool = os.environ.get("STRATA_FUSED_ROPE_KV", "1") != "0"
 STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
 #: decode attention launches the longest rows first, with ~16 programs per SM (more KV splits) instead of ~2.
 STRATA_DECODE_LONG_FIRST: bool = os.environ.get("STRATA_DECODE_LONG_FIRST", "1") != "0"
+#: decode attention chooses each row's KV split count in the kernel from its own length against the step's total,
+#: aiming at this many programs per SM, and combines the splits in the kernel (no reduce launch); "0": the split
+#: count is fixed per batch size (run 6's launch). Issue 12, docs/gpu_notes.md run 8.
+STRATA_DECODE_SPLIT_TARGET: int = int(os.environ.get("STRATA_DECODE_SPLIT_TARGET", "6"))
+if STRATA_DECODE_SPLIT_TARGET < 0:
+    raise ValueError(f"STRATA_DECODE_SPLIT_TARGET={STRATA_DECODE_SPLIT_TARGET}: use 0 (off) or a positive count")
 #: greedy argmax inside the captured decode graph (all-greedy steps skip the logits gather and the sampler).
 STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
 #: tensor parallelism on CUDA: "symm_mem" sums small activations (decode steps) with PyTorch's one-shot

@@ -8,7 +8,8 @@ wrapper that validates shapes/strides/dtypes (ValueError saying what to change) 
 - ``kv_cache``: ``store_kv`` (paged cache write through a slot mapping; slot < 0 = skip)
 - ``kv_quant``: fp8 / int8 KV storage with per-head scales (quantise on store, convert + fold scales on load);
   ``kv_quant_ref`` its PyTorch side (no triton: the CPU attention path uses it)
-- ``decode_attention``: ``paged_decode_attention`` (split-KV flash-decoding, GQA-packed, + reduce kernel)
+- ``decode_attention``: ``paged_decode_attention`` (split-KV flash-decoding, GQA-packed, + reduce kernel; or
+  per-row split counts chosen in the kernel, combined by the last split program)
 - ``prefill_attention``: ``prefill_attention`` (varlen causal over block tables, cached prefixes)
 - ``gemv``: ``gemv`` (one-row matmul, optional split-K; used per weight shape where it beat cuBLAS at start-up)
 

@@ -18,6 +18,16 @@ so one long sequence still fills the GPU. The G query heads sharing one KV head 
 program's tile (padded to 16 rows for the tensor cores), so each K/V row is read once per KV head, not G times.
 A sequence with L_b = 0 (padding in a CUDA-graph batch) yields zeros. ``num_splits`` is a launch parameter, not
 derived from L_b on the host, so a captured graph replays correctly for any context length.
+
+Adaptive splits (``split_target``, for launches of at least one program per SM): ``num_splits`` is then only the
+grid's upper bound. Every program reads all B context lengths and sets the step's chunk length
+c = max(Hkv * sum_b L_b / slots, BLOCK_N), slots = SMs x target; a row longer than the mean uses
+n_b = min(num_splits, ceil(L_b / c)) splits, any other row one. So equal rows never split (run 8: splitting 64
+rows of 576 tokens in two cost 17%), while the long rows of a mixed batch are cut to about the machine's fair
+share. A split row's partials are combined by the last of its programs to finish (an atomic ticket per
+(row, kv head), reset by that program), so there is no reduce launch. The grid is fixed per batch size, so CUDA
+graphs stay valid. Smaller launches (batch 1) keep the fixed split count and the reduce kernel: there the
+in-kernel combine's fence, ticket and reload cost ~3 us more than the reduce launch (run 8 sweep).
 An fp8/int8 cache (``kv_quant.py``) is converted to q's dtype on load, its per-head K scale folded into
 ``scale`` and its V scale into the output.
 """
@@ -33,11 +43,12 @@ from strataserve.kernels.kv_quant import dequantize_ref
 
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr, ks_ptr, vs_ptr,
-                         q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh,
-                         scale, G, D, block_size,
+def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr, o_ptr, sem_ptr, ks_ptr, vs_ptr,
+                         q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh, o_sb, o_sh,
+                         scale, G, D, block_size, slots,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                         IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr):
+                         IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr,
+                         ADAPTIVE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     if REVERSE:  # the GPU starts programs in id order: with rows sorted by length, the longest go first
         b = tl.num_programs(0) - 1 - b
@@ -45,6 +56,15 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     ctx = tl.load(ctx_ptr + b)
+    if ADAPTIVE:  # this row's split count from its length against the whole step's (module docstring)
+        offs_b = tl.arange(0, BLOCK_B)
+        total = tl.sum(tl.load(ctx_ptr + offs_b, mask=offs_b < tl.num_programs(0), other=0).to(tl.int64))
+        chunk = tl.maximum(tl.cdiv(total * tl.num_programs(1), slots), BLOCK_N)
+        chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
+        longer = ctx * tl.num_programs(0) > total  # than the mean: only those split
+        num_splits = tl.where(longer, tl.minimum(tl.maximum(tl.cdiv(ctx, chunk), 1), num_splits), 1).to(tl.int32)
+        if split >= num_splits:
+            return
     split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, ctx)
@@ -85,11 +105,50 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
     nonempty = l_i > 0
     out = acc * (v_scale / tl.where(nonempty, l_i, 1.0))[:, None]
     lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-    # DIRECT (one split): po_ptr is the final output, so no partials and no reduce kernel
-    tl.store(po_ptr + b * po_sb + heads[:, None] * po_sh + split * po_ss + offs_d[None, :],
-             out.to(po_ptr.dtype.element_ty), mask=hmask[:, None] & dmask[None, :])
-    if not DIRECT:
-        tl.store(pl_ptr + b * pl_sb + heads * pl_sh + split, lse, mask=hmask)
+    hd_mask = hmask[:, None] & dmask[None, :]
+    if ADAPTIVE:
+        if num_splits == 1:  # the row is not split: its final output, no partials
+            tl.store(o_ptr + b * o_sb + heads[:, None] * o_sh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                     mask=hd_mask)
+        else:
+            _store_partial_and_combine(out, lse, po_ptr, pl_ptr, o_ptr, sem_ptr + b * tl.num_programs(1) + kvh,
+                                       b, heads, offs_d, hmask, hd_mask, split, num_splits, po_sb, po_sh, po_ss,
+                                       pl_sb, pl_sh, o_sb, o_sh, BLOCK_H, BLOCK_D, BLOCK_S)
+    else:
+        # DIRECT (one split): po_ptr is the final output, so no partials and no reduce kernel
+        tl.store(po_ptr + b * po_sb + heads[:, None] * po_sh + split * po_ss + offs_d[None, :],
+                 out.to(po_ptr.dtype.element_ty), mask=hd_mask)
+        if not DIRECT:
+            tl.store(pl_ptr + b * pl_sb + heads * pl_sh + split, lse, mask=hmask)
+
+
+@triton.jit
+def _store_partial_and_combine(out, lse, po_ptr, pl_ptr, o_ptr, sem, b, heads, offs_d, hmask, hd_mask, split,
+                               num_splits, po_sb, po_sh, po_ss, pl_sb, pl_sh, o_sb, o_sh,
+                               BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Write this split's partial; the row's last program to arrive combines all ``num_splits`` of them."""
+    po = po_ptr + b * po_sb + heads[:, None] * po_sh + offs_d[None, :]
+    pl = pl_ptr + b * pl_sb + heads * pl_sh
+    tl.store(po + split * po_ss, out, mask=hd_mask)
+    tl.store(pl + split, lse, mask=hmask)
+    # every thread's stores before the ticket; acq_rel: the last program then sees all of them
+    tl.debug_barrier()
+    ticket = tl.atomic_add(sem, 1, sem="acq_rel")
+    if ticket == num_splits - 1:
+        tl.atomic_xchg(sem, 0)  # ready for the next launch (a graph replay reuses the counters)
+        offs_s = tl.arange(0, BLOCK_S)
+        lses = tl.load(pl[:, None] + offs_s[None, :], mask=hmask[:, None] & (offs_s[None, :] < num_splits),
+                       other=float("-inf"), cache_modifier=".cg")  # .cg: from L2, never a stale L1 line
+        m = tl.max(lses, axis=1)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        total = tl.sum(tl.exp(lses - m[:, None]), axis=1)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        for s in range(0, num_splits):
+            w = tl.exp(tl.load(pl + s, mask=hmask, other=float("-inf"), cache_modifier=".cg") - m)
+            acc += w[:, None] * tl.load(po + s * po_ss, mask=hd_mask, other=0.0, cache_modifier=".cg")
+        res = acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(o_ptr + b * o_sb + heads[:, None] * o_sh + offs_d[None, :], res.to(o_ptr.dtype.element_ty),
+                 mask=hd_mask)
 
 
 @triton.jit
@@ -126,13 +185,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            num_splits: int | None = None, out: torch.Tensor | None = None,
                            block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
                            reverse: bool = True, k_scale: torch.Tensor | None = None,
-                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                           v_scale: torch.Tensor | None = None, split_target: int = 0, num_sms: int = 132,
+                           semaphores: torch.Tensor | None = None) -> torch.Tensor:
     """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B];
     ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache.
 
     Returns ``out`` [B, Hq, D] in q's dtype. ``reverse``: launch the rows last to first. The runner sorts decode
     rows by ascending context length, so this starts the longest sequences first and the short ones fill the
     tail (longest-processing-time-first), instead of the longest programs starting last and running alone.
+    ``split_target`` > 0: adaptive splits (module docstring) aiming at that many programs per SM (of ``num_sms``),
+    ``num_splits`` being the most any row takes, when B * Hkv >= ``num_sms``; ``semaphores``: int32 zeros,
+    >= B * Hkv, which the kernel leaves zeroed (a caller that keeps one buffer saves a memset per launch; None
+    allocates one).
     """
     quant = check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]", k_scale, v_scale)
     B, Hq, D = q.shape
@@ -151,8 +215,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     G = Hq // Hkv
     splits = num_splits or default_num_splits(B, Hkv)
+    check(split_target >= 0 and num_sms > 0, f"split_target {split_target} / num_sms {num_sms}: must be >= 0 / > 0")
     block_d = max(16, next_pow2(D))
     direct = splits == 1
+    adaptive = split_target > 0 and not direct and B * Hkv >= num_sms
+    if semaphores is not None:
+        check(semaphores.dtype == torch.int32 and semaphores.numel() >= B * Hkv and semaphores.is_contiguous(),
+              f"semaphores: need contiguous int32 zeros with >= {B * Hkv} elements")
+    sems = q  # unused unless adaptive
+    if adaptive:
+        sems = semaphores if semaphores is not None else torch.zeros(B * Hkv, dtype=torch.int32, device=q.device)
     if direct:
         partial, lse = out, out  # lse is never written in DIRECT mode
         po_strides, pl_strides = (out.stride(0), out.stride(1), 0), (0, 0)
@@ -161,13 +233,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
         po_strides, pl_strides = partial.stride()[:3], lse.stride()[:2]
     _paged_decode_kernel[(B, Hkv, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, partial, lse, k_scale if quant else q,
+        q, k_cache, v_cache, block_tables, context_lens, partial, lse, out, sems, k_scale if quant else q,
         v_scale if quant else q,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        *po_strides, *pl_strides, scale, G, D, block_size,
+        *po_strides, *pl_strides, out.stride(0), out.stride(1), scale, G, D, block_size,
+        max(1, split_target * num_sms),
         BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
-        DIRECT=direct, REVERSE=reverse, QUANT=quant, num_warps=num_warps, num_stages=num_stages)
-    if direct:
+        DIRECT=direct, REVERSE=reverse, QUANT=quant, ADAPTIVE=adaptive, BLOCK_B=next_pow2(B) if adaptive else 1,
+        BLOCK_S=max(2, next_pow2(splits)), num_warps=num_warps, num_stages=num_stages)
+    if direct or adaptive:
         return out
     _paged_decode_reduce_kernel[(B, Hq)](
         partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),

@@ -45,6 +45,7 @@ def select_ops(mode: str, cfg: DecoderConfig, device: torch.device, max_num_seqs
     except ImportError as exc:
         raise ValueError(f"runner mode {mode!r} needs triton ({exc}); install triton or use mode='eager'") from None
     ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                    long_first=envs.STRATA_DECODE_LONG_FIRST),
+                                    long_first=envs.STRATA_DECODE_LONG_FIRST,
+                                    split_target=envs.STRATA_DECODE_SPLIT_TARGET),
                     fused_rope_kv=envs.STRATA_FUSED_ROPE_KV)
     return ExecutionPlan(mode, ops, mode == "hybrid")

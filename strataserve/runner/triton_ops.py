@@ -20,14 +20,36 @@ from strataserve.runner.attention import AttentionMetadata, TorchAttention
 from strataserve.runner.ops import unfused_attend
 
 
+# Adaptive decode splits (run 8, docs/gpu_notes.md) pay between one and four programs per SM: 64 rows of 576
+# tokens run unsplit (+5.6% per 8B step over run 6's five splits) and 60 mixed rows match run 6; from ~1,400
+# programs up, run 6's fixed two splits beat them on mixed lengths (1-4% in the kernel sweep), below one program
+# per SM (batch 1) the reduce launch is cheaper than the in-kernel combine. The grid allows >= 4 splits.
+ADAPTIVE_MIN_CAP = 4
+ADAPTIVE_MAX_PROGRAMS_PER_SM = 4
+
+
+def decode_launch(rows: int, kv_heads: int, num_sms: int, programs_per_sm: int, split_target: int) -> tuple[int, int]:
+    """(num_splits, split_target) of the decode-attention launch for ``rows`` decode rows: fixed per batch size,
+    so a CUDA graph captured for that size stays valid; split_target 0 = the fixed split count of run 6."""
+    splits = default_num_splits(rows, kv_heads, num_sms, programs_per_sm=programs_per_sm)
+    if split_target and num_sms <= rows * kv_heads <= ADAPTIVE_MAX_PROGRAMS_PER_SM * num_sms:
+        return max(splits, ADAPTIVE_MIN_CAP), split_target
+    return splits, 0
+
+
 class TritonAttention:
     """Paged attention with Triton kernels: KV store, split-KV decode, prefill over cached prefixes."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, num_sms: int | None = None,
-                 long_first: bool = True) -> None:
+                 long_first: bool = True, split_target: int = 0) -> None:
         """``long_first`` (default): decode rows launch longest first with ~16 programs per SM (more splits);
-        off: run 5's launch (rows in order, ~2 programs per SM), the benchmarks' "before"."""
+        off: run 5's launch (rows in order, ~2 programs per SM), the benchmarks' "before". ``split_target`` > 0:
+        for batch sizes of one to four programs per SM (``decode_launch``), each row's split count is chosen in
+        the kernel from its length against the step's (equal rows run unsplit), aiming at that many programs per
+        SM, with the split reduce inside the kernel (``kernels/decode_attention.py``)."""
         self.reverse, self.programs_per_sm = (True, 16) if long_first else (False, 2)
+        self.split_target = split_target
+        self._semaphores: torch.Tensor | None = None  # the adaptive kernel's tickets, left zeroed by every launch
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -58,6 +80,14 @@ class TritonAttention:
             return {}
         return {"k_scale": self.kv_scales[layer_idx, 0], "v_scale": self.kv_scales[layer_idx, 1]}
 
+    def _tickets(self, n: int, device: torch.device) -> torch.Tensor | None:
+        if not self.split_target:
+            return None
+        if self._semaphores is None or self._semaphores.numel() < n or self._semaphores.device != device:
+            # allocated once for the largest batch seen (first use is warm-up / the largest graph bucket)
+            self._semaphores = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        return self._semaphores
+
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata | None, kv_stored: bool = False) -> torch.Tensor:
         """``kv_stored``: this step's k/v are already in their slots (``rotary_store_kv`` wrote them)."""
@@ -73,9 +103,11 @@ class TritonAttention:
         out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
         nd = meta.num_decode_tokens
         if nd:
-            splits = default_num_splits(nd, hkv, self.num_sms, programs_per_sm=self.programs_per_sm)
+            splits, target = decode_launch(nd, hkv, self.num_sms, self.programs_per_sm, self.split_target)
             paged_decode_attention(q3[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                   self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse, **sc)
+                                   self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse,
+                                   split_target=target, num_sms=self.num_sms,
+                                   semaphores=self._tickets(nd * hkv, q.device) if target else None, **sc)
         if meta.prefills:
             qsl = meta.prefill_query_start_loc
             seq_lens = meta.prefill_context_lens + (qsl[1:] - qsl[:-1])

@@ -43,6 +43,33 @@ def test_paged_decode(device, dtype, lens, Hq, Hkv, D, bs, splits, reverse):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lens,Hkv,splits,sms,target", [
+    ([5, 123, 1, 40, 0], 2, 4, 2, 4),       # chunk 48: 123 splits in 3; 40 (longer than the mean) in 1; padding row
+    ([9, 17, 20, 300], 1, 5, 1, 4),         # only the long row splits (chunk 96: 4 of its 5 splits), others direct
+    ([33, 40, 47], 2, 3, 1, 1),              # chunk >= every row: no row splits, all written directly
+    ([40, 40, 40], 2, 3, 1, 8),              # equal rows never split, however small the chunk (32)
+    ([200, 3], 2, 4, 64, 4),                 # fewer programs (4) than SMs: the fixed split count + reduce kernel
+])
+def test_paged_decode_adaptive_splits(device, dtype, lens, Hkv, splits, sms, target):
+    """Per-row split counts chosen in the kernel, combined by the last split program (no reduce launch); the
+    semaphores it uses are left zeroed, so a second launch over the same buffer (a graph replay) is right too."""
+    Hq, D, bs = 4 * Hkv, 32, 16
+    kc, vc, tables = _paged_cache(device, dtype, lens, Hkv, D, bs)
+    q = torch.randn(len(lens), Hq, D, device=device, dtype=dtype)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=device)
+    sems = torch.zeros(len(lens) * Hkv + 3, dtype=torch.int32, device=device)
+    exp = paged_decode_attention_ref(q, kc, vc, tables, ctx, 0.3)
+    for _ in range(2):
+        out = paged_decode_attention(q, kc, vc, tables, ctx, 0.3, num_splits=splits, block_n=16, split_target=target,
+                                     num_sms=sms, semaphores=sems)
+        assert_close(out, exp, ATTN_TOL[dtype], "adaptive decode")
+        assert int(sems.abs().sum()) == 0, "semaphores not reset"
+    with pytest.raises(ValueError, match="semaphores"):
+        paged_decode_attention(q, kc, vc, tables, ctx, 0.3, num_splits=splits, split_target=target,
+                               semaphores=sems[:1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("q_lens,prefix,Hq,Hkv,D,bs", [
     ([5, 37], [0, 0], 4, 2, 32, 16),            # plain prefill, two segments
     ([9, 1, 20], [16, 40, 3], 2, 1, 64, 8),      # cached prefixes (block-aligned and not), a 1-token chunk

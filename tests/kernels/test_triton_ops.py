@@ -15,7 +15,8 @@ from strataserve.runner.attention import AttentionMetadata, PrefillSegment, Torc
 from strataserve.runner.cuda_graph import decode_metadata, graph_batch_sizes
 from strataserve.runner.gemv_tuning import one_row_weights
 from strataserve.runner.ops import TorchOps
-from strataserve.runner.triton_ops import TritonAttention, TritonOps
+from strataserve.kernels.decode_attention import default_num_splits
+from strataserve.runner.triton_ops import ADAPTIVE_MIN_CAP, TritonAttention, TritonOps, decode_launch
 
 from ._helpers import assert_close
 
@@ -73,8 +74,9 @@ _SPLIT_K = GemvConfig(block_n=8, block_k=32, split_k=2)
 
 
 @pytest.mark.parametrize("cfg,variant", [(_cfg(), "fused"), (_cfg(num_kv_heads=1, qk_norm=True, head_dim=32), "fused"),
-                                         (_cfg(num_kv_heads=1, qk_norm=True, head_dim=32), "unfused")],
-                         ids=["llama3", "qwen3", "qwen3-unfused-run5"])
+                                         (_cfg(num_kv_heads=1, qk_norm=True, head_dim=32), "unfused"),
+                                         (_cfg(), "adaptive")],
+                         ids=["llama3", "qwen3", "qwen3-unfused-run5", "llama3-adaptive-splits"])
 def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant):
     """fused: (q/k norm +) rotary + KV store in one kernel, the batch-1 step's matmuls through a split-K GEMV plan
     (as the start-up tuning would install) and the default GEMV; unfused: the run-5 sequence of kernels."""
@@ -82,10 +84,11 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant):
     models, caches = {}, {}
     plan = {(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size): _SPLIT_K, (cfg.hidden_size, cfg.q_size): _SPLIT_K}
     # num_sms=1 keeps the interpreter's program count small: 4 splits per decode row (fused), 1 (run-5 launch)
+    # adaptive: 1 SM, so every decode step here (2-4 programs) takes the in-kernel split choice (decode_launch)
+    fused = variant != "unfused"
     triton_ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, num_sms=1,
-                                           long_first=variant == "fused"),
-                           use_gemv=True, gemv_plan=plan if variant == "fused" else None,
-                           fused_rope_kv=variant == "fused")
+                                           long_first=fused, split_target=6 if variant == "adaptive" else 0),
+                           use_gemv=True, gemv_plan=plan if fused else None, fused_rope_kv=fused)
     for name, ops in (("torch", TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))),
                       ("triton", triton_ops)):
         models[name] = build_random_model(cfg, dt, device, ops=ops, seed=3)
@@ -105,6 +108,18 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant):
     for (kt, vt), (kr, vr) in zip(caches["triton"], caches["torch"]):
         assert_close(kt, kr, 1e-5, "k cache")
         assert_close(vt, vr, 1e-5, "v cache")
+
+
+def test_decode_launch_policy():
+    """Adaptive splits exactly for launches of one to four programs per SM, never fewer splits than run 6's launch
+    allows (the grid is only the upper bound), and off when split_target is 0."""
+    for rows in range(1, 300):
+        fixed = default_num_splits(rows, 8, 132, programs_per_sm=16)
+        splits, target = decode_launch(rows, 8, 132, 16, 6)
+        adaptive = 132 <= rows * 8 <= 4 * 132
+        assert target == (6 if adaptive else 0), rows
+        assert splits == (max(fixed, ADAPTIVE_MIN_CAP) if adaptive else fixed), rows
+        assert decode_launch(rows, 8, 132, 16, 0) == (fixed, 0)
 
 
 def test_graph_batch_sizes():
