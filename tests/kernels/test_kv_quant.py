@@ -101,14 +101,14 @@ def _quant_cache(device, qdtype, lens, H, D, bs):
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("splits", [None, 1])
-def test_paged_decode_quantized(device, dtype, qdtype, splits):
+@pytest.mark.parametrize("splits,target", [(None, 0), (1, 0), (4, 4)])  # (4, 4): adaptive, 123 splits in 3
+def test_paged_decode_quantized(device, dtype, qdtype, splits, target):
     lens, Hq, Hkv, D, bs = [5, 123, 0, 40], 4, 2, 32, 16
     kc, vc, tables, ks, vs = _quant_cache(device, qdtype, lens, Hkv, D, bs)
     q = torch.randn(len(lens), Hq + 2 * Hkv, D, device=device, dtype=dtype)[:, :Hq]
     ctx = torch.tensor(lens, dtype=torch.int32, device=device)
     out = paged_decode_attention(q, kc, vc, tables, ctx, D ** -0.5, num_splits=splits, block_n=16,
-                                 k_scale=ks, v_scale=vs)
+                                 k_scale=ks, v_scale=vs, split_target=target, num_sms=2)
     exp = paged_decode_attention_ref(q, kc, vc, tables, ctx, D ** -0.5, k_scale=ks, v_scale=vs)
     assert_close(out, exp, ATTN_TOL[dtype], "decode")
 
