@@ -58,10 +58,12 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
     ctx = tl.load(ctx_ptr + b)
     if ADAPTIVE:  # this row's split count from its length against the whole step's (module docstring)
         offs_b = tl.arange(0, BLOCK_B)
-        total = tl.sum(tl.load(ctx_ptr + offs_b, mask=offs_b < tl.num_programs(0), other=0).to(tl.int64))
+        lens = tl.load(ctx_ptr + offs_b, mask=offs_b < tl.num_programs(0), other=0).to(tl.int64)
+        total = tl.sum(lens)
         chunk = tl.maximum(tl.cdiv(total * tl.num_programs(1), slots), BLOCK_N)
         chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
-        longer = ctx * tl.num_programs(0) > total  # than the mean: only those split
+        # longer than the mean of the real rows (a graph bucket's padding rows have length 0): only those split
+        longer = ctx * tl.sum((lens > 0).to(tl.int64)) > total
         num_splits = tl.where(longer, tl.minimum(tl.maximum(tl.cdiv(ctx, chunk), 1), num_splits), 1).to(tl.int32)
         if split >= num_splits:
             return

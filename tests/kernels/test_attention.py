@@ -47,7 +47,7 @@ def test_paged_decode(device, dtype, lens, Hq, Hkv, D, bs, splits, reverse):
     ([5, 123, 1, 40, 0], 2, 4, 2, 4),       # chunk 48: 123 splits in 3; 40 (longer than the mean) in 1; padding row
     ([9, 17, 20, 300], 1, 5, 1, 4),         # only the long row splits (chunk 96: 4 of its 5 splits), others direct
     ([33, 40, 47], 2, 3, 1, 1),              # chunk >= every row: no row splits, all written directly
-    ([40, 40, 40], 2, 3, 1, 8),              # equal rows never split, however small the chunk (32)
+    ([40, 40, 40, 0], 2, 3, 1, 8),           # equal rows never split, however small the chunk (32); padding
     ([200, 3], 2, 4, 64, 4),                 # fewer programs (4) than SMs: the fixed split count + reduce kernel
 ])
 def test_paged_decode_adaptive_splits(device, dtype, lens, Hkv, splits, sms, target):
