@@ -1,0 +1,82 @@
+"""How many prefill tokens a step may carry beside its decodes, so that decodes keep their pace.
+
+A step's time is its decodes' time (weights and KV read once: memory bound, nearly flat in the number of decodes)
+plus the prefill tokens it carries (compute bound: about linear in tokens). One 4,096-token prefill chunk in the
+same step as 64 decodes makes that step ~15x a decode step long, and every running stream sees that gap as one
+inter-token latency. So while decodes run, the scheduler gives prefill only what fits in ``target_ms``:
+
+    prefill cap = (target - decode step time) / cost per prefill token,   clamped to [min_prefill, max_tokens - d]
+
+Both estimates are medians over the last ``window`` observed steps (robust to the slow first steps of a new shape
+and to host stalls): decode step time from decode-only steps, cost per prefill token from steps with at least
+``min_prefill // 2`` prefill tokens, as (step time - decode step time) / prefill tokens. With no decodes running a
+step may use every token of ``max_tokens`` (a lone prompt is as fast as it can be); before the first prefill has
+been timed the cap is ``max_tokens`` too (nothing is known yet). ``min_prefill`` keeps prompts moving when the
+decodes alone already take longer than the target (a large batch at long context).
+
+Pure bookkeeping: the engine core times each step and calls ``observe``; the scheduler calls ``prefill_cap``.
+"""
+from __future__ import annotations
+
+from collections import deque
+from statistics import median
+from typing import Any
+
+from strataserve.config import SchedulerConfig
+
+#: ``target_step_ms=None`` on CUDA: under the 30 ms inter-token P99 of issue 12, with room for host jitter
+DEFAULT_CUDA_TARGET_MS = 25.0
+
+
+class StepBudget:
+    def __init__(self, target_ms: float, max_tokens: int, min_prefill: int = 256, window: int = 16) -> None:
+        if not target_ms > 0:
+            raise ValueError(f"target_ms={target_ms}: must be > 0 (leave the budget out to turn pacing off)")
+        if max_tokens < 1 or min_prefill < 1 or window < 1:
+            raise ValueError(f"max_tokens={max_tokens}, min_prefill={min_prefill}, window={window}: must be >= 1")
+        self.target_s = target_ms / 1e3
+        self.max_tokens = max_tokens
+        self.min_prefill = min(min_prefill, max_tokens)
+        self._decode_s: deque[float] = deque(maxlen=window)  # decode-only step times
+        self._token_s: deque[float] = deque(maxlen=window)  # seconds per prefill token
+        self._decode_med = 0.0
+        self._token_med: float | None = None
+
+    def prefill_cap(self, num_decodes: int) -> int:
+        """Most prefill tokens a step with ``num_decodes`` decodes should carry."""
+        room = self.max_tokens - num_decodes
+        if num_decodes == 0 or self._token_med is None:
+            return max(room, 0)
+        if self._token_med <= 0.0:
+            return max(room, 0)
+        cap = int((self.target_s - self._decode_med) / self._token_med)
+        return max(0, min(room, max(cap, self.min_prefill)))
+
+    def observe(self, num_decodes: int, num_prefill: int, seconds: float) -> None:
+        """Record one finished step: its decode count, prefill tokens and how long it kept the device."""
+        if seconds <= 0.0:
+            return
+        if num_prefill == 0:
+            if num_decodes:
+                self._decode_s.append(seconds)
+                self._decode_med = median(self._decode_s)
+            return
+        if num_prefill * 2 < self.min_prefill:
+            return  # too few tokens: the step's fixed costs would swamp the per-token cost
+        base = self._decode_med if num_decodes else 0.0
+        self._token_s.append(max(seconds - base, 0.0) / num_prefill)
+        self._token_med = median(self._token_s)
+
+    @property
+    def estimates(self) -> tuple[float, float | None]:
+        """(decode step seconds, seconds per prefill token or None before the first timed prefill)."""
+        return self._decode_med, self._token_med
+
+
+def step_budget_for(config: SchedulerConfig, device: Any) -> StepBudget | None:
+    """The engine's budget: ``config.target_step_ms``, or on ``None`` the CUDA default (off on other devices,
+    whose step times the CPU's other tenants make too noisy to pace by, and whose tests want fixed schedules)."""
+    target = config.target_step_ms
+    if target is None:
+        target = DEFAULT_CUDA_TARGET_MS if getattr(device, "type", str(device)).startswith("cuda") else 0.0
+    return StepBudget(target, config.max_num_batched_tokens) if target > 0 else None
