@@ -51,6 +51,7 @@ class EngineCore:
         self._prefill_time = 0.0
         self._decode_time = 0.0
         self._last_done = 0.0  # when the previous step's result reached the host (async scheduling)
+        self._last_event: Any = None  # CUDA event at the end of the previous step, when the next one follows it
         #: one line per step (wall time, decodes, prefill tokens, device ms) for the load benchmarks
         self._step_log = open(envs.STRATA_STEP_LOG, "a", buffering=1) if envs.STRATA_STEP_LOG else None
         self._closed = False
@@ -125,11 +126,19 @@ class EngineCore:
             except BaseException:
                 self._in_flight = None
                 raise
-            # The device time of this step: from its launch or the previous step's end, whichever came later
-            # (steps queue up behind each other), to its tokens' arrival.
+            # This step's time as its decodes see it: from the previous step's end to its own, on the device's
+            # clock when the runner records events (host clocks read a step's end late: only after the next
+            # launch, which for a mixed step is long); else from its launch or the previous step's arrival.
             done = time.perf_counter()
-            self._account(prev_sched, done - max(t0, self._last_done))
+            ev = getattr(handle, "done_event", None)
+            if ev is not None and self._last_event is not None:
+                dt = self._last_event.elapsed_time(ev) / 1e3
+            else:
+                dt = done - max(t0, self._last_done)
+            self._account(prev_sched, dt)
             self._last_done = done
+            # the step launched now runs right behind this one; with none launched the device idles next
+            self._last_event = ev if launched is not None else None
             outputs = self.scheduler.update_from_output(prev_sched, result)
         return EngineCoreOutputs(outputs=outputs, stats=self.stats())
 

@@ -7,9 +7,12 @@ inter-token latency. So while decodes run, the scheduler gives prefill only what
 
     prefill cap = (target - decode step time) / cost per prefill token,   clamped to [min_prefill, max_tokens - d]
 
-Both estimates are medians over the last ``window`` observed steps (robust to the slow first steps of a new shape
-and to host stalls): decode step time from decode-only steps, cost per prefill token from steps with at least
-``min_prefill // 2`` prefill tokens, as (step time - decode step time) / prefill tokens. With no decodes running a
+Both estimates come from the last ``window`` observed steps: the decode step time is the median of decode-only
+steps; the cost per prefill token, (step time - decode step time) / prefill tokens over steps with at least
+``min_prefill // 2`` of them, is their lower quartile. Not the median: a step also has a fixed cost (the host's
+launch of an eager mixed step, ~20-30 ms on the 8B shape, see docs/gpu_notes.md), which small steps divide by few
+tokens; the median would then shrink the cap, which makes the steps smaller, which raises the estimate again,
+down to ``min_prefill``. The lower quartile follows the largest, most efficient recent steps. With no decodes running a
 step may use every token of ``max_tokens`` (a lone prompt is as fast as it can be); before the first prefill has
 been timed the cap is ``max_tokens`` too (nothing is known yet). ``min_prefill`` keeps prompts moving when the
 decodes alone already take longer than the target (a large batch at long context).
@@ -65,7 +68,7 @@ class StepBudget:
             return  # too few tokens: the step's fixed costs would swamp the per-token cost
         base = self._decode_med if num_decodes else 0.0
         self._token_s.append(max(seconds - base, 0.0) / num_prefill)
-        self._token_med = median(self._token_s)
+        self._token_med = sorted(self._token_s)[(len(self._token_s) - 1) // 4]
 
     @property
     def estimates(self) -> tuple[float, float | None]:
