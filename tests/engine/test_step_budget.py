@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from engine_fakes import EOS, FakeRunner, engine_config, reference_output
+from engine_fakes import EOS, AsyncFakeRunner, FakeRunner, engine_config, reference_output
 
 from strataserve.config import SchedulerConfig
 from strataserve.engine.engine_core import EngineCore
@@ -203,3 +203,52 @@ def test_greedy_tokens_of_a_real_model_do_not_depend_on_the_budget(tmp_path):
     assert all(p <= 4 for d, p in mixes if d)  # every step with decodes kept to the cap
     assert sum(1 for d, p in mixes if d and p) >= 10  # and prompts were fed beside decodes, 4 tokens at a time
     assert any(d == 0 and p > 4 for d, p in mixes)
+
+
+class _Event:
+    """A CUDA event's stand-in: a time on the simulated device's clock."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def elapsed_time(self, end: "_Event") -> float:
+        return (end.t - self.t) * 1e3  # ms, as torch.cuda.Event.elapsed_time
+
+
+class _Launched:
+    def __init__(self, out, event: _Event) -> None:
+        self.out, self.done_event = out, event
+
+    def result(self):
+        return self.out
+
+
+class _ClockedRunner(AsyncFakeRunner):
+    """Async fake runner whose steps end on a simulated device clock (``device_seconds`` per step)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.clock = 0.0
+
+    def launch(self, so):
+        d = sum(len(c.token_ids) == 1 for c in so.chunks)
+        self.clock += device_seconds(d, so.total_num_scheduled_tokens - d)
+        return _Launched(self.execute(so), _Event(self.clock))
+
+
+def test_async_engine_times_steps_between_the_device_events():
+    core = EngineCore(engine_config(target_step_ms=8.0, max_num_batched_tokens=256),
+                      runner=_ClockedRunner(num_blocks=512, block_size=4, max_model_len=512))
+    rng = random.Random(2)
+    prompts = {f"r{i}": [rng.randrange(3, 400) for _ in range(rng.randint(60, 200))] for i in range(12)}
+    for rid, p in prompts.items():
+        core.add_request(EngineCoreRequest(request_id=rid, prompt_token_ids=p, eos_token_id=EOS,
+                                           sampling_params=SamplingParams(max_tokens=20, ignore_eos=True)))
+        for _ in range(3):  # requests join while others decode
+            core.step()
+    while core.has_unfinished_requests():
+        core.step()
+    decode_s, token_s = core.scheduler.step_budget.estimates
+    # the estimates are the simulated device's: the engine read the events, not its own (instant) host clock
+    assert FIXED_S < decode_s < device_seconds(12, 0)
+    assert token_s == pytest.approx(PER_PREFILL_S, rel=0.2)
