@@ -40,7 +40,7 @@ VOCAB = 120000
 
 def sync() -> None:
     if torch.cuda.is_available():
-        sync()
+        torch.cuda.synchronize()
 
 
 def req(rid: str, n: int, max_tokens: int) -> EngineCoreRequest:

@@ -45,7 +45,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="waiting-queue limit; beyond it requests get 503 + Retry-After")
     g.add_argument("--target-step-ms", type=float, default=None,
                    help="while decodes run, cap each step's prefill tokens so the step takes about this long (the "
-                        "streams' inter-token latency); 0 = off; default: 25 on CUDA, off on CPU")
+                        "streams' inter-token latency); 0 = off; default: 30 on CUDA, off on CPU")
     g.add_argument("--block-size", type=_positive_int, default=CacheConfig.block_size)
     g.add_argument("--kv-cache-memory-gib", type=float, default=CacheConfig.kv_cache_memory_gib,
                    help="KV-cache budget on CPU, in GiB")

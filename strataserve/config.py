@@ -85,7 +85,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096  # beyond this the API answers 503 (overload)
     #: while decodes run, cap each step's prefill tokens so the step takes about this many ms (the decodes'
-    #: inter-token latency; ``engine/step_budget.py``); 0: off; None: 25 on CUDA, off elsewhere
+    #: inter-token latency; ``engine/step_budget.py``); 0: off; None: 30 on CUDA, off elsewhere
     target_step_ms: float | None = None
 
     def __post_init__(self) -> None:
