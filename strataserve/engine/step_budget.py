@@ -9,13 +9,17 @@ inter-token latency. So while decodes run, the scheduler gives prefill only what
 
 Both estimates come from the last ``window`` observed steps: the decode step time is the median of decode-only
 steps; the cost per prefill token, (step time - decode step time) / prefill tokens over steps with at least
-``min_prefill // 2`` of them, is their lower quartile. Not the median: a step also has a fixed cost (the host's
-launch of an eager mixed step, ~20-30 ms on the 8B shape, see docs/gpu_notes.md), which small steps divide by few
-tokens; the median would then shrink the cap, which makes the steps smaller, which raises the estimate again,
-down to ``min_prefill``. The lower quartile follows the largest, most efficient recent steps. With no decodes running a
-step may use every token of ``max_tokens`` (a lone prompt is as fast as it can be); before the first prefill has
-been timed the cap is ``max_tokens`` too (nothing is known yet). ``min_prefill`` keeps prompts moving when the
-decodes alone already take longer than the target (a large batch at long context).
+``min_prefill // 2`` of them, is their lower quartile (the largest, most efficient recent steps). With no decodes
+running a step may use every token of ``max_tokens`` (a lone prompt is as fast as it can be); before the first
+prefill has been timed the cap is ``max_tokens`` too. ``min_prefill`` keeps prompts moving when the decodes alone
+already take longer than the target (a large batch at long context).
+
+Off by default (``target_step_ms=0``). The linear model holds when a step's time is its device work. On the H200
+with the 8B shape it is not: an eager mixed step costs ~36 ms of host time to launch whatever its prefill size
+(64 to 1,024 tokens, 48 decodes; ``benchmarks/mixed_step_profile.py``), so smaller chunks are not faster, the
+per-token estimate rises as the cap falls, and the cap drifts down round after round (measured:
+docs/performance.md, "Served path under load"). Worth turning on once mixed steps cost their device time
+(CUDA graphs for mixed steps); until then a fit of time = max(fixed, a + c * tokens) would be needed.
 
 Pure bookkeeping: the engine core times each step and calls ``observe``; the scheduler calls ``prefill_cap``.
 """
@@ -23,14 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from statistics import median
-from typing import Any
-
 from strataserve.config import SchedulerConfig
-
-#: ``target_step_ms=None`` on CUDA: issue 12's inter-token P99 goal; the 8B shape's 1,024-token prompt still fits
-#: in one step beside its decodes (~26 ms on the H200), two arriving together are split (docs/performance.md)
-DEFAULT_CUDA_TARGET_MS = 30.0
-
 
 class StepBudget:
     def __init__(self, target_ms: float, max_tokens: int, min_prefill: int = 256, window: int = 16) -> None:
@@ -77,10 +74,7 @@ class StepBudget:
         return self._decode_med, self._token_est
 
 
-def step_budget_for(config: SchedulerConfig, device: Any) -> StepBudget | None:
-    """The engine's budget: ``config.target_step_ms``, or on ``None`` the CUDA default (off on other devices,
-    whose step times the CPU's other tenants make too noisy to pace by, and whose tests want fixed schedules)."""
+def step_budget_for(config: SchedulerConfig) -> StepBudget | None:
+    """The engine's budget: None (no pacing) unless ``config.target_step_ms`` is set."""
     target = config.target_step_ms
-    if target is None:
-        target = DEFAULT_CUDA_TARGET_MS if getattr(device, "type", str(device)).startswith("cuda") else 0.0
     return StepBudget(target, config.max_num_batched_tokens) if target > 0 else None

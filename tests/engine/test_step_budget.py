@@ -14,7 +14,7 @@ from strataserve.config import SchedulerConfig
 from strataserve.engine.engine_core import EngineCore
 from strataserve.engine.request import Request
 from strataserve.engine.scheduler import Scheduler
-from strataserve.engine.step_budget import DEFAULT_CUDA_TARGET_MS, StepBudget, step_budget_for
+from strataserve.engine.step_budget import StepBudget, step_budget_for
 from strataserve.types.protocol import EngineCoreRequest
 from strataserve.types.sampling import SamplingParams
 
@@ -85,16 +85,14 @@ def test_budget_before_and_after_timing():
     assert b.prefill_cap(510) == 2  # never beyond max_tokens
 
 
-def test_budget_rejects_bad_settings_and_resolves_the_default():
+def test_budget_rejects_bad_settings_and_is_off_by_default():
     with pytest.raises(ValueError, match="target_ms"):
         StepBudget(0.0, 64)
     with pytest.raises(ValueError, match="target_step_ms"):
         SchedulerConfig(target_step_ms=-1)
-    assert step_budget_for(SchedulerConfig(), "cpu") is None
-    cuda = step_budget_for(SchedulerConfig(), "cuda:0")
-    assert cuda is not None and cuda.target_s == DEFAULT_CUDA_TARGET_MS / 1e3
-    assert step_budget_for(SchedulerConfig(target_step_ms=0), "cuda") is None
-    assert step_budget_for(SchedulerConfig(target_step_ms=7), "cpu").target_s == 0.007
+    assert step_budget_for(SchedulerConfig()) is None
+    budget = step_budget_for(SchedulerConfig(target_step_ms=7, max_num_batched_tokens=99))
+    assert budget is not None and budget.target_s == 0.007 and budget.max_tokens == 99
 
 
 def test_steps_with_decodes_carry_only_the_prefill_that_fits_the_target_and_decodes_never_wait():
