@@ -2,7 +2,7 @@
 # Issue 12 item 3 under load on the H200: `strata serve` 8B shape (dummy weights), closed loop at concurrency 64 and
 # Poisson 16 req/s, variants side by side, alternating rounds (benchmarks/serve_load_gpu.py). Run from the device
 # folder (a copy of this tree under main's checkout), wheels carried in ../.whl:
-#   cd .wt_load && ROUNDS=3 bash benchmarks/serve_load_gpu.sh "main=.." "new=."
+#   cd .wt_load && ROUNDS=3 bash benchmarks/serve_load_gpu.sh "main=.." "new=. --target-step-ms 30"
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ../.whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
