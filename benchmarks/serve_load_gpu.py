@@ -79,7 +79,8 @@ def step_breakdown(log: Path, t0: float, t1: float) -> dict:
             "decodes_per_step_p50": pct(a[:, 0], 50),
             "prefill_step_ms_p50": pct(mixed[:, 2], 50), "prefill_step_ms_p99": pct(mixed[:, 2], 99),
             "prefill_step_ms_max": round(float(mixed[:, 2].max()), 2) if len(mixed) else 0.0,
-            "prefill_tokens_p50": pct(mixed[:, 1], 50), "prefill_tokens_max": int(mixed[:, 1].max()) if len(mixed) else 0,
+            "prefill_tokens_p50": pct(mixed[:, 1], 50),
+            "prefill_tokens_max": int(mixed[:, 1].max()) if len(mixed) else 0,
             "decodes_in_prefill_steps_p50": pct(mixed[:, 0], 50)}
 
 
@@ -147,12 +148,14 @@ def main() -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
                    PYTHONUNBUFFERED="1", STRATA_STEP_LOG=str(LOGS / f"steps_{name}.log"))
         flags = [args.model, "--load-format", "dummy", "--dtype", args.dtype, "--served-model-name", "llama8b",
-                 "--grpc-port", "0", "--num-gpu-blocks-override", str(args.blocks), "--max-model-len", str(args.max_model_len), *extra]
+                 "--grpc-port", "0", "--num-gpu-blocks-override", str(args.blocks), "--max-model-len",
+                 str(args.max_model_len), *extra]
         t0 = time.perf_counter()
         try:
             servers[name] = Server(flags, LOGS / f"server_{name}.log", 400, env=env, cwd=tree)
-            print(json.dumps({"bench": "serve_load_start", "variant": name, "ready_s": round(time.perf_counter() - t0, 1),
-                              "flags": extra}), flush=True)
+            ready = round(time.perf_counter() - t0, 1)
+            print(json.dumps({"bench": "serve_load_start", "variant": name, "ready_s": ready, "flags": extra}),
+                  flush=True)
         except BaseException as exc:  # noqa: BLE001 - report it, run the others
             errors[name] = repr(exc)[-1500:]
 

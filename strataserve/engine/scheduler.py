@@ -1,11 +1,9 @@
 """Continuous-batching scheduler: decides, every step, which tokens of which requests the runner computes.
 
 One step = one ``SchedulerOutput``. Order of business in ``schedule``:
-1. Running requests in admission order, decodes first: every request with one token to compute, then those with
-   more (unfinished chunked prefills), each taking ``min(tokens left, budget)``. Prefill tokens (these chunks and
-   step 2's) are capped by the ``StepBudget`` when there is one (``step_budget.py``: while decodes run, a step
-   carries only the prefill that keeps it near a target time, so decodes keep their pace; with none running, the
-   whole ``max_num_batched_tokens``). When the KV pool is out of blocks, the scheduler preempts by recompute:
+1. Running requests in admission order, decodes first, then unfinished chunked prefills, each taking
+   ``min(tokens left, budget)``. While decodes run, a ``StepBudget`` (if any) caps the prefill tokens of the
+   step (these chunks and step 2's) to what keeps it near a target time. Out of KV blocks, it preempts by recompute:
    the victim is the running request with the lowest priority (largest value), newest first; it frees its blocks
    (full computed blocks stay in the prefix cache) and returns to the waiting queue ahead of its priority peers.
 2. Waiting requests by (priority, preempted-first, arrival), skipped entirely in a step that preempted. Each takes
@@ -48,8 +46,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, *, num_blocks: int, block_size: int, max_model_len: int,
                  enable_prefix_caching: bool = True, step_budget: StepBudget | None = None) -> None:
         self.config = config
-        #: caps a step's prefill tokens while decodes run (None: every step may use max_num_batched_tokens)
-        self.step_budget = step_budget
+        self.step_budget = step_budget  # None: every step may use max_num_batched_tokens
         self._step_mix: dict[int, tuple[int, int]] = {}  # id(SchedulerOutput) -> (decodes, prefill tokens)
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -130,17 +127,18 @@ class Scheduler:
         solo = self._solo_priority()
         preempted = False
         budget = full
+        longer: list[Request] = []  # running requests with more than one token to compute (chunked prefills)
         if solo is None and self.running:
-            # Decode first: every one-token chunk, then the prefill chunks of running requests (unfinished
-            # chunked prefills) under the prefill cap, so a long prompt never delays the decodes' next token.
-            budget, preempted = self._schedule_running(True, budget, chunks, reqs)
+            # Decode first: every one-token chunk, then the prefill chunks of running requests under the prefill
+            # cap, so a long prompt never delays the decodes' next token.
+            budget, preempted = self._schedule_running(self.running, budget, chunks, reqs, longer)
         num_decodes = full - budget  # one token each
         prefill = budget
         if self.step_budget is not None:
             prefill = min(budget, self.step_budget.prefill_cap(num_decodes))
         prefill_cap = prefill
-        if solo is None and self.running and prefill > 0:
-            prefill, pre = self._schedule_running(False, prefill, chunks, reqs)
+        if longer and prefill > 0:
+            prefill, pre = self._schedule_running(longer, prefill, chunks, reqs)
             preempted = preempted or pre
 
         new_reqs: list[NewRequestData] = []
@@ -162,13 +160,15 @@ class Scheduler:
                 self._step_mix[id(out)] = (num_decodes, total - num_decodes)
         return out
 
-    def _schedule_running(self, decodes: bool, budget: int, chunks: list, reqs: list) -> tuple[int, bool]:
-        """Schedule running requests in admission order: those with one token to compute when ``decodes``,
-        else those with more (chunked prefills), within ``budget`` tokens. Out of blocks, it preempts (see the
-        module docstring). Returns the budget left and whether it preempted."""
+    def _schedule_running(self, candidates: list[Request], budget: int, chunks: list, reqs: list,
+                          longer: list[Request] | None = None) -> tuple[int, bool]:
+        """Schedule ``candidates`` (running requests, in admission order) within ``budget`` tokens. With
+        ``longer`` given, only those with one token to compute; the others are appended to ``longer`` for a later
+        call. Out of blocks, it preempts (see the module docstring). Returns the budget left and whether it
+        preempted."""
         allocate, running = self.kv.allocate_slots, self.running
         preempted = False
-        for req in list(running):
+        for req in list(candidates):
             if budget <= 0:
                 break
             if req.status != _RUNNING:
@@ -178,7 +178,10 @@ class Scheduler:
             if pending and known + pending >= req.max_len:
                 continue  # the token in flight ends it by length: nothing more to compute
             n = known + pending - req.num_computed_tokens
-            if n <= 0 or (n == 1) != decodes:
+            if n <= 0:
+                continue
+            if n > 1 and longer is not None:
+                longer.append(req)
                 continue
             if n > budget:
                 n = budget
