@@ -27,11 +27,9 @@ OUT = Path(os.environ.get("OUT", "."))
 LOGS = Path(os.environ.get("LOGS", OUT))  # each server's log
 
 
-def write_random_8b(path: Path, shards: int = 4) -> Path:
-    """Llama-3.1-8B shapes, N(0, 0.02) bf16 weights made on the GPU, HF tensor names, sharded with an index."""
-    import torch
-    from safetensors.torch import save_file
-
+def write_8b_config(path: Path) -> Path:
+    """config.json of Llama-3.1-8B and a word-level tokenizer of its vocabulary size: all that
+    ``--load-format dummy`` reads."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({  # the 4.x layout, which hf_config.py reads
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
@@ -41,6 +39,16 @@ def write_random_8b(path: Path, shards: int = 4) -> Path:
                          "original_max_position_embeddings": 8192},
         "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}))
+    write_word_tokenizer(path, 128256)
+    return path
+
+
+def write_random_8b(path: Path, shards: int = 4) -> Path:
+    """Llama-3.1-8B shapes, N(0, 0.02) bf16 weights made on the GPU, HF tensor names, sharded with an index."""
+    import torch
+    from safetensors.torch import save_file
+
+    write_8b_config(path)
     h, i, kv = 4096, 14336, 8 * 128
     per_layer = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h),
                  "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, h),
@@ -61,7 +69,6 @@ def write_random_8b(path: Path, shards: int = 4) -> Path:
             weight_map[name] = file
         save_file(part, str(path / file), metadata={"format": "pt"})
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    write_word_tokenizer(path, 128256)
     return path
 
 

@@ -43,6 +43,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=_positive_int, default=SchedulerConfig.max_num_batched_tokens)
     g.add_argument("--max-waiting-requests", type=_positive_int, default=SchedulerConfig.max_waiting_requests,
                    help="waiting-queue limit; beyond it requests get 503 + Retry-After")
+    g.add_argument("--target-step-ms", type=float, default=SchedulerConfig.target_step_ms,
+                   help="while decodes run, cap each step's prefill tokens so the step takes about this long (the "
+                        "streams' inter-token latency); 0 = off")
     g.add_argument("--block-size", type=_positive_int, default=CacheConfig.block_size)
     g.add_argument("--kv-cache-memory-gib", type=float, default=CacheConfig.kv_cache_memory_gib,
                    help="KV-cache budget on CPU, in GiB")
@@ -75,7 +78,8 @@ def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
                           num_blocks=args.num_gpu_blocks_override, enable_prefix_caching=args.enable_prefix_caching,
                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto")),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_waiting_requests=args.max_waiting_requests),
+                                  max_waiting_requests=args.max_waiting_requests,
+                                  target_step_ms=getattr(args, "target_step_ms", 0.0)),
         runner=RunnerConfig(mode=args.runner_mode),
         parallel=ParallelConfig(tensor_parallel_size=getattr(args, "tensor_parallel_size", 1)),
     )
@@ -328,6 +332,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               gpu_memory_utilization=c.cache.gpu_memory_utilization, num_blocks=c.cache.num_blocks,
               enable_prefix_caching=c.cache.enable_prefix_caching, max_num_seqs=c.scheduler.max_num_seqs,
               max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode,
+              target_step_ms=c.scheduler.target_step_ms,
               tensor_parallel_size=c.parallel.tensor_parallel_size, load_format=c.model.load_format,
               kv_cache_dtype=c.cache.kv_cache_dtype)
     if args.chat:

@@ -84,12 +84,17 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 4096
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096  # beyond this the API answers 503 (overload)
+    #: while decodes run, cap each step's prefill tokens so the step takes about this many ms (the decodes'
+    #: inter-token latency; ``engine/step_budget.py`` says why it is off by default); 0: off
+    target_step_ms: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, f"max_num_seqs={self.max_num_seqs}: must be >= 1")
         _check(self.max_num_batched_tokens >= 1,
                f"max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1")
         _check(self.max_waiting_requests >= 1, f"max_waiting_requests={self.max_waiting_requests}: must be >= 1")
+        _check(self.target_step_ms >= 0,
+               f"target_step_ms={self.target_step_ms}: must be >= 0 (0 turns step pacing off)")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,9 @@ STRATA_TP_ALLREDUCE: str = os.environ.get("STRATA_TP_ALLREDUCE", "nccl")
 #: ``strata serve`` spawns the engine process before its own heavy imports and loads the tokenizer while the engine
 #: loads (issue 12 item 3); "0": one after the other, as before (the start-up benchmark's "before" switch).
 STRATA_SERVE_EARLY_SPAWN: bool = os.environ.get("STRATA_SERVE_EARLY_SPAWN", "1") != "0"
+#: a file the engine core appends one line to per step: "wall-time decodes prefill-tokens device-ms" (the load
+#: benchmarks' breakdown, ``benchmarks/serve_load_gpu.py``); unset: no log.
+STRATA_STEP_LOG: str | None = os.environ.get("STRATA_STEP_LOG") or None
 #: "0": CPU attention gathers K/V through the block tables and runs SDPA (the path before the C kernel of
 #: ``runner/cpu_paged_attention.c``, which reads the blocks in place; the benchmarks' "before" and an escape hatch).
 STRATA_CPU_ATTENTION: bool = os.environ.get("STRATA_CPU_ATTENTION", "1") != "0"

@@ -9,11 +9,13 @@ import itertools
 import time
 from typing import Any
 
+from strataserve import envs
 from strataserve.config import EngineConfig
 from strataserve.types.outputs import SchedulerOutput
 from strataserve.types.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from strataserve.engine.request import Request
 from strataserve.engine.scheduler import Scheduler
+from strataserve.engine.step_budget import step_budget_for
 from strataserve.engine.structured_output import StructuredOutputManager
 from strataserve.runner.base import ModelRunnerBase
 from strataserve.runner.cpu_threads import CpuThreadGovernor
@@ -32,7 +34,8 @@ class EngineCore:
         self.max_model_len = runner.max_model_len  # type: ignore[union-attr]
         self.scheduler = Scheduler(config.scheduler, num_blocks=self.num_blocks, block_size=self.block_size,
                                    max_model_len=self.max_model_len,
-                                   enable_prefix_caching=config.cache.enable_prefix_caching)
+                                   enable_prefix_caching=config.cache.enable_prefix_caching,
+                                   step_budget=step_budget_for(config.scheduler))
         # Async scheduling (runners that can ``launch`` a step and report ``supports_async``, i.e. CUDA): step N+1
         # is scheduled and queued while step N runs on the device, and step N's tokens are applied after that,
         # so the host work of a step overlaps the device work of the previous one.
@@ -47,6 +50,10 @@ class EngineCore:
         self._seq = itertools.count()
         self._prefill_time = 0.0
         self._decode_time = 0.0
+        self._last_done = 0.0  # when the previous step's result reached the host (async scheduling)
+        self._last_event: Any = None  # CUDA event at the end of the previous step, when the next one follows it
+        #: one line per step (wall time, decodes, prefill tokens, device ms) for the load benchmarks
+        self._step_log = open(envs.STRATA_STEP_LOG, "a", buffering=1) if envs.STRATA_STEP_LOG else None
         self._closed = False
 
     # ------------------------------------------------------------------ requests
@@ -93,11 +100,7 @@ class EngineCore:
             sched.structured = self.structured.prepare(self.scheduler.sampled_requests(sched), None)
         t0 = time.perf_counter()
         result = self.runner.execute(sched)
-        dt = time.perf_counter() - t0
-        if sched.total_num_scheduled_tokens > len(sched.chunks):
-            self._prefill_time += dt
-        else:
-            self._decode_time += dt
+        self._account(sched, time.perf_counter() - t0)
         outputs = self.scheduler.update_from_output(sched, result)
         return EngineCoreOutputs(outputs=outputs, stats=self.stats())
 
@@ -123,15 +126,33 @@ class EngineCore:
             except BaseException:
                 self._in_flight = None
                 raise
-            self._account(prev_sched, time.perf_counter() - t0)
+            # This step's time as its decodes see it: from the previous step's end to its own, on the device's
+            # clock when the runner records events (host clocks read a step's end late: only after the next
+            # launch, which for a mixed step is long); else from its launch or the previous step's arrival.
+            done = time.perf_counter()
+            ev = getattr(handle, "done_event", None)
+            if ev is not None and self._last_event is not None:
+                dt = self._last_event.elapsed_time(ev) / 1e3
+            else:
+                dt = done - max(t0, self._last_done)
+            self._account(prev_sched, dt)
+            self._last_done = done
+            # the step launched now runs right behind this one; with none launched the device idles next
+            self._last_event = ev if launched is not None else None
             outputs = self.scheduler.update_from_output(prev_sched, result)
         return EngineCoreOutputs(outputs=outputs, stats=self.stats())
 
     def _account(self, sched: SchedulerOutput, dt: float) -> None:
+        mix = self.scheduler.observe_step(sched, dt)
         if sched.total_num_scheduled_tokens > len(sched.chunks):
             self._prefill_time += dt
         else:
             self._decode_time += dt
+        if self._step_log is not None:
+            if mix is None:
+                d = sum(len(c.token_ids) == 1 for c in sched.chunks)
+                mix = (d, sched.total_num_scheduled_tokens - d)
+            self._step_log.write(f"{time.time():.6f} {mix[0]} {mix[1]} {dt * 1e3:.3f}\n")
 
     def has_step_in_flight(self) -> bool:
         return self._in_flight is not None
@@ -149,6 +170,8 @@ class EngineCore:
         if not self._closed:
             self._closed = True
             self._in_flight = None
+            if self._step_log is not None:
+                self._step_log.close()
             self.structured.shutdown()
             self.runner.shutdown()
 

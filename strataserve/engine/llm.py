@@ -34,7 +34,8 @@ class LLM:
                  enable_prefix_caching: bool = True, seed: int = 0, mode: str = "auto", cuda_graph_max_bs: int = 256,
                  served_model_name: str | None = None, runner: ModelRunnerBase | None = None,
                  tokenizer_obj: Any = None, skip_tokenizer_init: bool = False, tensor_parallel_size: int = 1,
-                 load_format: str = "auto", kv_cache_dtype: str = "auto", **kwargs: Any) -> None:
+                 load_format: str = "auto", kv_cache_dtype: str = "auto", target_step_ms: float = 0.0,
+                 **kwargs: Any) -> None:
         for k, v in kwargs.items():
             if k not in _IGNORED:
                 raise TypeError(f"LLM() got an unexpected argument {k!r}")
@@ -53,7 +54,7 @@ class LLM:
                               gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_blocks,
                               enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      enable_chunked_prefill=enable_chunked_prefill),
+                                      enable_chunked_prefill=enable_chunked_prefill, target_step_ms=target_step_ms),
             runner=RunnerConfig(mode=mode, cuda_graph_max_bs=cuda_graph_max_bs),  # type: ignore[arg-type]
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
         )

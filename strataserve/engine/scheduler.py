@@ -1,8 +1,9 @@
 """Continuous-batching scheduler: decides, every step, which tokens of which requests the runner computes.
 
 One step = one ``SchedulerOutput``. Order of business in ``schedule``:
-1. Running requests in admission order (decodes, unfinished chunked prefills, resumed recomputes), each taking
-   ``min(tokens left, budget)`` tokens. When the KV pool is out of blocks, the scheduler preempts by recompute:
+1. Running requests in admission order, decodes first, then unfinished chunked prefills, each taking
+   ``min(tokens left, budget)``. While decodes run, a ``StepBudget`` (if any) caps the prefill tokens of the
+   step (these chunks and step 2's) to what keeps it near a target time. Out of KV blocks, it preempts by recompute:
    the victim is the running request with the lowest priority (largest value), newest first; it frees its blocks
    (full computed blocks stay in the prefix cache) and returns to the waiting queue ahead of its priority peers.
 2. Waiting requests by (priority, preempted-first, arrival), skipped entirely in a step that preempted. Each takes
@@ -31,6 +32,7 @@ import time
 
 from strataserve.config import SchedulerConfig
 from strataserve.engine.kv_cache_manager import KVCacheManager
+from strataserve.engine.step_budget import StepBudget
 from strataserve.types.outputs import ModelRunnerOutput, NewRequestData, ScheduledChunk, SchedulerOutput
 from strataserve.types.protocol import EngineCoreOutput, SchedulerStats
 from strataserve.engine.request import Request, RequestStatus, check_prompt_length
@@ -42,8 +44,10 @@ PENDING_TOKEN = -1
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, *, num_blocks: int, block_size: int, max_model_len: int,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, step_budget: StepBudget | None = None) -> None:
         self.config = config
+        self.step_budget = step_budget  # None: every step may use max_num_batched_tokens
+        self._step_mix: dict[int, tuple[int, int]] = {}  # id(SchedulerOutput) -> (decodes, prefill tokens)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
@@ -115,41 +119,83 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         kv = self.kv
         kv.begin_step()
-        allocate = kv.allocate_slots
-        budget = self.config.max_num_batched_tokens
+        full = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk | None] = []
         reqs: list[Request | None] = []  # the Request of each chunk, so update_from_output needs no lookups
-        running = self.running
-        preempted = False
         # A request of a strictly higher class than everything running gets a step to itself (and its peers):
         # its first token then waits for no lower-class batch. Lower classes keep their KV and resume next step.
         solo = self._solo_priority()
+        preempted = False
+        budget = full
+        longer: list[Request] = []  # running requests with more than one token to compute (chunked prefills)
+        if solo is None and self.running:
+            # Decode first: every one-token chunk, then the prefill chunks of running requests under the prefill
+            # cap, so a long prompt never delays the decodes' next token.
+            budget, preempted = self._schedule_running(self.running, budget, chunks, reqs, longer)
+        num_decodes = full - budget  # one token each
+        prefill = budget
+        if self.step_budget is not None:
+            prefill = min(budget, self.step_budget.prefill_cap(num_decodes))
+        prefill_cap = prefill
+        if longer and prefill > 0:
+            prefill, pre = self._schedule_running(longer, prefill, chunks, reqs)
+            preempted = preempted or pre
 
-        i = 0 if solo is None else len(running)
-        while i < len(running) and budget > 0:
-            req = running[i]
+        new_reqs: list[NewRequestData] = []
+        if not preempted:
+            prefill, preempted = self._admit(prefill, chunks, reqs, new_reqs, solo)
+
+        if preempted:
+            chunks = [c for c in chunks if c is not None]
+            reqs = [r for r in reqs if r is not None]
+        forget: list[str] = []
+        if chunks:  # with nothing to run, keep them for the next real step so the runner still drops them
+            forget, self._forget = self._forget, []
+        total = sum(len(c.token_ids) for c in chunks) if preempted else full - budget + prefill_cap - prefill
+        out = SchedulerOutput(new_requests=new_reqs, chunks=chunks, finished_req_ids=forget,  # type: ignore
+                              total_num_scheduled_tokens=total)
+        if chunks:
+            self._step_reqs[id(out)] = reqs  # type: ignore[assignment]
+            if self.step_budget is not None:
+                self._step_mix[id(out)] = (num_decodes, total - num_decodes)
+        return out
+
+    def _schedule_running(self, candidates: list[Request], budget: int, chunks: list, reqs: list,
+                          longer: list[Request] | None = None) -> tuple[int, bool]:
+        """Schedule ``candidates`` (running requests, in admission order) within ``budget`` tokens. With
+        ``longer`` given, only those with one token to compute; the others are appended to ``longer`` for a later
+        call. Out of blocks, it preempts (see the module docstring). Returns the budget left and whether it
+        preempted."""
+        allocate, running = self.kv.allocate_slots, self.running
+        preempted = False
+        for req in list(candidates):
+            if budget <= 0:
+                break
+            if req.status != _RUNNING:
+                continue  # preempted earlier in this step
             known = len(req.all_token_ids)
             pending = req.num_pending
             if pending and known + pending >= req.max_len:
-                i += 1  # the token in flight ends it by length: nothing more to compute
-                continue
+                continue  # the token in flight ends it by length: nothing more to compute
             n = known + pending - req.num_computed_tokens
+            if n <= 0:
+                continue
+            if n > 1 and longer is not None:
+                longer.append(req)
+                continue
             if n > budget:
                 n = budget
             blocks = allocate(req, n)
             while blocks is None:
                 victim = max(running, key=_victim_key)
-                vi = running.index(victim)
-                del running[vi]
+                running.remove(victim)
                 budget += self._preempt(victim, chunks, reqs)
                 preempted = True
                 if victim is req:
                     break
-                if vi < i:
-                    i -= 1
                 blocks = allocate(req, n)
             if blocks is None:
-                continue  # req itself was preempted; running[i] is now the next request
+                continue  # req itself was preempted
             start = req.num_computed_tokens
             end = start + n
             # A pending token's id is known only on the device: the runner takes it from the step in flight.
@@ -162,23 +208,7 @@ class Scheduler:
             if sample:
                 req.num_pending += 1
             budget -= n
-            i += 1
-
-        new_reqs: list[NewRequestData] = []
-        if not preempted:
-            budget, preempted = self._admit(budget, chunks, reqs, new_reqs, solo)
-
-        if preempted:
-            chunks = [c for c in chunks if c is not None]
-            reqs = [r for r in reqs if r is not None]
-        forget: list[str] = []
-        if chunks:  # with nothing to run, keep them for the next real step so the runner still drops them
-            forget, self._forget = self._forget, []
-        out = SchedulerOutput(new_requests=new_reqs, chunks=chunks, finished_req_ids=forget,  # type: ignore
-                              total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget)
-        if chunks:
-            self._step_reqs[id(out)] = reqs  # type: ignore[assignment]
-        return out
+        return budget, preempted
 
     def _solo_priority(self) -> int | None:
         """The priority of the best waiting request if it beats every running request, else None."""
@@ -290,6 +320,14 @@ class Scheduler:
         return returned
 
     # ------------------------------------------------------------------ results of one step
+    def observe_step(self, sched: SchedulerOutput, seconds: float) -> tuple[int, int] | None:
+        """Feed a finished step's device time to the step budget; returns its (decodes, prefill tokens), or None
+        when this scheduler keeps no budget or did not produce ``sched``."""
+        mix = self._step_mix.pop(id(sched), None)
+        if mix is not None and self.step_budget is not None:
+            self.step_budget.observe(mix[0], mix[1], seconds)
+        return mix
+
     def sampled_requests(self, sched: SchedulerOutput) -> list[Request | None]:
         """The ``Request`` of each sampling chunk of a step this scheduler produced, in chunk order."""
         reqs = self._step_reqs.get(id(sched)) or [self.requests.get(c.req_id) for c in sched.chunks]

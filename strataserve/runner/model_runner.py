@@ -376,8 +376,13 @@ class LaunchedStep:
             return  # ``result`` reads the tensor itself
         self._host = torch.empty(self.tokens.shape, dtype=self.tokens.dtype, pin_memory=True)
         self._host.copy_(self.tokens, non_blocking=True)
-        self._event = torch.cuda.Event()
+        self._event = torch.cuda.Event(enable_timing=True)  # the engine times steps between these (StepBudget)
         self._event.record()
+
+    @property
+    def done_event(self):
+        """The CUDA event recorded after this step's work (None before ``copy_to_host`` or off CUDA)."""
+        return self._event
 
     def result(self) -> ModelRunnerOutput:
         """Wait for the tokens and append each to its request's sampling state (penalties, seeds read it).

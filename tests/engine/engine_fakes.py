@@ -118,10 +118,10 @@ class AsyncFakeRunner(FakeRunner):
 
 
 def engine_config(*, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, prefix: bool = True,
-                  chunked: bool = True) -> EngineConfig:
+                  chunked: bool = True, target_step_ms: float = 0.0) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model="fake"),
         cache=CacheConfig(enable_prefix_caching=prefix),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                  enable_chunked_prefill=chunked),
+                                  enable_chunked_prefill=chunked, target_step_ms=target_step_ms),
     )
