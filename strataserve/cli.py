@@ -46,6 +46,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-step-ms", type=float, default=SchedulerConfig.target_step_ms,
                    help="while decodes run, cap each step's prefill tokens so the step takes about this long (the "
                         "streams' inter-token latency); 0 = off")
+    g.add_argument("--stream-interval", type=_positive_int, default=SchedulerConfig.stream_interval,
+                   help="streamed chunks carry at least this many tokens (the first token is sent at once): fewer "
+                        "socket writes per token when the API process or the clients are short of CPU")
     g.add_argument("--block-size", type=_positive_int, default=CacheConfig.block_size)
     g.add_argument("--kv-cache-memory-gib", type=float, default=CacheConfig.kv_cache_memory_gib,
                    help="KV-cache budget on CPU, in GiB")
@@ -79,7 +82,8 @@ def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto")),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_waiting_requests=args.max_waiting_requests,
-                                  target_step_ms=getattr(args, "target_step_ms", 0.0)),
+                                  target_step_ms=getattr(args, "target_step_ms", 0.0),
+                                  stream_interval=getattr(args, "stream_interval", 1)),
         runner=RunnerConfig(mode=args.runner_mode),
         parallel=ParallelConfig(tensor_parallel_size=getattr(args, "tensor_parallel_size", 1)),
     )

@@ -29,16 +29,21 @@ from strataserve.runner.base import ModelRunnerBase
 class _Collector:
     """Latest undelivered output of one request; deltas that pile up while the consumer is slow are merged.
 
-    The consumer waits on a bare future (created only when it has to wait): this runs once per streamed token,
-    and an ``asyncio.Event`` costs a future plus a waiter list per wait."""
+    With ``interval`` > 1 the consumer is woken only once the merged delta holds ``interval`` new tokens (or the
+    request finished, or it is the first output): the stream interval. The consumer waits on a bare future
+    (created only when it has to wait): this runs once per streamed token, and an ``asyncio.Event`` costs a future
+    plus a waiter list per wait."""
 
-    __slots__ = ("out", "err", "waiter", "n")
+    __slots__ = ("out", "err", "waiter", "n", "interval", "ready", "started")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, interval: int = 1) -> None:
         self.out: RequestOutput | None = None
         self.err: BaseException | None = None
         self.waiter: asyncio.Future | None = None
         self.n = n
+        self.interval = interval
+        self.ready = False  # ``out`` may be handed over
+        self.started = False  # the first output has been handed over
 
     def _wake(self) -> None:
         w = self.waiter
@@ -52,14 +57,19 @@ class _Collector:
             self.out = out
         else:
             _merge(self.out, out)
-        self._wake()
+        if not self.ready:
+            merged = self.out
+            self.ready = (self.interval <= 1 or merged.finished or not self.started
+                          or max((len(c.token_ids) for c in merged.outputs), default=0) >= self.interval)
+            if self.ready:
+                self._wake()
 
     def fail(self, exc: BaseException) -> None:
         self.err = exc
         self._wake()
 
     async def get(self) -> RequestOutput:
-        while self.out is None:
+        while not self.ready:
             if self.err is not None:
                 raise self.err
             self.waiter = asyncio.get_running_loop().create_future()
@@ -68,7 +78,8 @@ class _Collector:
             finally:
                 self.waiter = None
         out, self.out = self.out, None
-        return out
+        self.ready, self.started = False, True
+        return out  # type: ignore[return-value]
 
 
 def _merge(into: RequestOutput, new: RequestOutput) -> None:
@@ -107,6 +118,7 @@ class AsyncLLM:
         #: the core's latest SchedulerStats (None until the first step)
         self.stats: SchedulerStats | None = None
         self._collectors: dict[str, _Collector] = {}
+        self.stream_interval = engine_config.scheduler.stream_interval
         self._pump: asyncio.Task | None = None
         self._pump_error: BaseException | None = None
         self._closed = False
@@ -153,7 +165,7 @@ class AsyncLLM:
         text, ids, params = self.inputs.process(prompt, sampling_params)
         core_reqs = self.outputs.add_request(request_id, text, ids, params, eos_token_id=self.inputs.eos_token_id,
                                              priority=priority, kind=RequestOutputKind.DELTA)
-        collector = self._collectors[request_id] = _Collector(params.n)
+        collector = self._collectors[request_id] = _Collector(params.n, self.stream_interval)
         finished = False
         try:
             for r in core_reqs:

@@ -118,10 +118,11 @@ class AsyncFakeRunner(FakeRunner):
 
 
 def engine_config(*, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, prefix: bool = True,
-                  chunked: bool = True, target_step_ms: float = 0.0) -> EngineConfig:
+                  chunked: bool = True, target_step_ms: float = 0.0, stream_interval: int = 1) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model="fake"),
         cache=CacheConfig(enable_prefix_caching=prefix),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                  enable_chunked_prefill=chunked, target_step_ms=target_step_ms),
+                                  enable_chunked_prefill=chunked, target_step_ms=target_step_ms,
+                                  stream_interval=stream_interval),
     )

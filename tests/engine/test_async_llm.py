@@ -16,10 +16,11 @@ from strataserve.types.sampling import SamplingParams
 NUM_BLOCKS = 64
 
 
-def make(delay_s=0.0, fail_at_step=None, max_model_len=256) -> AsyncLLM:
+def make(delay_s=0.0, fail_at_step=None, max_model_len=256, stream_interval=1) -> AsyncLLM:
     runner = FakeRunner(num_blocks=NUM_BLOCKS, block_size=4, max_model_len=max_model_len, delay_s=delay_s,
                         fail_at_step=fail_at_step)
-    return AsyncLLM.from_config(engine_config(), runner=runner, tokenizer=build_tokenizer())
+    return AsyncLLM.from_config(engine_config(stream_interval=stream_interval), runner=runner,
+                                tokenizer=build_tokenizer())
 
 
 async def collect(llm, prompt, params, rid, **kw):
@@ -182,3 +183,35 @@ def test_shutdown_leaves_no_threads():
 
     asyncio.run(main())
     assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
+
+
+@pytest.mark.parametrize("interval", [3, 5])
+def test_stream_interval_sends_the_first_token_at_once_then_groups(interval):
+    """``stream_interval``: the first delta is the first token alone, every later one but the last carries at
+    least ``interval`` tokens, and the tokens and text are the same as streaming each token."""
+    async def main():
+        llm = make(delay_s=0.002, stream_interval=interval)
+        try:
+            tok = llm.tokenizer
+            sp = SamplingParams(max_tokens=17, ignore_eos=True)
+            results = await asyncio.gather(*[collect(llm, f"hello world {i}", sp, f"r{i}") for i in range(4)],
+                                           collect(llm, [5, 6, 7], SamplingParams(n=2, max_tokens=9, ignore_eos=True),
+                                                   "n2"))
+            for i, (texts, toks, outs) in enumerate(results[:4]):
+                assert toks[0] == reference_output(tok.encode(f"hello world {i}"), 17)
+                assert texts[0] == tok.decode(toks[0])
+                sizes = [len(o.outputs[0].token_ids) for o in outs]
+                assert sizes[0] == 1 and all(s >= interval for s in sizes[1:-1]), sizes
+                assert len(outs) <= 2 + (17 - 1) // interval and outs[-1].finished
+            texts, toks, outs = results[4]
+            assert toks == {0: reference_output([5, 6, 7], 9), 1: reference_output([5, 6, 7], 9)}
+            await wait_idle(llm)
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
+def test_stream_interval_must_be_positive():
+    with pytest.raises(ValueError, match="stream_interval"):
+        engine_config(stream_interval=0)
