@@ -143,16 +143,19 @@ class EngineCore:
         return EngineCoreOutputs(outputs=outputs, stats=self.stats())
 
     def _account(self, sched: SchedulerOutput, dt: float) -> None:
-        mix = self.scheduler.observe_step(sched, dt)
         if sched.total_num_scheduled_tokens > len(sched.chunks):
             self._prefill_time += dt
         else:
             self._decode_time += dt
+        budget = self.scheduler.step_budget
+        if budget is None and self._step_log is None:
+            return
+        decodes = sum(len(c.token_ids) == 1 for c in sched.chunks)
+        prefill = sched.total_num_scheduled_tokens - decodes
+        if budget is not None:
+            budget.observe(decodes, prefill, dt)
         if self._step_log is not None:
-            if mix is None:
-                d = sum(len(c.token_ids) == 1 for c in sched.chunks)
-                mix = (d, sched.total_num_scheduled_tokens - d)
-            self._step_log.write(f"{time.time():.6f} {mix[0]} {mix[1]} {dt * 1e3:.3f}\n")
+            self._step_log.write(f"{time.time():.6f} {decodes} {prefill} {dt * 1e3:.3f}\n")
 
     def has_step_in_flight(self) -> bool:
         return self._in_flight is not None

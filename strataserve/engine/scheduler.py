@@ -47,7 +47,6 @@ class Scheduler:
                  enable_prefix_caching: bool = True, step_budget: StepBudget | None = None) -> None:
         self.config = config
         self.step_budget = step_budget  # None: every step may use max_num_batched_tokens
-        self._step_mix: dict[int, tuple[int, int]] = {}  # id(SchedulerOutput) -> (decodes, prefill tokens)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
@@ -156,8 +155,6 @@ class Scheduler:
                               total_num_scheduled_tokens=total)
         if chunks:
             self._step_reqs[id(out)] = reqs  # type: ignore[assignment]
-            if self.step_budget is not None:
-                self._step_mix[id(out)] = (num_decodes, total - num_decodes)
         return out
 
     def _schedule_running(self, candidates: list[Request], budget: int, chunks: list, reqs: list,
@@ -320,14 +317,6 @@ class Scheduler:
         return returned
 
     # ------------------------------------------------------------------ results of one step
-    def observe_step(self, sched: SchedulerOutput, seconds: float) -> tuple[int, int] | None:
-        """Feed a finished step's device time to the step budget; returns its (decodes, prefill tokens), or None
-        when this scheduler keeps no budget or did not produce ``sched``."""
-        mix = self._step_mix.pop(id(sched), None)
-        if mix is not None and self.step_budget is not None:
-            self.step_budget.observe(mix[0], mix[1], seconds)
-        return mix
-
     def sampled_requests(self, sched: SchedulerOutput) -> list[Request | None]:
         """The ``Request`` of each sampling chunk of a step this scheduler produced, in chunk order."""
         reqs = self._step_reqs.get(id(sched)) or [self.requests.get(c.req_id) for c in sched.chunks]

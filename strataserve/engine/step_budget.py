@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from collections import deque
 from statistics import median
+
 from strataserve.config import SchedulerConfig
+
 
 class StepBudget:
     def __init__(self, target_ms: float, max_tokens: int, min_prefill: int = 256, window: int = 16) -> None:

@@ -60,7 +60,8 @@ def drive(budget: StepBudget | None, arrivals: dict[int, list[tuple[str, list[in
         assert so.total_num_scheduled_tokens == sum(len(c.token_ids) for c in so.chunks) <= max_tokens
         steps.append((d, p, decoding, one))
         result = runner.execute(so)
-        assert sched.observe_step(so, device_seconds(d, p)) == ((d, p) if budget is not None else None)
+        if budget is not None:
+            budget.observe(d, p, device_seconds(d, p))
         for o in sched.update_from_output(so, result):
             tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
     else:
@@ -151,7 +152,6 @@ def test_engine_core_times_steps_and_feeds_the_budget():
         core.step()
     decode_s, token_s = budget.estimates
     assert decode_s > 0 and token_s is not None and token_s > 0
-    assert core.scheduler._step_mix == {}  # every step's record was consumed
 
 
 class _FrozenBudget(StepBudget):
