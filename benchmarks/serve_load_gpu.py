@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -118,7 +119,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="folder for the 8B config + tokenizer (written if missing)")
     ap.add_argument("--variant", action="append", required=True,
-                    help='"NAME=TREE [extra strata serve flags]"; TREE is a code tree (PYTHONPATH for its server)')
+                    help='"NAME=TREE [ENV=VALUE ...] [extra strata serve flags]"; TREE is a code tree (PYTHONPATH '
+                         'for its server); ENV=VALUE items (upper-case names) go to its environment')
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workloads", default="closed,poisson")
     ap.add_argument("--closed-prompts", type=int, default=256)
@@ -141,12 +143,15 @@ def main() -> None:
         name, _, rest = spec.partition("=")
         tree, *extra = shlex.split(rest)
         variants.append((name, Path(tree).resolve(), extra))
+    is_env = re.compile(r"[A-Z_][A-Z0-9_]*=").match
+    envs = {name: dict(a.split("=", 1) for a in extra if is_env(a)) for name, _, extra in variants}
+    variants = [(name, tree, [a for a in extra if not is_env(a)]) for name, tree, extra in variants]
     servers: dict[str, Server] = {}
     errors: dict[str, str] = {}
 
     def start(name: str, tree: Path, extra: list[str]) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
-                   PYTHONUNBUFFERED="1", STRATA_STEP_LOG=str(LOGS / f"steps_{name}.log"))
+                   PYTHONUNBUFFERED="1", STRATA_STEP_LOG=str(LOGS / f"steps_{name}.log"), **envs[name])
         flags = [args.model, "--load-format", "dummy", "--dtype", args.dtype, "--served-model-name", "llama8b",
                  "--grpc-port", "0", "--num-gpu-blocks-override", str(args.blocks), "--max-model-len",
                  str(args.max_model_len), *extra]

@@ -25,6 +25,13 @@ STRATA_DECODE_LONG_FIRST: bool = os.environ.get("STRATA_DECODE_LONG_FIRST", "1")
 STRATA_DECODE_SPLIT_TARGET: int = int(os.environ.get("STRATA_DECODE_SPLIT_TARGET", "6"))
 if STRATA_DECODE_SPLIT_TARGET < 0:
     raise ValueError(f"STRATA_DECODE_SPLIT_TARGET={STRATA_DECODE_SPLIT_TARGET}: use 0 (off) or a positive count")
+#: steps with prompt tokens replay CUDA graphs per token bucket, captured on first use (hybrid runner, one rank;
+#: ``runner/mixed_graph.py``); "0": they run eagerly. Issue 12, docs/gpu_notes.md run 9.
+STRATA_MIXED_GRAPHS: bool = os.environ.get("STRATA_MIXED_GRAPHS", "1") != "0"
+#: prefill chunks one mixed-step graph takes (a step with more runs eagerly)
+STRATA_MIXED_GRAPH_MAX_PREFILLS: int = int(os.environ.get("STRATA_MIXED_GRAPH_MAX_PREFILLS", "32"))
+if STRATA_MIXED_GRAPH_MAX_PREFILLS < 1:
+    raise ValueError(f"STRATA_MIXED_GRAPH_MAX_PREFILLS={STRATA_MIXED_GRAPH_MAX_PREFILLS}: must be >= 1")
 #: greedy argmax inside the captured decode graph (all-greedy steps skip the logits gather and the sampler).
 STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
 #: tensor parallelism on CUDA: "symm_mem" sums small activations (decode steps) with PyTorch's one-shot

@@ -5,7 +5,9 @@ message per step) and spawns this process, which connects to both. Why a separat
 SSE work in the HTTP front must never stall the model loop, and the model loop must never wait on the front.
 
 Loop invariants:
-- idle (no unfinished requests): block on the input socket (with a timeout only to notice a dead parent);
+- idle (no unfinished requests): block on the input socket (with a timeout only to notice a dead parent); while
+  the core reports deferred work (``idle_work()``: mixed-step graph capture) it does one piece between
+  non-blocking polls instead, so a request that arrives waits for at most one piece;
 - busy: drain every queued message without blocking, then step, then send that step's outputs in one message;
 - after any message the core steps once even if idle, so the stats (KV usage after an abort) reach the front.
 
@@ -181,14 +183,17 @@ def _loop(core: Any, inp: zmq.Socket, out: zmq.Socket, orphaned: Callable[[], bo
     encoder = msgspec.msgpack.Encoder()
     poller = zmq.Poller()
     poller.register(inp, zmq.POLLIN)
+    idle_work = getattr(core, "idle_work", None)
     while True:
         busy = core.has_unfinished_requests()
         got_message = False
         if not busy:
-            # Idle: sleep in the kernel until a message arrives.
-            if not poller.poll(_IDLE_POLL_MS):
+            # Idle: deferred work piece by piece, then sleep in the kernel until a message arrives.
+            if not poller.poll(0 if idle_work is not None else _IDLE_POLL_MS):
                 if orphaned():
                     return
+                if idle_work is not None and not idle_work():
+                    idle_work = None
                 continue
         # Drain everything queued so this step sees every new request and abort.
         while True:

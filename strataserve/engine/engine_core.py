@@ -157,6 +157,14 @@ class EngineCore:
         if self._step_log is not None:
             self._step_log.write(f"{time.time():.6f} {decodes} {prefill} {dt * 1e3:.3f}\n")
 
+    def idle_work(self) -> bool:
+        """Let the runner do one piece of deferred work (graph capture) while nothing runs or waits; True while
+        it has more. The core process calls it between polls of an idle input socket."""
+        if self.has_unfinished_requests() or self.has_step_in_flight():
+            return False
+        fn = getattr(self.runner, "idle_work", None)
+        return bool(fn()) if fn is not None else False
+
     def has_step_in_flight(self) -> bool:
         return self._in_flight is not None
 

@@ -14,12 +14,12 @@ running a step may use every token of ``max_tokens`` (a lone prompt is as fast a
 prefill has been timed the cap is ``max_tokens`` too. ``min_prefill`` keeps prompts moving when the decodes alone
 already take longer than the target (a large batch at long context).
 
-Off by default (``target_step_ms=0``). The linear model holds when a step's time is its device work. On the H200
-with the 8B shape it is not: an eager mixed step costs ~36 ms of host time to launch whatever its prefill size
-(64 to 1,024 tokens, 48 decodes; ``benchmarks/mixed_step_profile.py``), so smaller chunks are not faster, the
-per-token estimate rises as the cap falls, and the cap drifts down round after round (measured:
-docs/performance.md, "Served path under load"). Worth turning on once mixed steps cost their device time
-(CUDA graphs for mixed steps); until then a fit of time = max(fixed, a + c * tokens) would be needed.
+Off by default (``target_step_ms=0``): the right target depends on the model, the device and the service level.
+The linear model holds when a step's time is its device work, which mixed-step CUDA graphs (``runner/mixed_graph.py``)
+made true in hybrid mode: before them an eager mixed step of the 8B shape cost ~16-36 ms of host time to launch
+whatever its prefill size, smaller chunks were no faster and the cap drifted down round after round. With them
+(run 9, 8B shape, Poisson 16 req/s of 1,024-token prompts, docs/performance.md): 28 ms keeps one prompt per step
+(TTFT P50 41-47 ms, ITL P99 29.3-30.2 ms in 9 rounds); 26-27 ms splits each prompt (ITL P99 29.1-30.7 ms, TTFT P50 43-56 ms).
 
 Pure bookkeeping: the engine core times each step and calls ``observe``; the scheduler calls ``prefill_cap``.
 """

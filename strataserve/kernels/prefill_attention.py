@@ -11,6 +11,11 @@ Exact Attention with IO-Awareness", 2022): a program owns BLOCK_M query rows of 
 streams the keys in BLOCK_N tiles, gathered row by row through the block table, stopping at the causal edge.
 Queries are packed back to back ([total_tokens, Hq, D], ``cu_seqlens_q`` marks segments). An fp8/int8 cache is
 converted on load with its per-head scales folded in, as in ``decode_attention.py``.
+
+Two launch forms. By default the grid is (cdiv(max_q_len, BLOCK_M), segments, heads) and sized from host values.
+With a *tile map* (``tiles`` int32 [n, 2] of (segment, query block), unused entries (-1, 0)) the grid is
+(n, heads) and depends only on the map's length, so a CUDA graph captured for a token bucket replays for any mix
+of segments that fits it (``runner/mixed_graph.py``); ``kernels/prefill_tiles.py`` builds a map.
 """
 from __future__ import annotations
 
@@ -21,20 +26,30 @@ import triton.language as tl
 from strataserve.kernels._common import dot as _dot
 from strataserve.kernels._common import (check, check_index, check_paged_qkv, check_same_device, next_pow2)
 from strataserve.kernels.decode_attention import gather_kv_ref
+from strataserve.kernels.prefill_tiles import PREFILL_BLOCK_M
 
 
 @triton.jit
 def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_ptr, ks_ptr, vs_ptr,
                               q_st, q_sh, o_st, o_sh, c_sb, c_ss, c_sh, bt_sb,
                               scale, G, D, block_size,
+                              tile_ptr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                              IEEE: tl.constexpr, QUANT: tl.constexpr):
-    mb = tl.program_id(0)
-    seg = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2)
+                              IEEE: tl.constexpr, QUANT: tl.constexpr, TILED: tl.constexpr):
+    if TILED:  # (segment, query block) from the map; a negative segment is an unused entry
+        seg = tl.load(tile_ptr + 2 * tl.program_id(0)).to(tl.int64)
+        mb = tl.load(tile_ptr + 2 * tl.program_id(0) + 1)
+        h = tl.program_id(1)
+        live = seg >= 0
+        seg = tl.maximum(seg, 0)
+    else:
+        mb = tl.program_id(0)
+        seg = tl.program_id(1).to(tl.int64)
+        h = tl.program_id(2)
+        live = mb >= 0
     q_start = tl.load(cu_ptr + seg).to(tl.int64)
     q_len = tl.load(cu_ptr + seg + 1).to(tl.int64) - q_start
-    if mb * BLOCK_M < q_len:
+    if live & (mb * BLOCK_M < q_len):
         seq_len = tl.load(len_ptr + seg).to(tl.int64)
         prefix = seq_len - q_len
         kvh = h // G
@@ -78,12 +93,13 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                       cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_q_len: int, scale: float,
-                      out: torch.Tensor | None = None, block_m: int = 64, block_n: int = 64, num_warps: int = 4,
-                      num_stages: int = 2, k_scale: torch.Tensor | None = None,
-                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, block_m: int = PREFILL_BLOCK_M, block_n: int = 64,
+                      num_warps: int = 4, num_stages: int = 2, k_scale: torch.Tensor | None = None,
+                      v_scale: torch.Tensor | None = None, tiles: torch.Tensor | None = None) -> torch.Tensor:
     """``q`` [T, Hq, D] packed segments; ``cu_seqlens_q`` [S+1]; ``seq_lens`` [S] (prefix + new tokens);
-    ``block_tables`` [S, max_blocks]; ``max_q_len`` the longest segment (host int, sizes the grid);
-    ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache."""
+    ``block_tables`` [S, max_blocks]; ``max_q_len`` the longest segment (host int, sizes the grid; ignored with
+    ``tiles``); ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache. ``tiles``: int32 [n, 2] tile map made with
+    the same ``block_m`` (module docstring); segments it does not name are not computed."""
     quant = check_paged_qkv(q, k_cache, v_cache, "[tokens, q_heads, head_dim]", k_scale, v_scale)
     T, Hq, D = q.shape
     _, block_size, Hkv, _ = k_cache.shape
@@ -99,17 +115,24 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if out is None:
         out = torch.empty_like(q)
     check(out.shape == q.shape and out.dtype == q.dtype and out.stride(2) == 1, "out: must match q")
-    if T == 0 or S == 0 or max_q_len == 0:
+    if tiles is not None:
+        check_index("tiles", tiles)
+        check(tiles.dim() == 2 and tiles.shape[1] == 2 and tiles.is_contiguous(),
+              f"tiles: expected a contiguous [n, 2] map, got {tuple(tiles.shape)}")
+        check_same_device(q=q, tiles=tiles)
+        grid: tuple[int, ...] = (tiles.shape[0], Hq)
+    else:
+        grid = (triton.cdiv(max_q_len, block_m), S, Hq)
+    if T == 0 or S == 0 or grid[0] == 0:
         return out
-    grid = (triton.cdiv(max_q_len, block_m), S, Hq)
     _prefill_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, k_scale if quant else q,
         v_scale if quant else q,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        scale, Hq // Hkv, D, block_size,
+        scale, Hq // Hkv, D, block_size, tiles if tiles is not None else cu_seqlens_q,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(D)), IEEE=q.dtype == torch.float32,
-        QUANT=quant, num_warps=num_warps, num_stages=num_stages)
+        QUANT=quant, TILED=tiles is not None, num_warps=num_warps, num_stages=num_stages)
     return out
 
 

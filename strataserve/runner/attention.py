@@ -78,6 +78,13 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor  # int32 [P, max_blocks] (padded with 0)
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSegment] = field(default_factory=list)
+    prefill_seq_lens: torch.Tensor | None = None  # int32 [P]: context + query tokens (kernels; once per step)
+    #: int32 [n, 2] (segment, query block) map of the prefill kernel's fixed-grid launch (``runner/mixed_graph.py``
+    #: sets it; ``prefills`` is then empty and the map alone says which query rows are computed)
+    prefill_tiles: torch.Tensor | None = None
+    #: the decode rows are a fixed grid, most of them padding (context 0): the kernel should size each real row's
+    #: split count from the lengths (a mixed-step graph; the launch cannot know how many rows are real)
+    decode_rows_padded: bool = False
 
 
 class TorchAttention:

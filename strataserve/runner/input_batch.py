@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from strataserve.kernels.prefill_tiles import PREFILL_BLOCK_M, build_prefill_tiles
 from strataserve.types.outputs import ScheduledChunk
 from strataserve.runner.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 
@@ -207,9 +208,11 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
     p_width = max((len(t) for t in p_tables), default=0)
     i64 = [np.asarray(ids, dtype=np.int64), np.concatenate(pos_parts), np.concatenate(slot_parts),
            np.asarray(logits_rows, dtype=np.int64)]
-    i32 = [d_tables, d_ctx.astype(np.int32), np.asarray(p_start_loc, dtype=np.int32),
-           np.asarray(p_ctx, dtype=np.int32), _padded(p_tables, p_width).astype(np.int32)]
-    (input_ids, positions, slots, logits_idx), (d_tab, d_ctx_t, p_qsl, p_ctx_t, p_tab) = _tensors(i64, i32, device)
+    p_ctx_a = np.asarray(p_ctx, dtype=np.int32)
+    i32 = [d_tables, d_ctx.astype(np.int32), np.asarray(p_start_loc, dtype=np.int32), p_ctx_a,
+           _padded(p_tables, p_width).astype(np.int32), p_ctx_a + np.diff(np.asarray(p_start_loc, dtype=np.int32))]
+    (input_ids, positions, slots, logits_idx), (d_tab, d_ctx_t, p_qsl, p_ctx_t, p_tab, p_len) = \
+        _tensors(i64, i32, device)
     groups: list[DecodeGroup] = []
     if torch_views:
         d_long = torch.from_numpy(d_tables.astype(np.int64))
@@ -219,10 +222,16 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
             segments = [PrefillSegment(s.start, s.query_len, s.context_len,
                                        None if s.block_ids is None else _mv(s.block_ids, device),
                                        None if s.mask is None else _mv(s.mask, device)) for s in segments]
+    # kernel backends: the prefill kernel's tile map (one pinned transfer of its own; a few dozen rows)
+    tiles = (None if torch_views or not pre else
+             _packed([build_prefill_tiles([s.query_len for s in segments], PREFILL_BLOCK_M)], torch.int32, device)[0]
+             if device.type != "cpu" else
+             torch.from_numpy(build_prefill_tiles([s.query_len for s in segments], PREFILL_BLOCK_M)))
     meta = AttentionMetadata(
         slot_mapping=slots, num_decode_tokens=n_dec, decode_block_tables=d_tab, decode_context_lens=d_ctx_t,
         prefill_query_start_loc=p_qsl, prefill_context_lens=p_ctx_t, prefill_block_tables=p_tab,
-        decode_groups=groups, prefills=segments)
+        decode_groups=groups, prefills=segments, prefill_seq_lens=p_len,
+        prefill_tiles=tiles)
     return InputBatch(input_ids=input_ids, positions=positions, attn_meta=meta, logits_indices=logits_idx,
                       sample_chunk_ids=sample_chunk_ids, decode_chunk_ids=dec)
 

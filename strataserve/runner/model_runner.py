@@ -125,6 +125,10 @@ class ModelRunner(ModelRunnerBase):
             self.gemv_choices = self._tune_gemv() if self.plan.mode == "hybrid" else []
         with self.startup.time("CUDA graphs"):
             self.graphs = self._capture_graphs() if self.plan.cuda_graphs else None
+        #: steps with prompt tokens replay per-bucket graphs too, captured on first use (``runner/mixed_graph.py``);
+        #: Triton attention only (its kernels take the fixed-grid forms), one rank (no collectives in them)
+        self.mixed = (self._mixed_graphs() if self.plan.mode == "hybrid" and self.tp.size == 1
+                      and envs.STRATA_MIXED_GRAPHS else None)
 
     # ------------------------------------------------------------------ start-up
     def _max_model_len(self, requested: int | None) -> int:
@@ -224,6 +228,19 @@ class ModelRunner(ModelRunnerBase):
         seconds = graphs.capture()
         log.info("captured %d CUDA graphs (batch <= %d) in %.2f s", len(graphs.sizes), graphs.max_bs, seconds)
         return graphs
+
+    def _mixed_graphs(self, use_graphs: bool = True):  # -> MixedStepGraphs
+        from strataserve.runner.mixed_graph import MixedStepGraphs
+
+        sched = self.config.scheduler
+        return MixedStepGraphs(self.model, sched.max_num_batched_tokens, sched.max_num_seqs,
+                               envs.STRATA_MIXED_GRAPH_MAX_PREFILLS, -(-self.max_model_len // self.block_size), self.model_config.hidden_size, self.dtype,
+                               self.device, use_graphs=use_graphs)
+
+    def idle_work(self) -> bool:
+        """One piece of deferred start-up work while the engine has nothing to run (a mixed-step graph bucket);
+        True while more remains."""
+        return self.mixed.capture_next() if self.mixed is not None else False
 
     # ------------------------------------------------------------------ per step
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -328,7 +345,10 @@ class ModelRunner(ModelRunnerBase):
                 return None, argmax.index_select(0, batch.logits_indices), plp
             rows = all_logits.index_select(0, batch.logits_indices)
             return (rows if plain_greedy else rows.float()), None, plp
-        hidden = self.model(batch.input_ids, batch.positions, meta)
+        hidden = (self.mixed.run(batch.input_ids, batch.positions, meta)
+                  if self.mixed is not None and self.mixed.can_run(meta, t) else None)
+        if hidden is None:
+            hidden = self.model(batch.input_ids, batch.positions, meta)
         plp = None if prompt is None else prompt_logprobs(
             self.model.compute_logits(hidden.index_select(0, prompt.flat_rows)), prompt)
         if not batch.sample_chunk_ids:
@@ -339,6 +359,9 @@ class ModelRunner(ModelRunnerBase):
         if self.graphs is not None:
             self.graphs.close()
             self.graphs = None
+        if getattr(self, "mixed", None) is not None:
+            self.mixed.close()  # type: ignore[union-attr]
+            self.mixed = None
         workers, self.tp_setup.workers = self.tp_setup.workers, None
         if workers is not None:
             workers.stop(self.tp_control)

@@ -13,6 +13,7 @@ from strataserve.kernels.decode_attention import default_num_splits, paged_decod
 from strataserve.kernels.gemv import GemvConfig, gemv
 from strataserve.kernels.kv_cache import store_kv
 from strataserve.kernels.prefill_attention import prefill_attention
+from strataserve.kernels.prefill_tiles import PREFILL_BLOCK_M
 from strataserve.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from strataserve.kernels.rotary import apply_rotary
 from strataserve.kernels.rotary_kv import rotary_store_kv
@@ -104,16 +105,21 @@ class TritonAttention:
         nd = meta.num_decode_tokens
         if nd:
             splits, target = decode_launch(nd, hkv, self.num_sms, self.programs_per_sm, self.split_target)
+            if meta.decode_rows_padded and self.split_target and not target:
+                # run 9: 256 grid rows of which ~25 real got one split each (~0.6 ms of an 8B mixed step)
+                splits, target = max(splits, ADAPTIVE_MIN_CAP), self.split_target
             paged_decode_attention(q3[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                                    self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse,
                                    split_target=target, num_sms=self.num_sms,
                                    semaphores=self._tickets(nd * hkv, q.device) if target else None, **sc)
-        if meta.prefills:
+        if meta.prefills or meta.prefill_tiles is not None:
             qsl = meta.prefill_query_start_loc
-            seq_lens = meta.prefill_context_lens + (qsl[1:] - qsl[:-1])
-            max_q = max(seg.query_len for seg in meta.prefills)
+            seq_lens = meta.prefill_seq_lens
+            if seq_lens is None:
+                seq_lens = meta.prefill_context_lens + (qsl[1:] - qsl[:-1])
+            max_q = max((seg.query_len for seg in meta.prefills), default=0)
             prefill_attention(q3, k_cache, v_cache, meta.prefill_block_tables, qsl, seq_lens, max_q, self.scale,
-                              out=out, **sc)
+                              out=out, tiles=meta.prefill_tiles, block_m=PREFILL_BLOCK_M, **sc)
         return out.view(t, hq * d)
 
 

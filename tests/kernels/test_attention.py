@@ -1,11 +1,13 @@
 """Paged decode (split-KV) and prefill-with-prefix attention against their PyTorch references."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from strataserve.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 from strataserve.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from strataserve.kernels.prefill_tiles import build_prefill_tiles
 from ._helpers import ATTN_TOL, DTYPES, assert_close
 
 
@@ -111,3 +113,33 @@ def test_attention_bad_inputs(device):
     with pytest.raises(ValueError, match="cu_seqlens_q: expected shape"):
         prefill_attention(torch.zeros(3, 4, 32, device=device), kc, kc, tables,
                           torch.zeros(2, dtype=torch.int32, device=device), lens, 3, 1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_tile_map(device, dtype):
+    """The tile-map launch (fixed grid, spare entries unused) equals the reference; segments the map leaves out
+    are not written, so a graph can size its map for the largest step and reuse it for any smaller one."""
+    q_lens, prefix = [21, 1, 40], [8, 30, 0]
+    seq = [a + b for a, b in zip(q_lens, prefix)]
+    kc, vc, tables = _paged_cache(device, dtype, seq, 2, 32, 8)
+    T = sum(q_lens)
+    q = torch.randn(T, 4, 32, device=device, dtype=dtype)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(seq, dtype=torch.int32, device=device)
+    exp = prefill_attention_ref(q, kc, vc, tables, cu, seq_lens, 0.25)
+    spare = np.zeros((12, 2), dtype=np.int32)
+    tiles = build_prefill_tiles(q_lens, 16, spare)
+    assert (tiles[:6, 1] == [2, 1, 1, 0, 0, 0]).all() and (tiles[6:] == [-1, 0]).all()
+    out = prefill_attention(q, kc, vc, tables, cu, seq_lens, 0, 0.25, block_m=16, block_n=16,
+                            tiles=torch.from_numpy(tiles).to(device))
+    assert_close(out, exp, ATTN_TOL[dtype], "tiled prefill")
+    # a map naming only segment 2: the other rows keep what ``out`` held
+    only = torch.tensor([[2, 0], [2, 1], [2, 2], [-1, 0]], dtype=torch.int32, device=device)
+    out = torch.full_like(q, 7.0)
+    prefill_attention(q, kc, vc, tables, cu, seq_lens, 0, 0.25, block_m=16, block_n=16, out=out, tiles=only)
+    assert_close(out[22:], exp[22:], ATTN_TOL[dtype], "segment 2")
+    assert bool((out[:22] == 7.0).all())
+    with pytest.raises(ValueError, match="do not fit"):
+        build_prefill_tiles([100], 16, np.zeros((3, 2), dtype=np.int32))
+    with pytest.raises(ValueError, match="tiles"):
+        prefill_attention(q, kc, vc, tables, cu, seq_lens, 0, 0.25, tiles=only[:, :1])
