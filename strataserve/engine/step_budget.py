@@ -19,7 +19,8 @@ The linear model holds when a step's time is its device work, which mixed-step C
 made true in hybrid mode: before them an eager mixed step of the 8B shape cost ~16-36 ms of host time to launch
 whatever its prefill size, smaller chunks were no faster and the cap drifted down round after round. With them
 (run 9, 8B shape, Poisson 16 req/s of 1,024-token prompts, docs/performance.md): 28 ms keeps one prompt per step
-(TTFT P50 41-47 ms, ITL P99 29.3-30.2 ms in 9 rounds); 26-27 ms splits each prompt (ITL P99 29.1-30.7 ms, TTFT P50 43-56 ms).
+(TTFT P50 41-47 ms, ITL P99 29.3-30.2 ms in 9 rounds); 26-27 ms splits each prompt (ITL P99 29.1-30.7 ms, TTFT
+P50 43-56 ms).
 
 Pure bookkeeping: the engine core times each step and calls ``observe``; the scheduler calls ``prefill_cap``.
 """

@@ -234,8 +234,8 @@ class ModelRunner(ModelRunnerBase):
 
         sched = self.config.scheduler
         return MixedStepGraphs(self.model, sched.max_num_batched_tokens, sched.max_num_seqs,
-                               envs.STRATA_MIXED_GRAPH_MAX_PREFILLS, -(-self.max_model_len // self.block_size), self.model_config.hidden_size, self.dtype,
-                               self.device, use_graphs=use_graphs)
+                               envs.STRATA_MIXED_GRAPH_MAX_PREFILLS, -(-self.max_model_len // self.block_size),
+                               self.model_config.hidden_size, self.dtype, self.device, use_graphs=use_graphs)
 
     def idle_work(self) -> bool:
         """One piece of deferred start-up work while the engine has nothing to run (a mixed-step graph bucket);
