@@ -22,7 +22,8 @@ def build_prefill_tiles(q_lens: list[int], block_m: int, out: np.ndarray | None 
         out = np.empty((len(rows), 2), dtype=np.int32)
     if len(rows) > out.shape[0]:
         raise ValueError(f"{len(rows)} prefill tiles do not fit a map of {out.shape[0]}")
-    out[:len(rows)] = rows if rows else np.zeros((0, 2), np.int32)
+    if rows:
+        out[:len(rows)] = rows
     out[len(rows):] = (-1, 0)
     return out
 

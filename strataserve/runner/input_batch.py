@@ -129,7 +129,8 @@ def _decode_groups(nblocks: np.ndarray, ctx: torch.Tensor, tables: torch.Tensor,
 
 def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
                       mask_dtype: torch.dtype = torch.float32, torch_views: bool = True,
-                      rows: BlockTableRows | None = None, sliding_window: int | None = None) -> InputBatch:
+                      rows: BlockTableRows | None = None, sliding_window: int | None = None,
+                      tile_map: bool = False) -> InputBatch:
     """``mask_dtype``: the model dtype (the torch backend's additive masks must match the queries').
     ``torch_views=False`` skips ``decode_groups`` and the prefill segments' block ids/masks, which only the torch
     attention backend reads (kernel backends use the generic tensors). ``rows``: the runner's persistent block
@@ -137,7 +138,8 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
 
     Token ids < 0 (a token still being sampled by the step in flight) are passed through as they are; the
     runner replaces them on the device. ``sliding_window``: each query sees only the last ``sliding_window``
-    positions, itself included (Mistral); the torch backend's masks carry it."""
+    positions, itself included (Mistral); the torch backend's masks carry it. ``tile_map``: also the Triton
+    prefill kernel's tile map (``kernels/prefill_tiles.py``), in the same transfer as the other int32 arrays."""
     dec: list[int] = []
     pre: list[int] = []
     for i, c in enumerate(chunks):
@@ -211,7 +213,9 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
     p_ctx_a = np.asarray(p_ctx, dtype=np.int32)
     i32 = [d_tables, d_ctx.astype(np.int32), np.asarray(p_start_loc, dtype=np.int32), p_ctx_a,
            _padded(p_tables, p_width).astype(np.int32), p_ctx_a + np.diff(np.asarray(p_start_loc, dtype=np.int32))]
-    (input_ids, positions, slots, logits_idx), (d_tab, d_ctx_t, p_qsl, p_ctx_t, p_tab, p_len) = \
+    if tile_map and pre:
+        i32.append(build_prefill_tiles([s.query_len for s in segments], PREFILL_BLOCK_M))
+    (input_ids, positions, slots, logits_idx), (d_tab, d_ctx_t, p_qsl, p_ctx_t, p_tab, p_len, *tiles) = \
         _tensors(i64, i32, device)
     groups: list[DecodeGroup] = []
     if torch_views:
@@ -222,16 +226,10 @@ def build_input_batch(chunks: Sequence[ScheduledChunk], block_size: int, device:
             segments = [PrefillSegment(s.start, s.query_len, s.context_len,
                                        None if s.block_ids is None else _mv(s.block_ids, device),
                                        None if s.mask is None else _mv(s.mask, device)) for s in segments]
-    # kernel backends: the prefill kernel's tile map (one pinned transfer of its own; a few dozen rows)
-    tiles = (None if torch_views or not pre else
-             _packed([build_prefill_tiles([s.query_len for s in segments], PREFILL_BLOCK_M)], torch.int32, device)[0]
-             if device.type != "cpu" else
-             torch.from_numpy(build_prefill_tiles([s.query_len for s in segments], PREFILL_BLOCK_M)))
     meta = AttentionMetadata(
         slot_mapping=slots, num_decode_tokens=n_dec, decode_block_tables=d_tab, decode_context_lens=d_ctx_t,
         prefill_query_start_loc=p_qsl, prefill_context_lens=p_ctx_t, prefill_block_tables=p_tab,
-        decode_groups=groups, prefills=segments, prefill_seq_lens=p_len,
-        prefill_tiles=tiles)
+        decode_groups=groups, prefills=segments, prefill_seq_lens=p_len, prefill_tiles=tiles[0] if tiles else None)
     return InputBatch(input_ids=input_ids, positions=positions, attn_meta=meta, logits_indices=logits_idx,
                       sample_chunk_ids=sample_chunk_ids, decode_chunk_ids=dec)
 

@@ -229,13 +229,13 @@ class ModelRunner(ModelRunnerBase):
         log.info("captured %d CUDA graphs (batch <= %d) in %.2f s", len(graphs.sizes), graphs.max_bs, seconds)
         return graphs
 
-    def _mixed_graphs(self, use_graphs: bool = True):  # -> MixedStepGraphs
+    def _mixed_graphs(self):  # -> MixedStepGraphs
         from strataserve.runner.mixed_graph import MixedStepGraphs
 
         sched = self.config.scheduler
         return MixedStepGraphs(self.model, sched.max_num_batched_tokens, sched.max_num_seqs,
                                envs.STRATA_MIXED_GRAPH_MAX_PREFILLS, -(-self.max_model_len // self.block_size),
-                               self.model_config.hidden_size, self.dtype, self.device, use_graphs=use_graphs)
+                               self.model_config.hidden_size, self.dtype, self.device)
 
     def idle_work(self) -> bool:
         """One piece of deferred start-up work while the engine has nothing to run (a mixed-step graph bucket);
@@ -265,7 +265,7 @@ class ModelRunner(ModelRunnerBase):
         if not chunks:
             return LaunchedStep([], [], None, [], [])
         batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views, self._rows,
-                                  self.sliding_window)
+                                  self.sliding_window, tile_map=self.plan.ops.name == "triton")
         self._fill_pending_tokens(batch, chunks)
         req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
         reqs = [self.requests[r] for r in req_ids]

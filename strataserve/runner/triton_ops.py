@@ -29,11 +29,15 @@ ADAPTIVE_MIN_CAP = 4
 ADAPTIVE_MAX_PROGRAMS_PER_SM = 4
 
 
-def decode_launch(rows: int, kv_heads: int, num_sms: int, programs_per_sm: int, split_target: int) -> tuple[int, int]:
+def decode_launch(rows: int, kv_heads: int, num_sms: int, programs_per_sm: int, split_target: int,
+                  padded: bool = False) -> tuple[int, int]:
     """(num_splits, split_target) of the decode-attention launch for ``rows`` decode rows: fixed per batch size,
-    so a CUDA graph captured for that size stays valid; split_target 0 = the fixed split count of run 6."""
+    so a CUDA graph captured for that size stays valid; split_target 0 = the fixed split count of run 6.
+    ``padded``: the rows are a fixed grid, most of them padding (a mixed-step graph), so the kernel chooses each
+    real row's split count whatever the grid size (run 9: one split per row of a 256-row grid with ~25 real rows
+    cost ~0.6 ms of an 8B mixed step)."""
     splits = default_num_splits(rows, kv_heads, num_sms, programs_per_sm=programs_per_sm)
-    if split_target and num_sms <= rows * kv_heads <= ADAPTIVE_MAX_PROGRAMS_PER_SM * num_sms:
+    if split_target and (padded or num_sms <= rows * kv_heads <= ADAPTIVE_MAX_PROGRAMS_PER_SM * num_sms):
         return max(splits, ADAPTIVE_MIN_CAP), split_target
     return splits, 0
 
@@ -104,10 +108,8 @@ class TritonAttention:
         out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
         nd = meta.num_decode_tokens
         if nd:
-            splits, target = decode_launch(nd, hkv, self.num_sms, self.programs_per_sm, self.split_target)
-            if meta.decode_rows_padded and self.split_target and not target:
-                # run 9: 256 grid rows of which ~25 real got one split each (~0.6 ms of an 8B mixed step)
-                splits, target = max(splits, ADAPTIVE_MIN_CAP), self.split_target
+            splits, target = decode_launch(nd, hkv, self.num_sms, self.programs_per_sm, self.split_target,
+                                           padded=meta.decode_rows_padded)
             paged_decode_attention(q3[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                                    self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse,
                                    split_target=target, num_sms=self.num_sms,

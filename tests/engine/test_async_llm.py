@@ -33,6 +33,22 @@ async def collect(llm, prompt, params, rid, **kw):
     return texts, toks, outs
 
 
+async def text_streams_and_n2(llm, count: int, max_tokens: int, n2_tokens: int) -> list[list]:
+    """``count`` text prompts and one n=2 token prompt streamed at once; checks every stream's tokens and text
+    against the reference and returns the text streams' outputs (one list per prompt) for further checks."""
+    tok = llm.tokenizer
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    results = await asyncio.gather(*[collect(llm, f"hello world {i}", sp, f"r{i}") for i in range(count)],
+                                   collect(llm, [5, 6, 7], SamplingParams(n=2, max_tokens=n2_tokens, ignore_eos=True),
+                                           "n2"))
+    for i, (texts, toks, _) in enumerate(results[:count]):
+        assert toks[0] == reference_output(tok.encode(f"hello world {i}"), max_tokens)
+        assert texts[0] == tok.decode(toks[0])
+    expected = reference_output([5, 6, 7], n2_tokens)
+    assert results[count][1] == {0: expected, 1: expected}
+    return [outs for _, _, outs in results[:count]]
+
+
 async def wait_idle(llm, timeout=5.0):
     for _ in range(int(timeout / 0.01)):
         s = llm.stats
@@ -46,18 +62,9 @@ def test_streams_deltas_concurrently_and_matches_reference():
     async def main():
         llm = make()
         try:
-            tok = llm.tokenizer
-            sp = SamplingParams(max_tokens=12, ignore_eos=True)
-            results = await asyncio.gather(*[collect(llm, f"hello world {i}", sp, f"r{i}") for i in range(6)],
-                                           collect(llm, [5, 6, 7], SamplingParams(n=2, max_tokens=4, ignore_eos=True), "n2"))
-            for i, (texts, toks, outs) in enumerate(results[:6]):
-                ids = tok.encode(f"hello world {i}")
-                assert toks[0] == reference_output(ids, 12)
-                assert texts[0] == tok.decode(toks[0])
+            for outs in await text_streams_and_n2(llm, 6, 12, 4):
                 assert [o.finished for o in outs][-1] and not any(o.finished for o in outs[:-1])
                 assert outs[-1].outputs[0].finish_reason == "length"
-            texts, toks, outs = results[6]
-            assert toks == {0: reference_output([5, 6, 7], 4), 1: reference_output([5, 6, 7], 4)}
             await wait_idle(llm)
         finally:
             llm.shutdown()
@@ -192,19 +199,10 @@ def test_stream_interval_sends_the_first_token_at_once_then_groups(interval):
     async def main():
         llm = make(delay_s=0.002, stream_interval=interval)
         try:
-            tok = llm.tokenizer
-            sp = SamplingParams(max_tokens=17, ignore_eos=True)
-            results = await asyncio.gather(*[collect(llm, f"hello world {i}", sp, f"r{i}") for i in range(4)],
-                                           collect(llm, [5, 6, 7], SamplingParams(n=2, max_tokens=9, ignore_eos=True),
-                                                   "n2"))
-            for i, (texts, toks, outs) in enumerate(results[:4]):
-                assert toks[0] == reference_output(tok.encode(f"hello world {i}"), 17)
-                assert texts[0] == tok.decode(toks[0])
+            for outs in await text_streams_and_n2(llm, 4, 17, 9):
                 sizes = [len(o.outputs[0].token_ids) for o in outs]
                 assert sizes[0] == 1 and all(s >= interval for s in sizes[1:-1]), sizes
                 assert len(outs) <= 2 + (17 - 1) // interval and outs[-1].finished
-            texts, toks, outs = results[4]
-            assert toks == {0: reference_output([5, 6, 7], 9), 1: reference_output([5, 6, 7], 9)}
             await wait_idle(llm)
         finally:
             llm.shutdown()

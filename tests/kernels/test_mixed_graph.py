@@ -69,7 +69,8 @@ def test_padded_mixed_forward_matches_eager(device, qk_norm, split_target):
     ]
     used = set()
     for chunks in steps:
-        batches = {n: build_input_batch(chunks, BS, torch.device(device), dt, torch_views=n == "torch")
+        batches = {n: build_input_batch(chunks, BS, torch.device(device), dt, torch_views=n == "torch",
+                                        tile_map=n == "triton")
                    for n in models}
         t = batches["triton"].input_ids.shape[0]
         meta = batches["triton"].attn_meta
@@ -95,12 +96,15 @@ def test_can_run_limits(device):
                              use_graphs=False)
 
     def meta(chunks):
-        b = build_input_batch(chunks, BS, torch.device(device), torch.float32, torch_views=False)
+        b = build_input_batch(chunks, BS, torch.device(device), torch.float32, torch_views=False, tile_map=True)
         return b.attn_meta, b.input_ids.shape[0]
 
     assert graphs.capture_next() is False  # nothing to capture without graphs (CPU): the idle hook stops at once
     table = list(range(8))
     assert graphs.can_run(*meta([ScheduledChunk("a", [1] * 20, 0, table, True)]))
+    no_map = build_input_batch([ScheduledChunk("a", [1] * 20, 0, table, True)], BS, torch.device(device),
+                               torch.float32, torch_views=False)
+    assert no_map.attn_meta.prefill_tiles is None and not graphs.can_run(no_map.attn_meta, 20)  # no tile map
     assert not graphs.can_run(*meta([ScheduledChunk(r, [1] * 3, 0, table, True) for r in "abc"]))  # 3 prefills
     assert not graphs.can_run(*meta([ScheduledChunk("a", [1] * 65, 0, table + [9], True)]))  # > 64 tokens
     assert not graphs.can_run(*meta([ScheduledChunk("a", [1] * 8, 30, table, True)]))  # 5 blocks > 4

@@ -120,6 +120,9 @@ def test_decode_launch_policy():
         assert target == (6 if adaptive else 0), rows
         assert splits == (max(fixed, ADAPTIVE_MIN_CAP) if adaptive else fixed), rows
         assert decode_launch(rows, 8, 132, 16, 0) == (fixed, 0)
+        # a padded grid (mixed-step graph): always the in-kernel choice, unless splits are off altogether
+        assert decode_launch(rows, 8, 132, 16, 6, padded=True) == (max(fixed, ADAPTIVE_MIN_CAP), 6)
+        assert decode_launch(rows, 8, 132, 16, 0, padded=True) == (fixed, 0)
 
 
 def test_graph_batch_sizes():
