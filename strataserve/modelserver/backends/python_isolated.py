@@ -183,7 +183,13 @@ class IsolatedModel:
         for sender in senders:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(self._dead)),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        conn.close()
+        self._close(conn)
+
+    def _close(self, conn) -> None:
+        """Close the pipe once: the reader thread and ``finalize`` both close it, and two threads inside one
+        ``Connection.close`` close the fd twice (EBADF, or worse, an fd number reused meanwhile)."""
+        with self._lock:
+            conn.close()
 
     def wait_ready(self) -> None:
         self._up.wait(self.RESTART_WAIT_S)
@@ -226,4 +232,4 @@ class IsolatedModel:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join()
-        self._conn.close()
+        self._close(self._conn)
