@@ -30,64 +30,88 @@ from strataserve.kernels.prefill_tiles import PREFILL_BLOCK_M
 
 
 @triton.jit
+def _attend_tile(acc, l_i, m_i, q, kc_ptr, vc_ptr, bt_row, c_sb, c_ss, kv_off, n0, pos_m, hi, qk_scale, offs_d,
+                 dmask, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_N tile of keys into the online softmax (base 2: ``qk_scale`` carries log2(e)). An unmasked tile
+    lies wholly below every row's causal edge and inside the sequence, so it needs neither mask."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    nmask = offs_n < hi
+    if MASKED:
+        blk = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+        kvmask = nmask[:, None] & dmask[None, :]
+    else:
+        blk = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
+        kvmask = dmask[None, :]
+    row = blk * c_sb + (offs_n % PAGE) * c_ss + kv_off
+    k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+    qk = _dot(q, tl.trans(k), IEEE) * qk_scale
+    if MASKED:
+        qk = tl.where((offs_n[None, :] <= pos_m[:, None]) & nmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+    acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v, IEEE)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_ptr, ks_ptr, vs_ptr,
                               q_st, q_sh, o_st, o_sh, c_sb, c_ss, c_sh, bt_sb,
-                              scale, G, D, block_size,
-                              tile_ptr,
+                              scale, D, tile_ptr,
+                              G: tl.constexpr, GP: tl.constexpr, PAGE: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                               IEEE: tl.constexpr, QUANT: tl.constexpr, TILED: tl.constexpr):
+    # a program owns BLOCK_M query positions of GP heads that share one kv head (GQA packing: the K/V tiles are
+    # loaded once for GP heads): BLOCK_M * GP rows, row r = (position r // GP, head h0 + r % GP)
     if TILED:  # (segment, query block) from the map; a negative segment is an unused entry
         seg = tl.load(tile_ptr + 2 * tl.program_id(0)).to(tl.int64)
         mb = tl.load(tile_ptr + 2 * tl.program_id(0) + 1)
-        h = tl.program_id(1)
+        h0 = tl.program_id(1) * GP
         live = seg >= 0
         seg = tl.maximum(seg, 0)
     else:
         mb = tl.program_id(0)
         seg = tl.program_id(1).to(tl.int64)
-        h = tl.program_id(2)
+        h0 = tl.program_id(2) * GP
         live = mb >= 0
     q_start = tl.load(cu_ptr + seg).to(tl.int64)
     q_len = tl.load(cu_ptr + seg + 1).to(tl.int64) - q_start
     if live & (mb * BLOCK_M < q_len):
         seq_len = tl.load(len_ptr + seg).to(tl.int64)
         prefix = seq_len - q_len
-        kvh = h // G
-        offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        kvh = h0 // G
+        offs_r = tl.arange(0, BLOCK_M * GP)
+        offs_m = mb * BLOCK_M + offs_r // GP
+        head = h0 + offs_r % GP
         offs_d = tl.arange(0, BLOCK_D)
         mmask = offs_m < q_len
         dmask = offs_d < D
-        q = tl.load(q_ptr + (q_start + offs_m)[:, None] * q_st + h * q_sh + offs_d[None, :],
+        q = tl.load(q_ptr + (q_start + offs_m)[:, None] * q_st + head[:, None] * q_sh + offs_d[None, :],
                     mask=mmask[:, None] & dmask[None, :], other=0.0)
         pos_m = prefix + offs_m
-        qk_scale = scale
+        qk_scale = scale * 1.4426950408889634  # log2(e): the softmax runs in base 2
         v_scale = 1.0
         if QUANT:
-            qk_scale = scale * tl.load(ks_ptr + kvh)
+            qk_scale = qk_scale * tl.load(ks_ptr + kvh)
             v_scale = tl.load(vs_ptr + kvh)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        m_i = tl.full([BLOCK_M * GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M * GP], tl.float32)
+        acc = tl.zeros([BLOCK_M * GP, BLOCK_D], tl.float32)
+        bt_row = bt_ptr + seg * bt_sb
+        kv_off = kvh * c_sh
+        # keys up to the first row's position are visible to every row: whole tiles of them skip the masks
+        lo = (prefix + mb * BLOCK_M + 1) // BLOCK_N * BLOCK_N
         hi = tl.minimum(seq_len, prefix + (mb + 1) * BLOCK_M)
-        for n0 in range(0, hi, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            nmask = offs_n < hi
-            blk = tl.load(bt_ptr + seg * bt_sb + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
-            row = blk * c_sb + (offs_n % block_size) * c_ss + kvh * c_sh
-            kvmask = nmask[:, None] & dmask[None, :]
-            k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
-            qk = _dot(q, tl.trans(k), IEEE) * qk_scale
-            ok = (offs_n[None, :] <= pos_m[:, None]) & nmask[None, :]
-            qk = tl.where(ok, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            p = tl.exp(qk - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
-            acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v, IEEE)
-            m_i = m_new
+        for n0 in range(0, lo, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, kc_ptr, vc_ptr, bt_row, c_sb, c_ss, kv_off, n0, pos_m,
+                                         hi, qk_scale, offs_d, dmask, PAGE, BLOCK_N, IEEE, False)
+        for n0 in range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, kc_ptr, vc_ptr, bt_row, c_sb, c_ss, kv_off, n0, pos_m,
+                                         hi, qk_scale, offs_d, dmask, PAGE, BLOCK_N, IEEE, True)
         out = acc * (v_scale / tl.where(l_i > 0, l_i, 1.0))[:, None]
-        tl.store(o_ptr + (q_start + offs_m)[:, None] * o_st + h * o_sh + offs_d[None, :],
+        tl.store(o_ptr + (q_start + offs_m)[:, None] * o_st + head[:, None] * o_sh + offs_d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
 
 
@@ -95,11 +119,13 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_q_len: int, scale: float,
                       out: torch.Tensor | None = None, block_m: int = PREFILL_BLOCK_M, block_n: int = 64,
                       num_warps: int = 4, num_stages: int = 2, k_scale: torch.Tensor | None = None,
-                      v_scale: torch.Tensor | None = None, tiles: torch.Tensor | None = None) -> torch.Tensor:
+                      v_scale: torch.Tensor | None = None, tiles: torch.Tensor | None = None,
+                      pack: int = 1) -> torch.Tensor:
     """``q`` [T, Hq, D] packed segments; ``cu_seqlens_q`` [S+1]; ``seq_lens`` [S] (prefix + new tokens);
     ``block_tables`` [S, max_blocks]; ``max_q_len`` the longest segment (host int, sizes the grid; ignored with
     ``tiles``); ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache. ``tiles``: int32 [n, 2] tile map made with
-    the same ``block_m`` (module docstring); segments it does not name are not computed."""
+    the same ``block_m`` (module docstring); segments it does not name are not computed. ``pack``: query heads per
+    program (a power of two dividing q_heads // kv_heads; each program then holds ``block_m * pack`` rows)."""
     quant = check_paged_qkv(q, k_cache, v_cache, "[tokens, q_heads, head_dim]", k_scale, v_scale)
     T, Hq, D = q.shape
     _, block_size, Hkv, _ = k_cache.shape
@@ -111,6 +137,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     check(block_tables.dim() == 2 and block_tables.shape[0] == S and block_tables.stride(1) == 1,
           f"block_tables: expected [{S}, max_blocks] with contiguous columns, got {tuple(block_tables.shape)}")
     check(max_q_len >= 0, "max_q_len: must be >= 0")
+    check(pack >= 1 and pack & (pack - 1) == 0 and (Hq // Hkv) % pack == 0,
+          f"pack={pack}: must be a power of two dividing q_heads // kv_heads = {Hq // Hkv}")
     check_same_device(q=q, k_cache=k_cache, block_tables=block_tables, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens)
     if out is None:
         out = torch.empty_like(q)
@@ -120,9 +148,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         check(tiles.dim() == 2 and tiles.shape[1] == 2 and tiles.is_contiguous(),
               f"tiles: expected a contiguous [n, 2] map, got {tuple(tiles.shape)}")
         check_same_device(q=q, tiles=tiles)
-        grid: tuple[int, ...] = (tiles.shape[0], Hq)
+        grid: tuple[int, ...] = (tiles.shape[0], Hq // pack)
     else:
-        grid = (triton.cdiv(max_q_len, block_m), S, Hq)
+        grid = (triton.cdiv(max_q_len, block_m), S, Hq // pack)
     if T == 0 or S == 0 or grid[0] == 0:
         return out
     _prefill_attention_kernel[grid](
@@ -130,7 +158,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         v_scale if quant else q,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        scale, Hq // Hkv, D, block_size, tiles if tiles is not None else cu_seqlens_q,
+        scale, D, tiles if tiles is not None else cu_seqlens_q, G=Hq // Hkv, GP=pack, PAGE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(D)), IEEE=q.dtype == torch.float32,
         QUANT=quant, TILED=tiles is not None, num_warps=num_warps, num_stages=num_stages)
     return out

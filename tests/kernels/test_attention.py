@@ -72,11 +72,15 @@ def test_paged_decode_adaptive_splits(device, dtype, lens, Hkv, splits, sms, tar
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("q_lens,prefix,Hq,Hkv,D,bs", [
-    ([5, 37], [0, 0], 4, 2, 32, 16),            # plain prefill, two segments
-    ([9, 1, 20], [16, 40, 3], 2, 1, 64, 8),      # cached prefixes (block-aligned and not), a 1-token chunk
+@pytest.mark.parametrize("pack", ["one", "all"])
+@pytest.mark.parametrize("q_lens,prefix,Hq,Hkv,D,bs,bm,bn", [
+    ([5, 37], [0, 0], 4, 2, 32, 16, 16, 16),            # plain prefill, two segments
+    ([9, 1, 20], [16, 40, 3], 2, 1, 64, 8, 16, 16),      # cached prefixes (block-aligned and not), a 1-token chunk
+    ([50, 3], [70, 0], 8, 2, 32, 8, 8, 32),              # 4 heads per kv head, keys tiles span 4 pages
 ])
-def test_prefill_with_prefix(device, dtype, q_lens, prefix, Hq, Hkv, D, bs):
+def test_prefill_with_prefix(device, dtype, pack, q_lens, prefix, Hq, Hkv, D, bs, bm, bn):
+    """Every row against the reference, with the query heads of a kv head in one program (``pack``) or not, and
+    key tiles wholly below the causal edge (the unmasked loop) as well as across it."""
     seq = [a + b for a, b in zip(q_lens, prefix)]
     kc, vc, tables = _paged_cache(device, dtype, seq, Hkv, D, bs)
     T = sum(q_lens)
@@ -84,7 +88,8 @@ def test_prefill_with_prefix(device, dtype, q_lens, prefix, Hq, Hkv, D, bs):
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     seq_lens = torch.tensor(seq, dtype=torch.int32, device=device)
     scale = D ** -0.5
-    out = prefill_attention(q, kc, vc, tables, cu, seq_lens, max(q_lens), scale, block_m=16, block_n=16)
+    out = prefill_attention(q, kc, vc, tables, cu, seq_lens, max(q_lens), scale, block_m=bm, block_n=bn,
+                            pack=1 if pack == "one" else Hq // Hkv)
     exp = prefill_attention_ref(q, kc, vc, tables, cu, seq_lens, scale)
     assert_close(out, exp, ATTN_TOL[dtype], "prefill")
 
@@ -113,6 +118,9 @@ def test_attention_bad_inputs(device):
     with pytest.raises(ValueError, match="cu_seqlens_q: expected shape"):
         prefill_attention(torch.zeros(3, 4, 32, device=device), kc, kc, tables,
                           torch.zeros(2, dtype=torch.int32, device=device), lens, 3, 1.0)
+    with pytest.raises(ValueError, match="pack=4"):
+        prefill_attention(torch.zeros(3, 4, 32, device=device), kc, kc, tables,
+                          torch.tensor([0, 1, 3], dtype=torch.int32, device=device), lens, 2, 1.0, pack=4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -130,9 +138,10 @@ def test_prefill_tile_map(device, dtype):
     spare = np.zeros((12, 2), dtype=np.int32)
     tiles = build_prefill_tiles(q_lens, 16, spare)
     assert (tiles[:6, 1] == [2, 1, 1, 0, 0, 0]).all() and (tiles[6:] == [-1, 0]).all()
-    out = prefill_attention(q, kc, vc, tables, cu, seq_lens, 0, 0.25, block_m=16, block_n=16,
-                            tiles=torch.from_numpy(tiles).to(device))
-    assert_close(out, exp, ATTN_TOL[dtype], "tiled prefill")
+    for pack in (1, 2):
+        out = prefill_attention(q, kc, vc, tables, cu, seq_lens, 0, 0.25, block_m=16, block_n=16,
+                                tiles=torch.from_numpy(tiles).to(device), pack=pack)
+        assert_close(out, exp, ATTN_TOL[dtype], f"tiled prefill, {pack} heads per program")
     # a map naming only segment 2: the other rows keep what ``out`` held
     only = torch.tensor([[2, 0], [2, 1], [2, 2], [-1, 0]], dtype=torch.int32, device=device)
     out = torch.full_like(q, 7.0)
