@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from strataserve import envs
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
+from strataserve.engine.step_budget import AUTO_TARGET_STEP_MS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,9 +44,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=_positive_int, default=SchedulerConfig.max_num_batched_tokens)
     g.add_argument("--max-waiting-requests", type=_positive_int, default=SchedulerConfig.max_waiting_requests,
                    help="waiting-queue limit; beyond it requests get 503 + Retry-After")
-    g.add_argument("--target-step-ms", type=float, default=SchedulerConfig.target_step_ms,
+    g.add_argument("--target-step-ms", type=float, default=None,
                    help="while decodes run, cap each step's prefill tokens so the step takes about this long (the "
-                        "streams' inter-token latency); 0 = off")
+                        f"streams' inter-token latency); 0 = off; default: {AUTO_TARGET_STEP_MS:g} where steps with "
+                        "prompt tokens replay CUDA graphs (GPU, hybrid mode, one GPU), off elsewhere")
     g.add_argument("--stream-interval", type=_positive_int, default=SchedulerConfig.stream_interval,
                    help="streamed chunks carry at least this many tokens (the first token is sent at once): fewer "
                         "socket writes per token when the API process or the clients are short of CPU")
@@ -82,7 +84,7 @@ def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
                           kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto")),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_waiting_requests=args.max_waiting_requests,
-                                  target_step_ms=getattr(args, "target_step_ms", 0.0),
+                                  target_step_ms=getattr(args, "target_step_ms", None),
                                   stream_interval=getattr(args, "stream_interval", 1)),
         runner=RunnerConfig(mode=args.runner_mode),
         parallel=ParallelConfig(tensor_parallel_size=getattr(args, "tensor_parallel_size", 1)),

@@ -85,8 +85,9 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096  # beyond this the API answers 503 (overload)
     #: while decodes run, cap each step's prefill tokens so the step takes about this many ms (the decodes'
-    #: inter-token latency; ``engine/step_budget.py`` says why it is off by default); 0: off
-    target_step_ms: float = 0.0
+    #: inter-token latency; ``engine/step_budget.py``); 0: off; None: auto, i.e. ``AUTO_TARGET_STEP_MS`` where the
+    #: runner's step time is its device work (mixed-step CUDA graphs), off elsewhere (`strata serve`'s default)
+    target_step_ms: float | None = 0.0
     #: streamed outputs carry at least this many new tokens per chunk (the first token and the last chunk go at
     #: once): fewer, larger chunks cost the API process and the clients fewer socket writes per token (vLLM's
     #: ``stream_interval``); 1 = every token as it comes
@@ -97,8 +98,8 @@ class SchedulerConfig:
         _check(self.max_num_batched_tokens >= 1,
                f"max_num_batched_tokens={self.max_num_batched_tokens}: must be >= 1")
         _check(self.max_waiting_requests >= 1, f"max_waiting_requests={self.max_waiting_requests}: must be >= 1")
-        _check(self.target_step_ms >= 0,
-               f"target_step_ms={self.target_step_ms}: must be >= 0 (0 turns step pacing off)")
+        _check(self.target_step_ms is None or self.target_step_ms >= 0,
+               f"target_step_ms={self.target_step_ms}: must be >= 0 (0 turns step pacing off) or None (auto)")
         _check(isinstance(self.stream_interval, int) and self.stream_interval >= 1,
                f"stream_interval={self.stream_interval!r}: must be an integer >= 1 (1 streams every token)")
 

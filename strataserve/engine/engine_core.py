@@ -35,7 +35,8 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, num_blocks=self.num_blocks, block_size=self.block_size,
                                    max_model_len=self.max_model_len,
                                    enable_prefix_caching=config.cache.enable_prefix_caching,
-                                   step_budget=step_budget_for(config.scheduler))
+                                   step_budget=step_budget_for(config.scheduler,
+                                                               bool(getattr(runner, "mixed_step_graphs", False))))
         # Async scheduling (runners that can ``launch`` a step and report ``supports_async``, i.e. CUDA): step N+1
         # is scheduled and queued while step N runs on the device, and step N's tokens are applied after that,
         # so the host work of a step overlaps the device work of the previous one.

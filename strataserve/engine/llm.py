@@ -34,7 +34,7 @@ class LLM:
                  enable_prefix_caching: bool = True, seed: int = 0, mode: str = "auto", cuda_graph_max_bs: int = 256,
                  served_model_name: str | None = None, runner: ModelRunnerBase | None = None,
                  tokenizer_obj: Any = None, skip_tokenizer_init: bool = False, tensor_parallel_size: int = 1,
-                 load_format: str = "auto", kv_cache_dtype: str = "auto", target_step_ms: float = 0.0,
+                 load_format: str = "auto", kv_cache_dtype: str = "auto", target_step_ms: float | None = 0.0,
                  **kwargs: Any) -> None:
         for k, v in kwargs.items():
             if k not in _IGNORED:

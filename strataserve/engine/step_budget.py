@@ -9,18 +9,21 @@ inter-token latency. So while decodes run, the scheduler gives prefill only what
 
 Both estimates come from the last ``window`` observed steps: the decode step time is the median of decode-only
 steps; the cost per prefill token, (step time - decode step time) / prefill tokens over steps with at least
-``min_prefill // 2`` of them, is their lower quartile (the largest, most efficient recent steps). With no decodes
+``min_prefill // 2`` of them, is their median too. (It was their lower quartile, the most efficient recent steps,
+while eager mixed steps cost the same whatever their size; with mixed-step graphs that estimate let steps run
+~3 ms past the target: run 10, docs/performance.md.) With no decodes
 running a step may use every token of ``max_tokens`` (a lone prompt is as fast as it can be); before the first
 prefill has been timed the cap is ``max_tokens`` too. ``min_prefill`` keeps prompts moving when the decodes alone
 already take longer than the target (a large batch at long context).
 
-Off by default (``target_step_ms=0``): the right target depends on the model, the device and the service level.
-The linear model holds when a step's time is its device work, which mixed-step CUDA graphs (``runner/mixed_graph.py``)
-made true in hybrid mode: before them an eager mixed step of the 8B shape cost ~16-36 ms of host time to launch
-whatever its prefill size, smaller chunks were no faster and the cap drifted down round after round. With them
-(run 9, 8B shape, Poisson 16 req/s of 1,024-token prompts, docs/performance.md): 28 ms keeps one prompt per step
-(TTFT P50 41-47 ms, ITL P99 29.3-30.2 ms in 9 rounds); 26-27 ms splits each prompt (ITL P99 29.1-30.7 ms, TTFT
-P50 43-56 ms).
+When it is on: the linear model holds when a step's time is its device work, which mixed-step CUDA graphs
+(``runner/mixed_graph.py``) make true in hybrid mode. Before them an eager mixed step of the 8B shape cost ~16-36 ms
+of host time to launch whatever its prefill size, smaller chunks were no faster and the cap drifted down round after
+round. So ``target_step_ms=None`` (auto, `strata serve`'s default) paces at ``AUTO_TARGET_STEP_MS`` only where the
+runner replays mixed-step graphs; the offline ``LLM`` defaults to 0 (off: throughput first, as vLLM's offline
+defaults are). Run 10 (8B shape, H200, Poisson 16 req/s of 1,024-token prompts, docs/performance.md): 26, 27 and
+28 ms all keep one prompt per step (ITL P99 27.1-29.1 ms, TTFT P50 38.7-45.6 ms); unpaced, steps holding two
+prompts take ~51 ms and ITL P99 is ~48 ms.
 
 Pure bookkeeping: the engine core times each step and calls ``observe``; the scheduler calls ``prefill_cap``.
 """
@@ -69,7 +72,7 @@ class StepBudget:
             return  # too few tokens: the step's fixed costs would swamp the per-token cost
         base = self._decode_med if num_decodes else 0.0
         self._token_s.append(max(seconds - base, 0.0) / num_prefill)
-        self._token_est = sorted(self._token_s)[(len(self._token_s) - 1) // 4]
+        self._token_est = median(self._token_s)
 
     @property
     def estimates(self) -> tuple[float, float | None]:
@@ -77,7 +80,17 @@ class StepBudget:
         return self._decode_med, self._token_est
 
 
-def step_budget_for(config: SchedulerConfig) -> StepBudget | None:
-    """The engine's budget: None (no pacing) unless ``config.target_step_ms`` is set."""
+#: the target of ``target_step_ms=None`` (auto) where steps are timed by their device work: on the 8B shape on an
+#: H200 it keeps one 1,024-token prompt per step beside the decodes (run 10: Poisson ITL P99 27.1-27.9 ms, TTFT
+#: P50 39.5-42.7 ms; closed loop at concurrency 64 as fast as unpaced, with ITL P99 ~30 ms instead of ~100 ms)
+AUTO_TARGET_STEP_MS = 27.0
+
+
+def step_budget_for(config: SchedulerConfig, device_timed: bool = False) -> StepBudget | None:
+    """The engine's budget: None (no pacing) unless ``config.target_step_ms`` is set; ``None`` (auto) paces at
+    ``AUTO_TARGET_STEP_MS`` when ``device_timed`` (the runner replays mixed-step graphs, so a step's time is
+    linear in its tokens) and not otherwise (eager or CPU steps: host-bound, the linear model does not hold)."""
     target = config.target_step_ms
+    if target is None:
+        target = AUTO_TARGET_STEP_MS if device_timed else 0.0
     return StepBudget(target, config.max_num_batched_tokens) if target > 0 else None

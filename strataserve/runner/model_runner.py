@@ -237,6 +237,12 @@ class ModelRunner(ModelRunnerBase):
                                envs.STRATA_MIXED_GRAPH_MAX_PREFILLS, -(-self.max_model_len // self.block_size),
                                self.model_config.hidden_size, self.dtype, self.device)
 
+    @property
+    def mixed_step_graphs(self) -> bool:
+        """Whether steps with prompt tokens replay graphs, so a step's time is its device work (the step budget's
+        automatic target depends on it: ``engine/step_budget.py``)."""
+        return self.mixed is not None
+
     def idle_work(self) -> bool:
         """One piece of deferred start-up work while the engine has nothing to run (a mixed-step graph bucket);
         True while more remains."""

@@ -118,7 +118,7 @@ class AsyncFakeRunner(FakeRunner):
 
 
 def engine_config(*, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, prefix: bool = True,
-                  chunked: bool = True, target_step_ms: float = 0.0, stream_interval: int = 1) -> EngineConfig:
+                  chunked: bool = True, target_step_ms: float | None = 0.0, stream_interval: int = 1) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model="fake"),
         cache=CacheConfig(enable_prefix_caching=prefix),

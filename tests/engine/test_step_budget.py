@@ -14,7 +14,9 @@ from strataserve.config import SchedulerConfig
 from strataserve.engine.engine_core import EngineCore
 from strataserve.engine.request import Request
 from strataserve.engine.scheduler import Scheduler
-from strataserve.engine.step_budget import StepBudget, step_budget_for
+from strataserve.cli import build_parser
+from strataserve.cli import engine_config as engine_config_from_args
+from strataserve.engine.step_budget import AUTO_TARGET_STEP_MS, StepBudget, step_budget_for
 from strataserve.types.protocol import EngineCoreRequest
 from strataserve.types.sampling import SamplingParams
 
@@ -86,6 +88,17 @@ def test_budget_before_and_after_timing():
     assert b.prefill_cap(510) == 2  # never beyond max_tokens
 
 
+def test_token_cost_is_the_median_of_recent_steps():
+    """One unusually efficient step does not raise the cap: the per-token cost is the median, so steps sized
+    from it land on the target rather than past it."""
+    b = StepBudget(target_ms=30.0, max_tokens=4096, min_prefill=8)
+    b.observe(8, 0, 0.005)  # decodes alone: 5 ms
+    for tokens, seconds in ((1024, 0.0255), (1024, 0.0255), (2048, 0.035)):  # 20, 20 and 14.6 us per token
+        b.observe(8, tokens, seconds)
+    assert b.estimates[1] == pytest.approx(0.0205 / 1024)
+    assert b.prefill_cap(8) == int(0.025 / (0.0205 / 1024))  # 1248 tokens: (30 - 5) ms at 20 us each
+
+
 def test_budget_rejects_bad_settings_and_is_off_by_default():
     with pytest.raises(ValueError, match="target_ms"):
         StepBudget(0.0, 64)
@@ -140,6 +153,30 @@ def test_decodes_are_scheduled_before_a_running_chunked_prefill():
         so = sched.schedule()
         assert [(c.req_id, len(c.token_ids)) for c in so.chunks] == [("short", 1), ("long", 7)]
         sched.update_from_output(so, runner.execute(so))
+
+
+def test_auto_target_paces_only_runners_whose_steps_are_device_timed():
+    """``target_step_ms=None`` (auto, `strata serve`'s default): the automatic target where steps with prompt
+    tokens replay graphs, no pacing elsewhere; an explicit value wins either way."""
+    auto = SchedulerConfig(target_step_ms=None)
+    budget = step_budget_for(auto, device_timed=True)
+    assert budget is not None and budget.target_s == AUTO_TARGET_STEP_MS / 1e3
+    assert step_budget_for(auto, device_timed=False) is None
+    assert step_budget_for(SchedulerConfig(target_step_ms=0), device_timed=True) is None
+    assert step_budget_for(SchedulerConfig(target_step_ms=9), device_timed=False).target_s == 0.009
+
+    class GraphRunner(FakeRunner):
+        mixed_step_graphs = True
+
+    core = EngineCore(engine_config(target_step_ms=None), runner=GraphRunner(num_blocks=64, block_size=4))
+    assert core.scheduler.step_budget is not None
+    assert core.scheduler.step_budget.target_s == AUTO_TARGET_STEP_MS / 1e3
+    core = EngineCore(engine_config(target_step_ms=None), runner=FakeRunner(num_blocks=64, block_size=4))
+    assert core.scheduler.step_budget is None
+    args = build_parser().parse_args(["serve"])
+    assert engine_config_from_args(args, "m").scheduler.target_step_ms is None  # serve: auto
+    args = build_parser().parse_args(["serve", "--target-step-ms", "0"])
+    assert engine_config_from_args(args, "m").scheduler.target_step_ms == 0
 
 
 def test_engine_core_times_steps_and_feeds_the_budget():
