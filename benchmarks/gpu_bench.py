@@ -294,7 +294,10 @@ def main() -> None:
             ("decode1-r8b", lambda: bench_decode(bw, 1, ["hybrid-r6", "hybrid", "hybrid", "hybrid-r6"])),
             ("throughput-r8b", lambda: (bench_throughput(["hybrid-r6"], label="throughput_warmup"),
                                         bench_throughput(["hybrid-r6", "hybrid", "hybrid", "hybrid-r6", "hybrid-r6",
-                                                          "hybrid"])))]
+                                                          "hybrid"]))),
+            # run 10: the default (hybrid) alone, after one discarded engine, three rounds
+            ("throughput-r10", lambda: (bench_throughput(["hybrid"], label="throughput_warmup"),
+                                        bench_throughput(["hybrid", "hybrid", "hybrid"])))]
     only = list(filter(None, args.only.split(",")))
     if only:  # in the order given
         unknown = set(only) - {name for name, _ in plan}
