@@ -45,7 +45,7 @@ from strataserve.kernels.kv_quant import dequantize_ref
 @triton.jit
 def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr, o_ptr, sem_ptr, ks_ptr, vs_ptr,
                          q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh, o_sb, o_sh,
-                         scale, G, D, block_size, slots,
+                         scale, D, slots, G: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr,
                          ADAPTIVE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -90,8 +90,9 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < end
-        blk = tl.load(bt_ptr + b * bt_sb + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
-        row = blk * c_sb + (offs_n % block_size) * c_ss + kvh * c_sh
+        # PAGE is a compile-time constant: the page lookup is a shift and a mask (powers of two), not a division
+        blk = tl.load(bt_ptr + b * bt_sb + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+        row = blk * c_sb + (offs_n % PAGE) * c_ss + kvh * c_sh
         kvmask = nmask[:, None] & dmask[None, :]
         k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
         qk = _dot(q, tl.trans(k), IEEE) * qk_scale
@@ -238,9 +239,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, context_lens, partial, lse, out, sems, k_scale if quant else q,
         v_scale if quant else q,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        *po_strides, *pl_strides, out.stride(0), out.stride(1), scale, G, D, block_size,
-        max(1, split_target * num_sms),
-        BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
+        *po_strides, *pl_strides, out.stride(0), out.stride(1), scale, D, max(1, split_target * num_sms),
+        G=G, PAGE=block_size, BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
         DIRECT=direct, REVERSE=reverse, QUANT=quant, ADAPTIVE=adaptive, BLOCK_B=next_pow2(B) if adaptive else 1,
         BLOCK_S=max(2, next_pow2(splits)), num_warps=num_warps, num_stages=num_stages)
     if direct or adaptive:
