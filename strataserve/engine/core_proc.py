@@ -49,6 +49,7 @@ class ReadyInfo(msgspec.Struct, kw_only=True, tag=True):
     device: str
     dtype: str
     kv_cache_dtype: str = ""  # KV storage dtype when it differs from ``dtype`` (fp8 / int8)
+    step_target_ms: float = 0.0  # the step budget's target in effect (``engine/step_budget.py``); 0: unpaced
     #: this process's start-up phases (name, seconds), from its start to ready
     startup: list[tuple[str, float]] = []
 
@@ -78,9 +79,11 @@ def core_ready_info(core: Any, config: EngineConfig) -> ReadyInfo:
     device = str(getattr(runner, "device", config.model.device))
     dtype = str(getattr(runner, "dtype", config.model.dtype)).replace("torch.", "")
     kv_dtype = str(getattr(runner, "kv_cache_dtype", "")).replace("torch.", "")
+    budget = getattr(getattr(core, "scheduler", None), "step_budget", None)
     return ReadyInfo(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
                      kv_cache_bytes=_kv_bytes_per_block(core, block_size) * num_blocks, device=device, dtype=dtype,
-                     kv_cache_dtype="" if kv_dtype == dtype else kv_dtype)
+                     kv_cache_dtype="" if kv_dtype == dtype else kv_dtype,
+                     step_target_ms=round(budget.target_s * 1e3, 3) if budget is not None else 0.0)
 
 
 def _die_with_parent() -> None:

@@ -72,6 +72,9 @@ def load_engine(config: EngineConfig, console: Console, startup_timeout_s: float
     console.print(f"[green]✓[/] model {label}loaded on {info.device} ({info.dtype}); max_model_len "
                   f"{info.max_model_len}")
     console.print(f"[green]✓[/] {kv_cache_line(info)}")
+    if info.step_target_ms:
+        console.print(f"[green]✓[/] step pacing: while streams decode, a step takes the prompt tokens that fit in "
+                      f"~{info.step_target_ms:g} ms (--target-step-ms; 0 turns it off)", soft_wrap=True)
     return engine
 
 

@@ -44,6 +44,25 @@ def test_engine_core_times_each_start_up_phase(tmp_path):
     assert all(sec >= 0 for _, sec in phases.items)
 
 
+def test_ready_info_reports_the_step_pacing_in_effect(tmp_path):
+    """The start-up banner says whether steps are paced: the engine reports the step budget's target (0 when
+    unpaced, as on the CPU, where `strata serve`'s automatic target stays off)."""
+    from strataserve.cli import build_parser, engine_config
+    from strataserve.engine.core_proc import build_core, core_ready_info
+
+    from _tiny_models import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint("llama3", tmp_path, tokenizer=False)
+    for flags, want in (([], 0.0), (["--target-step-ms", "12.5"], 12.5)):
+        args = build_parser().parse_args(["serve", "--device", "cpu", "--num-gpu-blocks-override", "8", *flags])
+        config = engine_config(args, str(path))
+        core = build_core(config)
+        try:
+            assert core_ready_info(core, config).step_target_ms == want
+        finally:
+            core.shutdown()
+
+
 def test_kv_cache_line_reports_the_quantised_capacity():
     from strataserve.router.launch import kv_cache_line
     from strataserve.engine.core_proc import ReadyInfo
