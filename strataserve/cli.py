@@ -27,6 +27,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _step_ms(text: str) -> float | None:
+    """``--target-step-ms``: milliseconds >= 0, or ``auto`` (None: the engine decides, ``engine/step_budget.py``)."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: give milliseconds (0 = off) or auto") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 0 (0 turns step pacing off) or auto")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -44,9 +57,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=_positive_int, default=SchedulerConfig.max_num_batched_tokens)
     g.add_argument("--max-waiting-requests", type=_positive_int, default=SchedulerConfig.max_waiting_requests,
                    help="waiting-queue limit; beyond it requests get 503 + Retry-After")
-    g.add_argument("--target-step-ms", type=float, default=None,
+    g.add_argument("--target-step-ms", type=_step_ms, default="auto",
                    help="while decodes run, cap each step's prefill tokens so the step takes about this long (the "
-                        f"streams' inter-token latency); 0 = off; default: {AUTO_TARGET_STEP_MS:g} where steps with "
+                        f"streams' inter-token latency); 0 = off; auto = {AUTO_TARGET_STEP_MS:g} where steps with "
                         "prompt tokens replay CUDA graphs (GPU, hybrid mode, one GPU), off elsewhere")
     g.add_argument("--stream-interval", type=_positive_int, default=SchedulerConfig.stream_interval,
                    help="streamed chunks carry at least this many tokens (the first token is sent at once): fewer "

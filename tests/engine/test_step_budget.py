@@ -177,6 +177,11 @@ def test_auto_target_paces_only_runners_whose_steps_are_device_timed():
     assert engine_config_from_args(args, "m").scheduler.target_step_ms is None  # serve: auto
     args = build_parser().parse_args(["serve", "--target-step-ms", "0"])
     assert engine_config_from_args(args, "m").scheduler.target_step_ms == 0
+    args = build_parser().parse_args(["serve", "--target-step-ms", "auto"])
+    assert engine_config_from_args(args, "m").scheduler.target_step_ms is None
+    for bad in ("-1", "fast"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--target-step-ms", bad])
 
 
 def test_engine_core_times_steps_and_feeds_the_budget():
