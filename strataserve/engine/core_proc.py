@@ -99,6 +99,17 @@ def _die_with_parent() -> None:
         pass
 
 
+def _tell_front(handshake: Any, message: ReadyInfo | StartupError) -> bool:
+    """Send the start-up result over the handshake pipe; False when the front has already gone away."""
+    try:
+        handshake.send_bytes(msgspec.msgpack.encode(message))
+        return True
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return False
+    finally:
+        handshake.close()
+
+
 def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, handshake: Any,
                     core_factory: Callable[[EngineConfig], Any] | None = None,
                     env: dict[str, str] | None = None) -> None:
@@ -122,15 +133,16 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
     except BaseException as exc:  # noqa: BLE001 — every start-up failure must reach the front as a message
         tb = traceback.format_exc(limit=4)
         message = str(exc) or exc.__class__.__name__
-        handshake.send_bytes(msgspec.msgpack.encode(StartupError(error_type=type(exc).__name__, message=message)))
-        handshake.close()
+        if not _tell_front(handshake, StartupError(error_type=type(exc).__name__, message=message)):
+            return  # the front is gone (Ctrl-C while loading): nobody to tell
         if not isinstance(exc, ValueError):  # a ValueError already says what to change; anything else: show where
             print(tb, file=sys.stderr)
         return
 
     def ready() -> None:  # sent once both sockets are connected, so the front's first send never waits
-        handshake.send_bytes(msgspec.msgpack.encode(info))
-        handshake.close()
+        if not _tell_front(handshake, info):
+            raise SystemExit(0)  # the front went away while we loaded: nothing to serve, no traceback
+
 
     serve_core(core, input_addr, output_addr, lambda: os.getppid() != parent, ready)
 
@@ -167,9 +179,9 @@ def serve_core(core: Any, input_addr: str, output_addr: str, orphaned: Callable[
     out.setsockopt(zmq.SNDHWM, 0)  # unbounded: the core never waits on the front
     inp.connect(input_addr)
     out.connect(output_addr)
-    if on_connected is not None:
-        on_connected()
     try:
+        if on_connected is not None:
+            on_connected()
         _loop(core, inp, out, orphaned)
     finally:
         try:

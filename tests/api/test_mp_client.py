@@ -115,3 +115,23 @@ def test_unwaited_client_shuts_down_cleanly():
     assert not client._proc.is_alive()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("factory", [fake_core, failing_core], ids=["loads", "fails"])
+def test_engine_exits_quietly_when_the_front_left_during_start_up(tmp_path, capfd, factory):
+    """Ctrl-C while the model loads stops the front first: the engine then finds nobody at the handshake pipe and
+    exits with status 0 and no BrokenPipeError traceback, whether its start-up succeeded or failed."""
+    import multiprocessing
+
+    from strataserve.engine.core_proc import run_engine_core
+
+    ctx = multiprocessing.get_context("spawn")
+    front_end, engine_end = ctx.Pipe(duplex=False)
+    front_end.close()  # the front is gone before the engine reports
+    proc = ctx.Process(target=run_engine_core, args=(engine_config(), f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out",
+                                                     engine_end, factory, None))
+    proc.start()
+    engine_end.close()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert "BrokenPipeError" not in capfd.readouterr().err
