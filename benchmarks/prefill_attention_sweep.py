@@ -74,6 +74,28 @@ def _tflops(fn, flops: int) -> float:
     return round(flops / (triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") / 1e3) / 1e12, 1)
 
 
+def _sweep_shape(name: str, hq: int, hkv: int, n: int, prefix: int, s: int, old) -> dict:
+    """One shape's row: SDPA, the other module at its defaults, and every configuration of this tree's kernel."""
+    q, kc, vc, tables, cu, lens, max_q, sdpa, flops = _case(hq, hkv, n, prefix, s)
+    ref = sdpa().transpose(1, 2).reshape(q.shape)
+    row: dict = {"shape": name, "unit": "TFLOP/s", "sdpa": _tflops(sdpa, flops)}
+    if old is not None:
+        row["old_default"] = _tflops(lambda: old.prefill_attention(q, kc, vc, tables, cu, lens, max_q, 0.088), flops)
+    worst = 0.0
+    for bm, bn, nw, ns, pack in _configs(hq // hkv):
+        key = f"m{bm}_n{bn}_w{nw}_s{ns}_p{pack}"
+        try:
+            def fn(bm=bm, bn=bn, nw=nw, ns=ns, pack=pack):
+                return prefill_attention(q, kc, vc, tables, cu, lens, max_q, 128 ** -0.5, block_m=bm,
+                                         block_n=bn, num_warps=nw, num_stages=ns, pack=pack)
+            worst = max(worst, float((fn().float() - ref.float()).abs().max()))
+            row[key] = _tflops(fn, flops)
+        except Exception as exc:  # a configuration that does not fit the SM (shared memory) is reported
+            row[key] = repr(exc)[:60]
+    row["max_abs_diff_vs_sdpa"] = round(worst, 4)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", help="another version of kernels/prefill_attention.py to time at its defaults")
@@ -83,27 +105,8 @@ def main() -> None:
         spec = importlib.util.spec_from_file_location("old_prefill", args.old)
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
-    for name, (hq, hkv, n, prefix, s) in SHAPES.items():
-        q, kc, vc, tables, cu, lens, max_q, sdpa, flops = _case(hq, hkv, n, prefix, s)
-        ref = sdpa().transpose(1, 2).reshape(q.shape)
-        row: dict = {"shape": name, "unit": "TFLOP/s", "sdpa": _tflops(sdpa, flops)}
-        if old is not None:
-            row["old_default"] = _tflops(lambda: old.prefill_attention(q, kc, vc, tables, cu, lens, max_q, 0.088),
-                                         flops)
-        worst = 0.0
-        for bm, bn, nw, ns, pack in _configs(hq // hkv):
-            key = f"m{bm}_n{bn}_w{nw}_s{ns}_p{pack}"
-            try:
-                def fn(bm=bm, bn=bn, nw=nw, ns=ns, pack=pack):
-                    return prefill_attention(q, kc, vc, tables, cu, lens, max_q, 128 ** -0.5, block_m=bm,
-                                             block_n=bn, num_warps=nw, num_stages=ns, pack=pack)
-                worst = max(worst, float((fn().float() - ref.float()).abs().max()))
-                row[key] = _tflops(fn, flops)
-            except Exception as exc:  # a configuration that does not fit the SM (shared memory) is reported
-                row[key] = repr(exc)[:60]
-        row["max_abs_diff_vs_sdpa"] = round(worst, 4)
-        print(json.dumps(row), flush=True)
-        del q, kc, vc
+    for name, shape in SHAPES.items():
+        print(json.dumps(_sweep_shape(name, *shape, old)), flush=True)
         torch.cuda.empty_cache()
 
 
