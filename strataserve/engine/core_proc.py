@@ -143,7 +143,6 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
         if not _tell_front(handshake, info):
             raise SystemExit(0)  # the front went away while we loaded: nothing to serve, no traceback
 
-
     serve_core(core, input_addr, output_addr, lambda: os.getppid() != parent, ready)
 
 

@@ -240,7 +240,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_scale if quant else q,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *po_strides, *pl_strides, out.stride(0), out.stride(1), scale, D, max(1, split_target * num_sms),
-        G=G, PAGE=block_size, BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32,
+        G=G, PAGE=block_size, BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d,
+        IEEE=q.dtype == torch.float32,
         DIRECT=direct, REVERSE=reverse, QUANT=quant, ADAPTIVE=adaptive, BLOCK_B=next_pow2(B) if adaptive else 1,
         BLOCK_S=max(2, next_pow2(splits)), num_warps=num_warps, num_stages=num_stages)
     if direct or adaptive:

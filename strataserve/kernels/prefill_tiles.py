@@ -26,4 +26,3 @@ def build_prefill_tiles(q_lens: list[int], block_m: int, out: np.ndarray | None 
         out[:len(rows)] = rows
     out[len(rows):] = (-1, 0)
     return out
-

@@ -114,7 +114,8 @@ class LocalModel(_ModelBase):
     def engine_overrides(self) -> dict[str, Any]:
         """The engine flags this entry sets (argparse dest names), for building its EngineConfig."""
         keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_waiting_requests",
-                "target_step_ms", "stream_interval", "block_size", "kv_cache_memory_gib", "gpu_memory_utilization", "num_gpu_blocks_override",
+                "target_step_ms", "stream_interval", "block_size", "kv_cache_memory_gib", "gpu_memory_utilization",
+                "num_gpu_blocks_override",
                 "enable_prefix_caching", "kv_cache_dtype", "tensor_parallel_size", "load_format", "runner_mode",
                 "seed", "skip_tokenizer_init")
         return {k: getattr(self, k) for k in keys if k in self.model_fields_set}

@@ -115,13 +115,11 @@ class TritonAttention:
                                    split_target=target, num_sms=self.num_sms,
                                    semaphores=self._tickets(nd * hkv, q.device) if target else None, **sc)
         if meta.prefills or meta.prefill_tiles is not None:
-            qsl = meta.prefill_query_start_loc
-            seq_lens = meta.prefill_seq_lens
-            if seq_lens is None:
-                seq_lens = meta.prefill_context_lens + (qsl[1:] - qsl[:-1])
+            assert meta.prefill_seq_lens is not None, "build_input_batch sets prefill_seq_lens once per step"
             max_q = max((seg.query_len for seg in meta.prefills), default=0)
-            prefill_attention(q3, k_cache, v_cache, meta.prefill_block_tables, qsl, seq_lens, max_q, self.scale,
-                              out=out, tiles=meta.prefill_tiles, block_m=PREFILL_BLOCK_M, **sc)
+            prefill_attention(q3, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
+                              meta.prefill_seq_lens, max_q, self.scale, out=out, tiles=meta.prefill_tiles,
+                              block_m=PREFILL_BLOCK_M, **sc)
         return out.view(t, hq * d)
 
 

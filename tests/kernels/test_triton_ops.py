@@ -65,6 +65,7 @@ def _meta(decodes, prefills, tables, device):
         slot_mapping=torch.tensor(slots, device=device), num_decode_tokens=len(decodes),
         decode_block_tables=dbt, decode_context_lens=dcl, prefill_query_start_loc=torch.tensor(qsl, **i32),
         prefill_context_lens=torch.tensor([c for _, c, _ in prefills], **i32),
+        prefill_seq_lens=torch.tensor([c + q for _, c, q in prefills], **i32),
         prefill_block_tables=torch.tensor([tables[s] for s, _, _ in prefills], **i32).view(len(prefills), 4),
         decode_groups=groups, prefills=segs)
     return meta, torch.tensor(pos, device=device)
