@@ -56,6 +56,7 @@ def check_paged_qkv(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     check(dc == d, f"head_dim differs: q {d}, cache {dc}")
     check(hq % hkv == 0, f"q heads {hq} must be a multiple of kv heads {hkv}")
     check(q.stride(2) == 1 and k_cache.stride(3) == 1, "head_dim must be contiguous in q and the caches")
+    check(not quant or d % 4 == 0, f"an {k_cache.dtype} KV cache needs head_dim divisible by 4, got {d}")
     return quant
 
 

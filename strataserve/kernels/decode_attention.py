@@ -28,8 +28,9 @@ share. A split row's partials are combined by the last of its programs to finish
 (row, kv head), reset by that program), so there is no reduce launch. The grid is fixed per batch size, so CUDA
 graphs stay valid. Smaller launches (batch 1) keep the fixed split count and the reduce kernel: there the
 in-kernel combine's fence, ticket and reload cost ~3 us more than the reduce launch (run 8 sweep).
-An fp8/int8 cache (``kv_quant.py``) is converted to q's dtype on load, its per-head K scale folded into
-``scale`` and its V scale into the output.
+An fp8/int8 cache (``kv_quant.py``) is read as int32 words and unpacked to float16 (``kv_quant.load_tile``); q
+is then scaled by ``scale`` and cast to float16 (float32 for a float32 model), the per-head K scale multiplies
+the logits and the V scale the output.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import triton.language as tl
 
 from strataserve.kernels._common import dot as _dot
 from strataserve.kernels._common import (check, check_index, check_ndim, check_paged_qkv, check_same_device, next_pow2)
-from strataserve.kernels.kv_quant import dequantize_ref
+from strataserve.kernels.kv_quant import dequantize_ref, load_tile, word_view
 
 
 @triton.jit
@@ -48,7 +49,8 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
                          scale, D, slots, G: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr,
-                         ADAPTIVE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr):
+                         INT: tl.constexpr, ASM: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_B: tl.constexpr,
+                         BLOCK_S: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     if REVERSE:  # the GPU starts programs in id order: with rows sorted by length, the longest go first
         b = tl.num_programs(0) - 1 - b
@@ -81,8 +83,12 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
 
     qk_scale = scale
     v_scale = 1.0
-    if QUANT:
-        qk_scale = scale * tl.load(ks_ptr + kvh)
+    offs_w = tl.arange(0, BLOCK_D // 4)  # int32 words of a quantised cache (4 values each)
+    if QUANT:  # q carries the softmax scale: a float16 q then stays well inside float16's range
+        q = q.to(tl.float32) * scale
+        if not IEEE:
+            q = q.to(tl.float16)
+        qk_scale = tl.load(ks_ptr + kvh)
         v_scale = tl.load(vs_ptr + kvh)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -92,16 +98,23 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
         nmask = offs_n < end
         # PAGE is a compile-time constant: the page lookup is a shift and a mask (powers of two), not a division
         blk = tl.load(bt_ptr + b * bt_sb + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
-        row = blk * c_sb + (offs_n % PAGE) * c_ss + kvh * c_sh
+        row = blk * c_sb + (offs_n % PAGE) * c_ss + kvh * c_sh  # in words for a quantised cache
         kvmask = nmask[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+        wmask = nmask[:, None] & (offs_w[None, :] < D // 4)
+        if QUANT:
+            k = load_tile(kc_ptr, row, offs_w, wmask, INT, ASM).to(q.dtype)
+        else:
+            k = tl.load(kc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
         qk = _dot(q, tl.trans(k), IEEE) * qk_scale
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         p = tl.exp(qk - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0).to(q.dtype)
+        if QUANT:
+            v = load_tile(vc_ptr, row, offs_w, wmask, INT, ASM).to(q.dtype)
+        else:
+            v = tl.load(vc_ptr + row[:, None] + offs_d[None, :], mask=kvmask, other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v, IEEE)
         m_i = m_new
 
@@ -235,6 +248,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         partial = torch.empty(B, Hq, splits, block_d, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
         po_strides, pl_strides = partial.stride()[:3], lse.stride()[:2]
+    is_int = asm = False
+    if quant:
+        (k_cache, is_int, asm), v_cache = word_view(k_cache), word_view(v_cache)[0]
     _paged_decode_kernel[(B, Hkv, splits)](
         q, k_cache, v_cache, block_tables, context_lens, partial, lse, out, sems, k_scale if quant else q,
         v_scale if quant else q,
@@ -242,7 +258,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         *po_strides, *pl_strides, out.stride(0), out.stride(1), scale, D, max(1, split_target * num_sms),
         G=G, PAGE=block_size, BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32,
-        DIRECT=direct, REVERSE=reverse, QUANT=quant, ADAPTIVE=adaptive, BLOCK_B=next_pow2(B) if adaptive else 1,
+        DIRECT=direct, REVERSE=reverse, QUANT=quant, INT=is_int, ASM=asm, ADAPTIVE=adaptive,
+        BLOCK_B=next_pow2(B) if adaptive else 1,
         BLOCK_S=max(2, next_pow2(splits)), num_warps=num_warps, num_stages=num_stages)
     if direct or adaptive:
         return out

@@ -15,6 +15,8 @@ from strataserve.models.rope import build_cos_sin_cache
 from ._helpers import ATTN_TOL, DTYPES, TOL, assert_close
 
 QDTYPES = [FP8, torch.int8]
+# a quantised cache is read as float16 for float16/bf16 models: the interpreter runs float16, so the CPU covers it
+ADTYPES = list(dict.fromkeys(DTYPES + [torch.float16]))
 
 
 def _step(stored: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -100,7 +102,7 @@ def _quant_cache(device, qdtype, lens, H, D, bs):
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ADTYPES)
 @pytest.mark.parametrize("splits,target", [(None, 0), (1, 0), (4, 4)])  # (4, 4): adaptive, 123 splits in 3
 def test_paged_decode_quantized(device, dtype, qdtype, splits, target):
     lens, Hq, Hkv, D, bs = [5, 123, 0, 40], 4, 2, 32, 16
@@ -114,7 +116,7 @@ def test_paged_decode_quantized(device, dtype, qdtype, splits, target):
 
 
 @pytest.mark.parametrize("qdtype", QDTYPES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ADTYPES)
 def test_prefill_quantized(device, dtype, qdtype):
     q_lens, prefix, Hq, Hkv, D, bs = [9, 1, 20], [16, 40, 0], 2, 1, 64, 8
     seq = [a + b for a, b in zip(q_lens, prefix)]
@@ -144,3 +146,9 @@ def test_quantized_cache_bad_inputs(device):
     with pytest.raises(ValueError, match="needs per-head scales"):
         paged_decode_attention(q, kc, kc.clone(), torch.zeros(1, 1, dtype=torch.int32, device=device),
                                torch.ones(1, dtype=torch.int32, device=device), 1.0)
+    odd = torch.zeros(3, 4, 2, 6, device=device, dtype=FP8)  # read as int32 words: head_dim must divide by 4
+    ones = torch.ones(2, device=device)
+    with pytest.raises(ValueError, match="needs head_dim divisible by 4, got 6"):
+        paged_decode_attention(torch.randn(1, 2, 6, device=device), odd, odd.clone(),
+                               torch.zeros(1, 1, dtype=torch.int32, device=device),
+                               torch.ones(1, dtype=torch.int32, device=device), 1.0, k_scale=ones, v_scale=ones)
