@@ -24,7 +24,10 @@ grid's upper bound. Every program reads all B context lengths and sets the step'
 c = max(Hkv * sum_b L_b / slots, BLOCK_N), slots = SMs x target; a row longer than the mean uses
 n_b = min(num_splits, ceil(L_b / c)) splits, any other row one. So equal rows never split (run 8: splitting 64
 rows of 576 tokens in two cost 17%), while the long rows of a mixed batch are cut to about the machine's fair
-share. A split row's partials are combined by the last of its programs to finish (an atomic ticket per
+share. Except when the real rows give fewer than ``split_all_below`` programs per SM unsplit and c is at least
+4 key tiles: then every row longer than c splits, since a half-empty machine costs more than the combine (run 11:
+32 rows of 8,192 tokens, one program per (row, kv head), left 2 programs per SM: bf16 307 -> 254 us, fp8
+345 -> 214 us), while chunks of a few tiles do not pay for it (32 rows of 576 tokens, c = 3 tiles: bf16 +5%). A split row's partials are combined by the last of its programs to finish (an atomic ticket per
 (row, kv head), reset by that program), so there is no reduce launch. The grid is fixed per batch size, so CUDA
 graphs stay valid. Smaller launches (batch 1) keep the fixed split count and the reduce kernel: there the
 in-kernel combine's fence, ticket and reload cost ~3 us more than the reduce launch (run 8 sweep).
@@ -46,7 +49,7 @@ from strataserve.kernels.kv_quant import dequantize_ref, load_tile, word_view
 @triton.jit
 def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr, o_ptr, sem_ptr, ks_ptr, vs_ptr,
                          q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh, o_sb, o_sh,
-                         scale, D, slots, G: tl.constexpr, PAGE: tl.constexpr,
+                         scale, D, slots, few, G: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr,
                          INT: tl.constexpr, ASM: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_B: tl.constexpr,
@@ -64,8 +67,10 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
         total = tl.sum(lens)
         chunk = tl.maximum(tl.cdiv(total * tl.num_programs(1), slots), BLOCK_N)
         chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
-        # longer than the mean of the real rows (a graph bucket's padding rows have length 0): only those split
-        longer = ctx * tl.sum((lens > 0).to(tl.int64)) > total
+        # longer than the mean of the real rows (a graph bucket's padding rows have length 0): only those split,
+        # unless the real rows leave the machine short of programs (``few``: their count below which all may)
+        n_real = tl.sum((lens > 0).to(tl.int64))
+        longer = (ctx * n_real > total) | ((n_real * tl.num_programs(1) < few) & (chunk >= 4 * BLOCK_N))
         num_splits = tl.where(longer, tl.minimum(tl.maximum(tl.cdiv(ctx, chunk), 1), num_splits), 1).to(tl.int32)
         if split >= num_splits:
             return
@@ -202,7 +207,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
                            reverse: bool = True, k_scale: torch.Tensor | None = None,
                            v_scale: torch.Tensor | None = None, split_target: int = 0, num_sms: int = 132,
-                           semaphores: torch.Tensor | None = None) -> torch.Tensor:
+                           semaphores: torch.Tensor | None = None, split_all_below: int = 2) -> torch.Tensor:
     """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B];
     ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache.
 
@@ -212,7 +217,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``split_target`` > 0: adaptive splits (module docstring) aiming at that many programs per SM (of ``num_sms``),
     ``num_splits`` being the most any row takes, when B * Hkv >= ``num_sms``; ``semaphores``: int32 zeros,
     >= B * Hkv, which the kernel leaves zeroed (a caller that keeps one buffer saves a memset per launch; None
-    allocates one).
+    allocates one); ``split_all_below``: programs per SM under which adaptive splits cut equal rows too (0: never).
     """
     quant = check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]", k_scale, v_scale)
     B, Hq, D = q.shape
@@ -256,6 +261,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_scale if quant else q,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *po_strides, *pl_strides, out.stride(0), out.stride(1), scale, D, max(1, split_target * num_sms),
+        split_all_below * num_sms,
         G=G, PAGE=block_size, BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32,
         DIRECT=direct, REVERSE=reverse, QUANT=quant, INT=is_int, ASM=asm, ADAPTIVE=adaptive,

@@ -45,14 +45,17 @@ def test_paged_decode(device, dtype, lens, Hq, Hkv, D, bs, splits, reverse):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lens,Hkv,splits,sms,target", [
-    ([5, 123, 1, 40, 0], 2, 4, 2, 4),       # chunk 48: 123 splits in 3; 40 (longer than the mean) in 1; padding row
-    ([9, 17, 20, 300], 1, 5, 1, 4),         # only the long row splits (chunk 96: 4 of its 5 splits), others direct
-    ([33, 40, 47], 2, 3, 1, 1),              # chunk >= every row: no row splits, all written directly
-    ([40, 40, 40, 0], 2, 3, 1, 8),           # equal rows never split, however small the chunk (32); padding
-    ([200, 3], 2, 4, 64, 4),                 # fewer programs (4) than SMs: the fixed split count + reduce kernel
+@pytest.mark.parametrize("lens,Hkv,splits,sms,target,below", [
+    ([5, 123, 1, 40, 0], 2, 4, 2, 4, 2),    # chunk 48: 123 splits in 3; 40 (longer than the mean) in 1; padding row
+    ([9, 17, 20, 300], 1, 5, 1, 4, 2),      # only the long row splits (chunk 96: 4 of its 5 splits), others direct
+    ([33, 40, 47], 2, 3, 1, 1, 2),           # chunk >= every row: no row splits, all written directly
+    ([40, 40, 40, 0], 2, 3, 1, 8, 2),        # equal rows never split, however small the chunk (32); padding
+    ([200, 200, 200, 0], 2, 3, 2, 4, 4),     # but 6 real programs < 4 per SM x 2 SMs and chunk 160 >= 4 tiles:
+                                             # they split too (2 each)
+    ([40, 40, 40, 0], 2, 3, 2, 8, 4),        # not when the chunk (32) is under 4 tiles
+    ([200, 3], 2, 4, 64, 4, 2),              # fewer programs (4) than SMs: the fixed split count + reduce kernel
 ])
-def test_paged_decode_adaptive_splits(device, dtype, lens, Hkv, splits, sms, target):
+def test_paged_decode_adaptive_splits(device, dtype, lens, Hkv, splits, sms, target, below):
     """Per-row split counts chosen in the kernel, combined by the last split program (no reduce launch); the
     semaphores it uses are left zeroed, so a second launch over the same buffer (a graph replay) is right too."""
     Hq, D, bs = 4 * Hkv, 32, 16
@@ -63,7 +66,7 @@ def test_paged_decode_adaptive_splits(device, dtype, lens, Hkv, splits, sms, tar
     exp = paged_decode_attention_ref(q, kc, vc, tables, ctx, 0.3)
     for _ in range(2):
         out = paged_decode_attention(q, kc, vc, tables, ctx, 0.3, num_splits=splits, block_n=16, split_target=target,
-                                     num_sms=sms, semaphores=sems)
+                                     num_sms=sms, semaphores=sems, split_all_below=below)
         assert_close(out, exp, ATTN_TOL[dtype], "adaptive decode")
         assert int(sems.abs().sum()) == 0, "semaphores not reset"
     with pytest.raises(ValueError, match="semaphores"):
