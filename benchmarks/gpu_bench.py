@@ -122,13 +122,15 @@ def bench_throughput(modes, n: int = 256, profile: bool = False, label: str = "t
             # "<mode>-sync": the same runner mode with async scheduling off (host and device work serialised);
             # "<mode>-r5": the run-6 GPU switches off (separate rotary/norm/store kernels, no GEMV tuning, no
             # in-graph argmax), i.e. the code path of run 5: the "before" of run 6 in the same process
+            # "<mode>-fp8" / "<mode>-int8": a quantised KV cache
+            kv = next((k for k in ("fp8", "int8") if mode.endswith("-" + k)), "auto")
             sync = mode.endswith("-sync")
-            variant = mode.removesuffix("-sync")
+            variant = mode.removesuffix("-" + kv).removesuffix("-sync")
             base = variant.removesuffix("-r5").removesuffix("-r6")
             with run6_features(not variant.endswith("-r5")), split_target(mb.split_target(variant)):
                 eng, t_ready = make_engine(str(path), base, "bfloat16", max_num_seqs=256,
                                            max_num_batched_tokens=16384, max_model_len=2048,
-                                           async_scheduling=False if sync else None)
+                                           async_scheduling=False if sync else None, kv_cache_dtype=kv)
             # Warm-up over the same shapes (256 other prompts, short outputs): Triton compiles each kernel variant
             # a mixed prefill/decode step needs on first use, which cost run 3's first timed pass ~3 s.
             generate(eng, warm_prompts, warm_outs)
@@ -297,7 +299,12 @@ def main() -> None:
                                                           "hybrid"]))),
             # run 10: the default (hybrid) alone, after one discarded engine, three rounds
             ("throughput-r10", lambda: (bench_throughput(["hybrid"], label="throughput_warmup"),
-                                        bench_throughput(["hybrid", "hybrid", "hybrid"])))]
+                                        bench_throughput(["hybrid", "hybrid", "hybrid"]))),
+            # run 11: the quantised caches' decode path; bf16, fp8, int8 alternating
+            ("throughput-kv", lambda: (bench_throughput(["hybrid-fp8", "hybrid", "hybrid-int8"],
+                                                        label="throughput_warmup"),
+                                       bench_throughput(["hybrid", "hybrid-fp8", "hybrid-int8", "hybrid-fp8",
+                                                         "hybrid", "hybrid", "hybrid-fp8", "hybrid-int8"])))]
     only = list(filter(None, args.only.split(",")))
     if only:  # in the order given
         unknown = set(only) - {name for name, _ in plan}

@@ -22,13 +22,14 @@ def _sync(device: str) -> None:
 def make_engine(path: str, mode: str, dtype: str, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                 max_model_len: int | None = None, num_blocks: int | None = None,
                 gpu_memory_utilization: float = 0.85, device: str = "cuda",
-                async_scheduling: bool | None = None) -> tuple[LLMEngine, float]:
+                async_scheduling: bool | None = None, kv_cache_dtype: str = "auto") -> tuple[LLMEngine, float]:
     """The engine and its start-up seconds (weights, KV pool, graph capture: to ready).
 
     ``async_scheduling``: None = the runner's default (on for CUDA); False = the synchronous loop."""
     cfg = EngineConfig(
         model=ModelConfig(model=path, dtype=dtype, device=device, max_model_len=max_model_len),
-        cache=CacheConfig(num_blocks=num_blocks, gpu_memory_utilization=gpu_memory_utilization),
+        cache=CacheConfig(num_blocks=num_blocks, gpu_memory_utilization=gpu_memory_utilization,
+                          kv_cache_dtype=kv_cache_dtype),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
         runner=RunnerConfig(mode=mode, cuda_graph_max_bs=max_num_seqs))
     _sync(device)

@@ -10,30 +10,20 @@
 #           serve_load_gpu.py variants; default: graphs vs STRATA_MIXED_GRAPHS=0)
 # Everything lands under $OUT.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:.:tests PYTHONUNBUFFERED=1
-OUTDIR=${OUT:-.}
-PHASE=$1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-if [[ ,$PHASE, == *,tests,* ]]; then
-  STRATA_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels 2>&1 \
-    | tee "$OUTDIR/gpu_kernel_tests.log" | tail -4
-fi
-if [[ ,$PHASE, == *,e2e,* ]]; then
-  timeout 150 python3 benchmarks/gpu_e2e_check.py float32 2>&1 | tee "$OUTDIR/gpu_e2e.log" | tail -14
-fi
-if [[ ,$PHASE, == *,idle,* ]]; then
+source benchmarks/device_setup.sh "$1"
+if phase tests; then kernel_tests 150; fi
+if phase e2e; then e2e_check 14; fi
+if phase idle; then
   timeout 150 python3 benchmarks/mixed_graph_idle_check.py --model /tmp/llama8b 2>&1 | grep -v Loading | tail -3
 fi
-if [[ ,$PHASE, == *,profile,* ]]; then
+if phase profile; then
   for v in 1 0; do
     mkdir -p "$OUTDIR/profile_mixed$v"
     OUT="$OUTDIR/profile_mixed$v" STRATA_MIXED_GRAPHS=$v timeout 200 python3 benchmarks/mixed_step_profile.py \
       --model /tmp/llama8b 2>&1 | grep '^{' | sed "s/^/mixed=$v /"
   done
 fi
-if [[ ,$PHASE, == *,load,* ]]; then
+if phase load; then
   mkdir -p "$OUTDIR/logs"
   IFS='|' read -ra specs <<< "${VARIANTS:-graphs=.|eager=. STRATA_MIXED_GRAPHS=0}"
   vargs=(); for v in "${specs[@]}"; do vargs+=(--variant "$v"); done

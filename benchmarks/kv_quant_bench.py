@@ -32,7 +32,7 @@ OUT = Path(os.environ.get("OUT", "."))
 BW = 4.27e12
 BASE = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__, "triton": triton.__version__,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "run": 7}
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "run": 11}
 DEV = os.environ.get("STRATA_BENCH_DEVICE", "cuda")
 KV = {"auto": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
 

@@ -1,0 +1,19 @@
+# Sourced by the device-run scripts (gpu_run9.sh, gpu_run11.sh): the carried wheels installed aside, the paths, the
+# machine's versions printed, and the two checks every run repeats (``phase NAME`` tests the phase list in $1).
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:.:tests PYTHONUNBUFFERED=1
+OUTDIR=${OUT:-.}
+PHASES=${1:-}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+
+phase() { [[ ,$PHASES, == *,$1,* ]]; }
+
+kernel_tests() {  # the kernel tests on the GPU in fp32/fp16/bf16
+  STRATA_TEST_DEVICE=cuda timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels 2>&1 \
+    | tee "$OUTDIR/gpu_kernel_tests.log" | tail -4
+}
+
+e2e_check() {  # float32 greedy of every runner mode against eager and HF
+  timeout 150 python3 benchmarks/gpu_e2e_check.py float32 2>&1 | tee "$OUTDIR/gpu_e2e.log" | tail -"${1:-14}"
+}
