@@ -26,8 +26,9 @@ n_b = min(num_splits, ceil(L_b / c)) splits, any other row one. So equal rows ne
 rows of 576 tokens in two cost 17%), while the long rows of a mixed batch are cut to about the machine's fair
 share. Except when the real rows give fewer than ``split_all_below`` programs per SM unsplit and c is at least
 4 key tiles: then every row longer than c splits, since a half-empty machine costs more than the combine (run 11:
-32 rows of 8,192 tokens, one program per (row, kv head), left 2 programs per SM: bf16 307 -> 254 us, fp8
-345 -> 214 us), while chunks of a few tiles do not pay for it (32 rows of 576 tokens, c = 3 tiles: bf16 +5%). A split row's partials are combined by the last of its programs to finish (an atomic ticket per
+32 rows of 8,192 tokens, one program per (row, kv head), left 2 programs per SM: bf16 306 -> 254 us, fp8
+342 -> 213 us), while chunks of a few tiles do not pay for it (32 rows of 576 tokens, c = 3 tiles: bf16 +5%).
+A split row's partials are combined by the last of its programs to finish (an atomic ticket per
 (row, kv head), reset by that program), so there is no reduce launch. The grid is fixed per batch size, so CUDA
 graphs stay valid. Smaller launches (batch 1) keep the fixed split count and the reduce kernel: there the
 in-kernel combine's fence, ticket and reload cost ~3 us more than the reduce launch (run 8 sweep).
@@ -236,7 +237,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     G = Hq // Hkv
     splits = num_splits or default_num_splits(B, Hkv)
-    check(split_target >= 0 and num_sms > 0, f"split_target {split_target} / num_sms {num_sms}: must be >= 0 / > 0")
+    check(split_target >= 0 and num_sms > 0 and split_all_below >= 0,
+          f"split_target {split_target} / num_sms {num_sms} / split_all_below {split_all_below}: "
+          "must be >= 0 / > 0 / >= 0")
     block_d = max(16, next_pow2(D))
     direct = splits == 1
     adaptive = split_target > 0 and not direct and B * Hkv >= num_sms

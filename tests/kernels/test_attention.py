@@ -72,6 +72,8 @@ def test_paged_decode_adaptive_splits(device, dtype, lens, Hkv, splits, sms, tar
     with pytest.raises(ValueError, match="semaphores"):
         paged_decode_attention(q, kc, vc, tables, ctx, 0.3, num_splits=splits, split_target=target,
                                semaphores=sems[:1])
+    with pytest.raises(ValueError, match="split_all_below -1"):
+        paged_decode_attention(q, kc, vc, tables, ctx, 0.3, split_target=target, split_all_below=-1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
