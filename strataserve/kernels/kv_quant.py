@@ -17,8 +17,8 @@ instructions per byte of the bf16 path, which made the quantised decode kernel i
 bf16 (device run 7). Unpacked first, the float16 tile takes the bf16 path's ldmatrix route (SASS of the sm_90
 build: 999 -> 460 instructions per 64-row loop iteration). On CUDA the unpacking is inline PTX: the hardware's
 pair conversion ``cvt.rn.f16x2.e4m3x2`` (sm_89+) and, for int8, the magic-number trick: byte ^ 0x80 placed under
-the float16 exponent of 1024 reads as 1024 + 128 + x, minus 1152 is x exactly. Elsewhere (the interpreter, older
-GPUs) the same unpacking is plain Triton casts, value by value. float16 holds every e4m3 and int8 value exactly.
+the float16 exponent of 1024 reads as 1024 + 128 + x, minus 1152 is x exactly. Elsewhere (the interpreter; fp8
+before sm_89, which the engine refuses anyway) the same unpacking is plain Triton casts, value by value. float16 holds every e4m3 and int8 value exactly.
 
 fp8 rounding is done with integer arithmetic on the float32 bits before the cast (the standard round-to-nearest-
 even bit trick), so the cast itself is exact: Triton's interpreter (the CPU test path) mis-rounds float32 -> fp8
