@@ -9,16 +9,17 @@ The attention kernels never materialise x': q and int8/fp8 values convert exactl
 is folded into the softmax scale (q · k' = s_h (q · k)) and V's into the output (sum_j p_j v'_j = s_h sum_j p_j v_j).
 
 Reading a quantised tile in the decode kernel (``load_tile``; the prefill kernel converts the loaded tile, see
-there): the cache is read as int32 words of four values each, the words are
-unpacked into four float16 tensors and interleaved back into [rows, head_dim] with join/reshape. Converting the
-plain fp8/int8 tile instead lets Triton sink the conversion after its shared-memory stage, where it reads the
-transposed V operand byte by byte (LDS.U8) and converts fp8 to bf16 through fp16 one value at a time: ~4x the
-instructions per byte of the bf16 path, which made the quantised decode kernel instruction-bound and slower than
-bf16 (device run 7). Unpacked first, the float16 tile takes the bf16 path's ldmatrix route (SASS of the sm_90
-build: 999 -> 460 instructions per 64-row loop iteration). On CUDA the unpacking is inline PTX: the hardware's
+there): the cache is read as int32 words of four values each, unpacked into four float16 tensors and interleaved
+back into [rows, head_dim] with join/reshape. Converting the plain fp8/int8 tile instead lets Triton sink the
+conversion after its shared-memory stage, where it reads the transposed V operand byte by byte (LDS.U8) and
+converts fp8 to bf16 through fp16 one value at a time: ~4x the instructions per byte of the bf16 path, which made
+the quantised decode kernel instruction-bound and slower than bf16 (device run 7). Unpacked first, the float16
+tile takes the bf16 path's ldmatrix route (sm_90 SASS, ``benchmarks/kernel_sass.py``: 999 -> 460 instructions
+per 64-row loop iteration for fp8, 1,026 -> 559 for int8). On CUDA the unpacking is inline PTX: the hardware's
 pair conversion ``cvt.rn.f16x2.e4m3x2`` (sm_89+) and, for int8, the magic-number trick: byte ^ 0x80 placed under
 the float16 exponent of 1024 reads as 1024 + 128 + x, minus 1152 is x exactly. Elsewhere (the interpreter; fp8
-before sm_89, which the engine refuses anyway) the same unpacking is plain Triton casts, value by value. float16 holds every e4m3 and int8 value exactly.
+before sm_89, which the engine refuses anyway) the same unpacking is plain Triton casts, value by value. float16
+holds every e4m3 and int8 value exactly.
 
 fp8 rounding is done with integer arithmetic on the float32 bits before the cast (the standard round-to-nearest-
 even bit trick), so the cast itself is exact: Triton's interpreter (the CPU test path) mis-rounds float32 -> fp8
