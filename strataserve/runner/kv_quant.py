@@ -33,13 +33,18 @@ if TYPE_CHECKING:
 _HEADROOM = {torch.float8_e4m3fn: (4.0, 4.0), torch.int8: (1.0, 1.5)}
 
 
-def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device, kernels: bool) -> torch.dtype:
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device, kernels: bool,
+                           head_dim: int = 128) -> torch.dtype:
     """The KV storage dtype for ``name``; ValueError where the backend cannot store it. ``kernels``: the Triton
-    attention kernels run (fp8 conversions need a GPU of compute capability 8.9 or newer there)."""
+    attention kernels run (fp8 conversions need a GPU of compute capability 8.9 or newer there, and the decode
+    kernel reads an 8-bit cache as int32 words, so head_dim must be a multiple of 4)."""
     if name == "auto":
         return model_dtype
     if name not in KV_QUANT_DTYPES:
         raise ValueError(f"kv_cache_dtype={name!r}: use one of auto, fp8, int8")
+    if kernels and head_dim % 4:
+        raise ValueError(f"kv_cache_dtype={name!r} needs head_dim divisible by 4 for the Triton attention kernels; "
+                         f"this model's is {head_dim}: use kv_cache_dtype='auto'")
     dtype = KV_QUANT_DTYPES[name]
     if dtype == torch.float8_e4m3fn and kernels and device.type == "cuda":
         cap = torch.cuda.get_device_capability(device)

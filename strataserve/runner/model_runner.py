@@ -95,7 +95,8 @@ class ModelRunner(ModelRunnerBase):
         self.max_model_len = self._max_model_len(mc.max_model_len)
         #: KV storage dtype: the model dtype, or fp8/int8 with per-head scales (``runner/kv_quant.py``)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device,
-                                                     kernels=not self._torch_views)
+                                                     kernels=not self._torch_views,
+                                                     head_dim=self.model_config.head_dim)
         with self.startup.time("weights"):
             self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops,
                                                   self.max_model_len, self.tp, mc.load_format)

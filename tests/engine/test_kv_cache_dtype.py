@@ -75,6 +75,10 @@ def test_kv_cache_dtype_errors(monkeypatch):
         resolve_kv_cache_dtype("fp8", torch.bfloat16, torch.device("cuda"), kernels=True)
     assert resolve_kv_cache_dtype("int8", torch.bfloat16, torch.device("cuda"), kernels=True) == torch.int8
     assert resolve_kv_cache_dtype("auto", torch.bfloat16, torch.device("cpu"), kernels=False) == torch.bfloat16
+    with pytest.raises(ValueError, match="needs head_dim divisible by 4.*this model's is 6"):
+        resolve_kv_cache_dtype("int8", torch.bfloat16, torch.device("cuda"), kernels=True, head_dim=6)
+    # the torch path (CPU) reads any head_dim
+    assert resolve_kv_cache_dtype("int8", torch.float32, torch.device("cpu"), kernels=False, head_dim=6) == torch.int8
 
 
 def test_cli_flag_reaches_the_engine_config():
