@@ -11,7 +11,6 @@ microseconds per call and the fraction of copy bandwidth over the K/V bytes.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import sys
@@ -21,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_kernels_bench as kb  # noqa: E402
+from _module_file import load_module  # noqa: E402
 
 from strataserve.kernels import decode_attention as new  # noqa: E402
 from strataserve.runner.triton_ops import decode_launch  # noqa: E402
@@ -52,9 +52,7 @@ def main() -> None:
     ap.add_argument("--old", required=True, help="another version of kernels/decode_attention.py")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    spec = importlib.util.spec_from_file_location("old_decode", args.old)
-    old = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(old)
+    old = load_module(args.old, "old_decode")
     bw = kb.copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for name, (hq, hkv, lens) in CASES.items():

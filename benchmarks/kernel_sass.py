@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from _module_file import load_module
 from strataserve.kernels import decode_attention
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -100,9 +100,7 @@ def main() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     module = decode_attention
     if args.module:
-        spec = importlib.util.spec_from_file_location("other_decode", args.module)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_module(args.module, "other_decode")
     for cache in ("bf16", "fp8", "int8"):
         k = compile_decode(module, cache, args.block_n, args.warps, args.stages)
         ops = loop_opcodes(_tool("nvdisasm", ["-c"], k.asm["cubin"]))

@@ -21,7 +21,6 @@ target) on the 8B long-context, 8B batch-64 and 0.6B mixed cases, one JSON line 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import sys
@@ -31,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_kernels_bench as kb  # noqa: E402
+from _module_file import load_module  # noqa: E402
 from decode_attention_ab import _caches  # noqa: E402
 from prefill_attention_sweep import _case  # noqa: E402
 
@@ -54,13 +54,6 @@ PREFILL = {  # name: (q heads, kv heads, new tokens per segment, cached tokens p
     "8b_4x512+1536": (32, 8, 512, 1536, 4),
 }
 SCALE = 4.0 / 448
-
-
-def _load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _quantise(kc: torch.Tensor, vc: torch.Tensor, kv: str):
@@ -179,10 +172,10 @@ def main() -> None:
     bw = kb.copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if "decode" in args.only:
-        bench_decode(_load(args.old_decode, "old_decode"), kvs, args.rounds, bw, sms,
+        bench_decode(load_module(args.old_decode, "old_decode"), kvs, args.rounds, bw, sms,
                      list(filter(None, args.cases.split(","))))
     if "prefill" in args.only:
-        bench_prefill(_load(args.old_prefill, "old_prefill"), kvs, args.rounds)
+        bench_prefill(load_module(args.old_prefill, "old_prefill"), kvs, args.rounds)
     if "sweep" in args.only:
         sweep_decode(kvs, bw, sms)
 

@@ -15,12 +15,12 @@ also times another version of the module (e.g. ``git show HEAD~1:strataserve/ker
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 
 import torch
 import torch.nn.functional as F
 import triton.testing
+from _module_file import load_module
 
 from strataserve.kernels.prefill_attention import prefill_attention
 
@@ -102,9 +102,7 @@ def main() -> None:
     args = ap.parse_args()
     old = None
     if args.old:
-        spec = importlib.util.spec_from_file_location("old_prefill", args.old)
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
+        old = load_module(args.old, "old_prefill")
     for name, shape in SHAPES.items():
         print(json.dumps(_sweep_shape(name, *shape, old)), flush=True)
         torch.cuda.empty_cache()
