@@ -76,6 +76,21 @@ def test_paged_decode_adaptive_splits(device, dtype, lens, Hkv, splits, sms, tar
         paged_decode_attention(q, kc, vc, tables, ctx, 0.3, split_target=target, split_all_below=-1)
 
 
+@pytest.mark.parametrize("lens,split", [([200, 200, 200, 0], True), ([40, 40, 40, 0], False)])
+def test_equal_rows_split_only_on_a_short_machine(device, lens, split):
+    """The ``split_all_below`` rule changes the path, not just the result's tolerance: where it applies (6 real
+    programs on 2 SMs, chunk 160 = 10 tiles of 16) the equal rows are cut, so the float32 sums run in another order
+    than under run 8's rule (``split_all_below=0``); below 4 tiles per chunk the kernel takes run 8's path exactly."""
+    Hkv, D = 2, 32
+    kc, vc, tables = _paged_cache(device, torch.float32, lens, Hkv, D, 16)
+    q = torch.randn(len(lens), 4 * Hkv, D, device=device)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=device)
+    target = 4 if split else 8
+    a, b = (paged_decode_attention(q, kc, vc, tables, ctx, 0.3, num_splits=3, block_n=16, split_target=target,
+                                   num_sms=2, split_all_below=below) for below in (4, 0))
+    assert torch.equal(a, b) != split, "split" if split else "run 8's path"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pack", ["one", "all"])
 @pytest.mark.parametrize("q_lens,prefix,Hq,Hkv,D,bs,bm,bn", [
