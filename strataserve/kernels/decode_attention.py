@@ -47,7 +47,9 @@ from strataserve.kernels._common import (check, check_index, check_ndim, check_p
 from strataserve.kernels.kv_quant import dequantize_ref, load_tile, word_view
 
 
-@triton.jit
+# the block-table width changes from step to step on the eager path: not specialised on, so a width that
+# happens to be a multiple of 16 (or 1) does not compile another variant mid-run (docs/gpu_notes.md, run 12)
+@triton.jit(do_not_specialize=["bt_sb"])
 def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr, o_ptr, sem_ptr, ks_ptr, vs_ptr,
                          q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh, o_sb, o_sh,
                          scale, D, slots, few, G: tl.constexpr, PAGE: tl.constexpr,

@@ -61,7 +61,9 @@ def _attend_tile(acc, l_i, m_i, q, kc_ptr, vc_ptr, bt_row, c_sb, c_ss, kv_off, n
     return acc, l_i, m_new
 
 
-@triton.jit
+# the block-table width changes from step to step on the eager path: not specialised on, so a width that
+# happens to be a multiple of 16 (or 1) does not compile another variant mid-run (docs/gpu_notes.md, run 12)
+@triton.jit(do_not_specialize=["bt_sb"])
 def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, bt_ptr, cu_ptr, len_ptr, ks_ptr, vs_ptr,
                               q_st, q_sh, o_st, o_sh, c_sb, c_ss, c_sh, bt_sb,
                               scale, D, tile_ptr,

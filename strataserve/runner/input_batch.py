@@ -247,17 +247,28 @@ def _tensors(i64: list[np.ndarray], i32: list[np.ndarray], device: torch.device)
     return _packed(i64, torch.int64, device), _packed(i32, torch.int32, device)
 
 
+#: every packed view starts on a 16-byte boundary. Triton specialises each kernel on its pointers' 16-byte
+#: alignment, so views at offsets that follow the step's sizes made new kernel variants appear mid-run, each a
+#: compile of up to ~1.4 s on a cold cache (H200, docs/gpu_notes.md, run 12)
+PACK_ALIGN_BYTES = 16
+
+
+def packed_offsets(sizes: list[int], itemsize: int) -> tuple[list[int], int]:
+    """Element offset of each array in the packed buffer (each aligned to ``PACK_ALIGN_BYTES``) and its length."""
+    step = max(1, PACK_ALIGN_BYTES // itemsize)
+    offsets, o = [], 0
+    for n in sizes:
+        offsets.append(o)
+        o += -(-n // step) * step
+    return offsets, o
+
+
 def _packed(arrays: list[np.ndarray], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
     sizes = [a.size for a in arrays]
-    host = torch.empty(max(1, sum(sizes)), dtype=dtype, pin_memory=True)
+    offsets, total = packed_offsets(sizes, torch.empty(0, dtype=dtype).element_size())
+    host = torch.empty(max(1, total), dtype=dtype, pin_memory=True)
     flat = host.numpy()
-    o = 0
-    for a, n in zip(arrays, sizes):
+    for a, o, n in zip(arrays, offsets, sizes):
         flat[o:o + n] = a.reshape(-1)
-        o += n
     dev = host.to(device, non_blocking=True)
-    out, o = [], 0
-    for a, n in zip(arrays, sizes):
-        out.append(dev[o:o + n].view(a.shape))
-        o += n
-    return out
+    return [dev[o:o + n].view(a.shape) for a, o, n in zip(arrays, offsets, sizes)]

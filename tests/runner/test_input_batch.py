@@ -132,3 +132,21 @@ def test_persistent_block_table_rows_match_padding_over_steps_forgets_and_growth
         assert torch.equal(got.decode_block_tables, ref.decode_block_tables), step
         assert torch.equal(got.slot_mapping, ref.slot_mapping), step
     assert rows.table.shape[0] >= 5 and rows.table.shape[1] > 1  # grew both ways
+
+
+def test_packed_views_start_on_16_byte_boundaries():
+    """The step's index arrays share one transfer; each view must start 16-byte aligned whatever the sizes before
+    it, or Triton compiles another variant of a kernel for the misaligned pointer in the middle of a run."""
+    from strataserve.runner.input_batch import PACK_ALIGN_BYTES, packed_offsets
+
+    rng = random.Random(0)
+    for itemsize in (4, 8):
+        for _ in range(200):
+            sizes = [rng.choice((0, 1, 3, rng.randint(0, 70))) for _ in range(rng.randint(1, 8))]
+            offsets, total = packed_offsets(sizes, itemsize)
+            assert all(o * itemsize % PACK_ALIGN_BYTES == 0 for o in offsets)
+            ends = [o + n for o, n in zip(offsets, sizes)]
+            assert all(e <= nxt for e, nxt in zip(ends, offsets[1:]))  # no overlap, in order
+            assert total >= max(ends) and total - sum(sizes) < len(sizes) * PACK_ALIGN_BYTES // itemsize
+    assert packed_offsets([5, 2, 4], 4) == ([0, 8, 12], 16)
+    assert packed_offsets([3, 1], 8) == ([0, 4], 6)
