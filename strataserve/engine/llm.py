@@ -59,6 +59,10 @@ class LLM:
             parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
         )
         self.engine = LLMEngine(self.config, runner=runner, tokenizer=tokenizer_obj)
+        # The largest prompt-step CUDA graph now: a server captures it while idle, an offline LLM never idles, and
+        # its first capture compiles the kernel variants of large steps (2-3 s on an empty Triton cache), which
+        # would otherwise fall on the first big generate() (docs/gpu_notes.md, run 12). No-op without such graphs.
+        self.engine.core.idle_work()
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ vLLM-style API

@@ -110,3 +110,22 @@ def test_logprobs_and_metrics_offline():
     assert c.cumulative_logprob == pytest.approx(-1.5)
     m = o.metrics
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+
+
+def test_offline_llm_does_one_piece_of_idle_work_at_init():
+    """An offline LLM never idles, so the largest prompt-step graph (whose capture compiles the large steps'
+    kernel variants) is captured at init instead of in the first big generate(); only that one piece."""
+    class IdleRunner(FakeRunner):
+        def __init__(self) -> None:
+            super().__init__(num_blocks=64, block_size=4, max_model_len=128)
+            self.idle_calls = 0
+
+        def idle_work(self) -> bool:
+            self.idle_calls += 1
+            return True  # more would remain: init must still stop after one piece
+
+    runner = IdleRunner()
+    llm = LLM("fake", runner=runner, tokenizer_obj=build_tokenizer())
+    assert runner.idle_calls == 1
+    out = llm.generate("hello world", SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3 and runner.idle_calls == 1  # generate() does no idle work
