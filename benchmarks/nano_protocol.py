@@ -1,0 +1,55 @@
+"""The nano-vllm throughput workload timed the way nano-vllm's own ``bench.py`` times it, through the public ``LLM``
+class with its defaults: one short warm-up prompt, then 256 requests (token-id prompts of 100-1,024 tokens, outputs
+of 100-1,024 tokens, ``ignore_eos``) in one ``generate`` call. Greedy, as issue 12 measures (nano-vllm samples at
+temperature 0.6: ``--temperature 0.6``). Meant for a fresh process, so the figure includes whatever a first run pays.
+
+    PYTHONPATH=. python benchmarks/nano_protocol.py MODEL_DIR [--kv-cache-dtype fp8] [--max-num-batched-tokens N]
+One JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the LLM class's")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    import torch
+
+    from strataserve import LLM, SamplingParams
+
+    extra = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
+    t0 = time.perf_counter()
+    llm = LLM(args.model, max_model_len=4096, kv_cache_dtype=args.kv_cache_dtype, **extra)
+    t_init = time.perf_counter() - t0
+    rng = random.Random(args.seed)
+    prompts = [[rng.randint(3, 151000) for _ in range(rng.randint(100, 1024))] for _ in range(256)]
+    params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=rng.randint(100, 1024))
+              for _ in range(256)]
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)  # nano-vllm's warm-up
+    sync()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    sync()
+    dt = time.perf_counter() - t0
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    if n != sum(sp.max_tokens for sp in params):
+        raise RuntimeError(f"{n} tokens generated, expected {sum(sp.max_tokens for sp in params)}")
+    print(json.dumps({"bench": "nano_protocol", "kv_cache_dtype": args.kv_cache_dtype, "tok_per_s": round(n / dt, 1),
+                      "time_s": round(dt, 3), "output_tokens": n, "init_s": round(t_init, 2),
+                      "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
+                      "temperature": args.temperature, "torch": torch.__version__,
+                      "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
