@@ -263,10 +263,11 @@ def packed_offsets(sizes: list[int], itemsize: int) -> tuple[list[int], int]:
     return offsets, o
 
 
-def _packed(arrays: list[np.ndarray], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+def _packed(arrays: list[np.ndarray], dtype: torch.dtype, device: torch.device,
+            pin: bool = True) -> list[torch.Tensor]:
     sizes = [a.size for a in arrays]
-    offsets, total = packed_offsets(sizes, torch.empty(0, dtype=dtype).element_size())
-    host = torch.empty(max(1, total), dtype=dtype, pin_memory=True)
+    offsets, total = packed_offsets(sizes, dtype.itemsize)
+    host = torch.empty(max(1, total), dtype=dtype, pin_memory=pin)
     flat = host.numpy()
     for a, o, n in zip(arrays, offsets, sizes):
         flat[o:o + n] = a.reshape(-1)

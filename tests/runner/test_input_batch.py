@@ -150,3 +150,17 @@ def test_packed_views_start_on_16_byte_boundaries():
             assert total >= max(ends) and total - sum(sizes) < len(sizes) * PACK_ALIGN_BYTES // itemsize
     assert packed_offsets([5, 2, 4], 4) == ([0, 8, 12], 16)
     assert packed_offsets([3, 1], 8) == ([0, 4], 6)
+
+
+def test_packed_transfer_keeps_every_array_and_aligns_its_view():
+    import numpy as np
+
+    from strataserve.runner.input_batch import PACK_ALIGN_BYTES, _packed
+
+    rng = np.random.default_rng(0)
+    for dtype, np_dtype in ((torch.int32, np.int32), (torch.int64, np.int64)):
+        arrays = [rng.integers(-9, 9, size=shape).astype(np_dtype) for shape in ((5,), (3, 7), (0,), (1,), (2, 3))]
+        views = _packed(arrays, dtype, CPU, pin=False)  # pinning needs an accelerator; the layout is the same
+        for a, v in zip(arrays, views):
+            assert v.dtype == dtype and tuple(v.shape) == a.shape and np.array_equal(v.numpy(), a)
+            assert v.numel() == 0 or v.data_ptr() % PACK_ALIGN_BYTES == 0
