@@ -19,7 +19,8 @@ final hidden rows are copied into one static output; the logits and the sampler 
 that sample, as on the eager path, so no bucket keeps a logits buffer.
 
 Buckets are captured while the engine has nothing to run, largest first (``capture_next``; ~0.1 s each), or
-else the first time a step needs one (about one eager step's time, and one device sync); start-up is unchanged.
+else the first time a step needs one (about one eager step's time, and one device sync); the engine's start-up
+is unchanged (the offline ``LLM`` captures the largest bucket at init, since it never idles).
 All buckets share one memory pool, about the activations of the largest step, which the KV-cache sizing already
 leaves free (it profiles a forward of ``max_num_batched_tokens``); eager steps then need that much again (run 9,
 8B shape, 4,096 tokens: +0.5 GiB). A capture that fails (e.g. out of memory) turns the graphs off and the steps
@@ -47,7 +48,8 @@ def mixed_graph_sizes(max_tokens: int) -> list[int]:
 
     Padding then costs at most ~3% of a step's matmul work from 1,024 tokens up, where steps are compute bound
     (run 9: with buckets of 64, a step of one 1,024-token prompt and ~25 decodes took 27.8 ms on the device
-    against 26.2 ms eager). Buckets are captured while idle or when a step needs them, never at start-up."""
+    against 26.2 ms eager). Buckets are captured while idle or when a step needs them, not at engine start-up
+    (``engine/llm.py``: the offline ``LLM`` captures the largest one at init)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens}: must be >= 1")
     sizes = [*range(32, 2049, 32), *range(2112, 4097, 64), *range(4224, max_tokens + 1, 128)]
