@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -71,9 +70,9 @@ def phase(name: str, fn, runner) -> dict:
 
 
 def main() -> None:
-    from gpu_bench import write_random_qwen3
+    from gpu_bench import nano_warmup, nano_workload, write_random_qwen3
     from gpu_engine import generate, make_engine
-    from throughput_accounting import run_steps, step_buckets, workload
+    from throughput_accounting import run_steps, step_buckets
 
     p = argparse.ArgumentParser()
     p.add_argument("--kv", default="auto")
@@ -105,11 +104,9 @@ def main() -> None:
                       "wall_s": round(time.perf_counter() - t0, 2),
                       "compiles": len(COMPILES) - n0, "compile_s": round(sum(c["s"] for c in COMPILES[n0:]), 3)}),
           flush=True)
-    warm_p, _ = workload(seed=1)
-    warm_o = [random.Random(100 + i).randint(8, 64) for i in range(len(warm_p))]
-    phase("warmup", lambda: generate(eng, warm_p, warm_o) and None, runner)
+    phase("warmup", lambda: generate(eng, *nano_warmup()) and None, runner)
     for name, seed in (("pass1", 0), ("pass2", 2)):
-        prompts, outs = workload(seed=seed)
+        prompts, outs = nano_workload(seed=seed)
         rec: list = []
         prof = None
         if name == "pass1" and args.cprofile:

@@ -102,6 +102,22 @@ def write_random_qwen3(path: Path) -> Path:
 _CKPT: dict = {}  # the random Qwen3-0.6B checkpoint, written once per run
 
 
+def nano_workload(n: int = 256, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's workload: ``n`` token-id prompts of 100-1,024 tokens and output lengths of 100-1,024 (seed 0 is
+    the one every throughput figure times)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randint(3, 151000) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
+    return prompts, [rng.randint(100, 1024) for _ in range(n)]
+
+
+def nano_warmup(n: int = 256) -> tuple[list[list[int]], list[int]]:
+    """The warm-up before a timed pass: other prompts (so the timed pass gets no prefix-cache hits from it) over
+    the same shapes, with outputs of 8-64 tokens."""
+    rng = random.Random(1)
+    prompts = [[rng.randint(3, 151000) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
+    return prompts, [rng.randint(8, 64) for _ in range(n)]
+
+
 def bench_throughput(modes, n: int = 256, profile: bool = False, label: str = "throughput") -> None:
     """nano-vllm's workload: 256 sequences, input and output lengths uniform in [100, 1024], greedy, ignore_eos,
     through the real engine (scheduler, runner, sampler). Start-up (weights + KV + graphs) is timed too."""
@@ -111,12 +127,8 @@ def bench_throughput(modes, n: int = 256, profile: bool = False, label: str = "t
         _CKPT["tmp"] = tempfile.TemporaryDirectory()
         _CKPT["qwen3"] = write_random_qwen3(Path(_CKPT["tmp"].name) / "qwen3-0.6b")
     path = _CKPT["qwen3"]
-    rng = random.Random(0)
-    prompts = [[rng.randint(3, 151000) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
-    outs = [rng.randint(100, 1024) for _ in range(n)]
-    wrng = random.Random(1)  # different prompts, so the timed pass gets no prefix-cache hits from the warm-up
-    warm_prompts = [[wrng.randint(3, 151000) for _ in range(wrng.randint(100, 1024))] for _ in range(n)]
-    warm_outs = [wrng.randint(8, 64) for _ in range(n)]
+    prompts, outs = nano_workload(n)
+    warm_prompts, warm_outs = nano_warmup(n)
     for mode in modes:
         def one(mode=mode):
             # "<mode>-sync": the same runner mode with async scheduling off (host and device work serialised);
@@ -192,9 +204,7 @@ def profile_throughput(n: int = 256) -> None:
     from gpu_profile import profile_engine_windows
 
     bench_throughput([], n)  # writes the checkpoint only
-    rng = random.Random(0)
-    prompts = [[rng.randint(3, 151000) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
-    outs = [rng.randint(100, 1024) for _ in range(n)]
+    prompts, outs = nano_workload(n)
     eng, _ = make_engine(str(_CKPT["qwen3"]), "hybrid", "bfloat16", max_num_seqs=256,
                          max_num_batched_tokens=16384, max_model_len=2048)
     text = profile_engine_windows(eng, prompts, outs, ((2, 8), (60, 80), (400, 420), (800, 820)))

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
@@ -24,16 +27,15 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
+    from gpu_bench import nano_workload
     from strataserve import LLM, SamplingParams
 
     extra = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
     t0 = time.perf_counter()
     llm = LLM(args.model, max_model_len=4096, kv_cache_dtype=args.kv_cache_dtype, **extra)
     t_init = time.perf_counter() - t0
-    rng = random.Random(args.seed)
-    prompts = [[rng.randint(3, 151000) for _ in range(rng.randint(100, 1024))] for _ in range(256)]
-    params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=rng.randint(100, 1024))
-              for _ in range(256)]
+    prompts, outs = nano_workload(seed=args.seed)
+    params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in outs]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)  # nano-vllm's warm-up
     sync()

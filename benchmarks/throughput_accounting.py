@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import sys
 import tempfile
@@ -41,13 +40,6 @@ CATEGORIES = (("decode_attn", r"paged_decode|decode_att"),
 def category(name: str) -> str:
     low = name.lower()
     return next((c for c, pat in CATEGORIES if re.search(pat, low)), "other")
-
-
-def workload(n: int = 256, seed: int = 0):
-    rng = random.Random(seed)
-    prompts = [[rng.randint(3, 151000) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
-    outs = [rng.randint(100, 1024) for _ in range(n)]
-    return prompts, outs
 
 
 def run_steps(eng, prompts, outs, record: list | None) -> float:
@@ -128,7 +120,7 @@ def kernel_accounting(prof, wall: float) -> dict:
 
 
 def main() -> None:
-    from gpu_bench import write_random_qwen3
+    from gpu_bench import nano_warmup, nano_workload, write_random_qwen3
     from gpu_engine import generate, make_engine
     from torch.profiler import ProfilerActivity, profile
 
@@ -139,12 +131,11 @@ def main() -> None:
     args = p.parse_args()
     tmp = tempfile.TemporaryDirectory()
     path = write_random_qwen3(Path(tmp.name) / "qwen3-0.6b")
-    prompts, outs = workload()
-    warm_p, _ = workload(seed=1)
+    prompts, outs = nano_workload()
     for kv in args.kv.split(","):
         eng, t_ready = make_engine(str(path), args.mode, "bfloat16", max_num_seqs=256, max_num_batched_tokens=16384,
                                    max_model_len=2048, kv_cache_dtype=kv)
-        generate(eng, warm_p, [random.Random(i).randint(8, 64) for i in range(len(warm_p))])
+        generate(eng, *nano_warmup())
         rec: list = []
         wall = run_steps(eng, prompts, outs, rec)
         eng.reset_prefix_cache()
