@@ -12,6 +12,8 @@ wrapper that validates shapes/strides/dtypes (ValueError saying what to change) 
   per-row split counts chosen in the kernel, combined by the last split program)
 - ``prefill_attention``: ``prefill_attention`` (varlen causal over block tables, cached prefixes)
 - ``gemv``: ``gemv`` (one-row matmul, optional split-K; used per weight shape where it beat cuBLAS at start-up)
+- ``skinny_gemm``: ``skinny_gemm`` (few-row matmul, optional split-K; measured, not used by the runner: cuBLAS
+  wins most decode shapes, see its docstring)
 
 Kernels are pure functions over tensors; ``runner/triton_ops.py`` wires them into the runner's ``OpSet``.
 """
