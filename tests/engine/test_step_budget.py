@@ -208,6 +208,87 @@ class _FrozenBudget(StepBudget):
         pass
 
 
+class _FixedCap(StepBudget):
+    """A cap of ``cap`` prefill tokens whenever decodes run (the tile trim is the real one)."""
+
+    def __init__(self, cap: int, max_tokens: int) -> None:
+        super().__init__(10.0, max_tokens, min_prefill=1)
+        self.cap = cap
+
+    def prefill_cap(self, num_decodes: int) -> int:
+        return min(self.cap, self.max_tokens - num_decodes) if num_decodes else self.max_tokens - num_decodes
+
+
+def _tile_scheduler(budget: StepBudget | None) -> tuple[Scheduler, FakeRunner]:
+    cfg = SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256)
+    sched = Scheduler(cfg, num_blocks=2048, block_size=16, max_model_len=4096, step_budget=budget)
+    return sched, FakeRunner(num_blocks=2048, block_size=16, max_model_len=4096)
+
+
+def _long_request(rid: str, n: int, seq: int, max_tokens: int = 8) -> Request:
+    core_req = EngineCoreRequest(request_id=rid, prompt_token_ids=[3 + (seq * 7 + i) % 300 for i in range(n)],
+                                 eos_token_id=EOS, arrival_time=float(seq),
+                                 sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return Request.from_core_request(core_req, max_model_len=4096, max_pool_tokens=2048 * 16, seq=seq)
+
+
+def _step(sched: Scheduler, runner: FakeRunner, tokens: dict[str, list[int]]):
+    so = sched.schedule()
+    for o in sched.update_from_output(so, runner.execute(so)):
+        tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return so
+
+
+def _sixty_decodes(budget: StepBudget | None) -> tuple[Scheduler, FakeRunner, dict[str, list[int]]]:
+    sched, runner = _tile_scheduler(budget)
+    tokens: dict[str, list[int]] = {}
+    for i in range(60):
+        sched.add_request(_long_request(f"d{i}", 20, i, max_tokens=64))
+    _step(sched, runner, tokens)  # all 60 prompts in one step (no decodes yet: no cap)
+    assert len(sched.running) == 60
+    return sched, runner, tokens
+
+
+@pytest.mark.parametrize("paced", [True, False])
+def test_a_step_cut_by_the_cap_ends_on_a_tile(paced):
+    """60 decodes run; the cap allows 873 prompt tokens and more wait. The cut moves back so the step holds 896
+    tokens (7 tiles of 128), and the trimmed tokens are not given to another prompt; so in every step that cuts a
+    prompt. Without pacing a cut is at the token budget, as before."""
+    sched, runner, tokens = _sixty_decodes(_FixedCap(873, 4096) if paced else None)
+    sched.add_request(_long_request("big", 3000, 100))
+    sched.add_request(_long_request("next", 3000, 101))
+    so = _step(sched, runner, tokens)
+    sizes = {c.req_id: len(c.token_ids) for c in so.chunks}
+    assert sum(1 for n in sizes.values() if n == 1) == 60  # every decode, first
+    if paced:
+        assert so.total_num_scheduled_tokens == 896 and sizes["big"] == 836 and "next" not in sizes
+    else:
+        assert so.total_num_scheduled_tokens == 4096 and sizes["big"] == 3000 and sizes["next"] == 1036
+    cuts = 0
+    while sched.has_unfinished_requests():
+        so = _step(sched, runner, tokens)
+        if any(len(c.token_ids) > 1 and not c.sample for c in so.chunks):  # a prompt was cut in this step
+            cuts += 1
+            assert so.total_num_scheduled_tokens % (128 if paced else 4096) == 0, so.total_num_scheduled_tokens
+    assert cuts >= (5 if paced else 0)
+    for rid, n, seq in (("big", 3000, 100), ("next", 3000, 101)):  # chunking never changes the tokens
+        assert tokens[rid] == reference_output(_long_request(rid, n, seq).prompt_token_ids, 8)
+
+
+def test_a_prompt_that_fits_under_the_cap_is_not_cut_for_the_tile():
+    """Cutting it would add a step to its time to first token: 60 decodes + 500 prompt tokens run as 560."""
+    sched, runner, tokens = _sixty_decodes(_FixedCap(873, 4096))
+    sched.add_request(_long_request("fits", 500, 100))
+    so = _step(sched, runner, tokens)
+    assert so.total_num_scheduled_tokens == 560
+    assert {c.req_id: len(c.token_ids) for c in so.chunks}["fits"] == 500
+
+
+def test_tile_trim_rule():
+    assert StepBudget.cut_trim(933) == 933 - 896 and StepBudget.cut_trim(1024) == 0
+    assert StepBudget.cut_trim(100) == 0  # one tile or less: nothing to gain
+
+
 def test_greedy_tokens_of_a_real_model_do_not_depend_on_the_budget(tmp_path):
     from _tiny_models import make_tiny_checkpoint
 
