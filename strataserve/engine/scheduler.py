@@ -47,7 +47,6 @@ class Scheduler:
                  enable_prefix_caching: bool = True, step_budget: StepBudget | None = None) -> None:
         self.config = config
         self.step_budget = step_budget  # None: every step may use max_num_batched_tokens
-        self._trim, self._cut = 0, False  # this step's tile trim, and whether a prompt chunk was cut (schedule)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
@@ -134,17 +133,15 @@ class Scheduler:
             budget, preempted = self._schedule_running(self.running, budget, chunks, reqs, longer)
         num_decodes = full - budget  # one token each
         prefill = budget
-        self._trim, self._cut = 0, False  # a prompt cut at the cap is cut shorter by the trim (step_budget.py)
         if self.step_budget is not None:
             prefill = min(budget, self.step_budget.prefill_cap(num_decodes))
-            self._trim = self.step_budget.cut_trim(num_decodes + prefill)
         prefill_cap = prefill
         if longer and prefill > 0:
             prefill, pre = self._schedule_running(longer, prefill, chunks, reqs)
             preempted = preempted or pre
 
         new_reqs: list[NewRequestData] = []
-        if not preempted and not self._cut:
+        if not preempted:
             prefill, preempted = self._admit(prefill, chunks, reqs, new_reqs, solo)
 
         if preempted:
@@ -183,9 +180,8 @@ class Scheduler:
             if n > 1 and longer is not None:
                 longer.append(req)
                 continue
-            cut = n > budget
-            if cut:
-                n = self._cut_at(budget)
+            if n > budget:
+                n = budget
             blocks = allocate(req, n)
             while blocks is None:
                 victim = max(running, key=_victim_key)
@@ -209,14 +205,7 @@ class Scheduler:
             if sample:
                 req.num_pending += 1
             budget -= n
-            if cut:
-                self._cut = True
-                break  # what the trim left over stays unused: the step ends on its tile
         return budget, preempted
-
-    def _cut_at(self, budget: int) -> int:
-        """The size of a prompt chunk cut at ``budget``: shorter by the tile trim when that leaves some of it."""
-        return budget - self._trim if budget > self._trim else budget
 
     def _solo_priority(self) -> int | None:
         """The priority of the best waiting request if it beats every running request, else None."""
@@ -247,7 +236,6 @@ class Scheduler:
             if max_priority is not None and req.priority > max_priority:
                 break
             blocks = None
-            cut = False
             if len(running) < max_seqs:
                 # prompt logprobs need every prompt position's hidden state: no prefix-cache hit for those
                 hit_blocks, hit_tokens = kv.get_computed_blocks(req) if req.prompt_logprobs is None else ([], 0)
@@ -257,7 +245,7 @@ class Scheduler:
                 n = req.num_tokens - hit_tokens
                 if n > budget:
                     if chunked:
-                        n, cut = self._cut_at(budget), True
+                        n = budget
                     elif budget < full_budget:
                         break  # no chunking: wait for a step with room for the whole prompt
                 reserve = self._reserve if running else 0
@@ -289,9 +277,6 @@ class Scheduler:
             if sample:
                 req.num_pending += 1
             budget -= n
-            if cut:
-                self._cut = True
-                break
         for entry in deferred:
             heapq.heappush(waiting, entry)
         return budget, preempted

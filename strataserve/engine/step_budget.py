@@ -25,15 +25,7 @@ defaults are). Run 10 (8B shape, H200, Poisson 16 req/s of 1,024-token prompts, 
 28 ms all keep one prompt per step (ITL P99 27.1-29.1 ms, TTFT P50 38.7-45.6 ms); unpaced, steps holding two
 prompts take ~51 ms and ITL P99 is ~48 ms.
 
-Tile alignment: when the cap cuts a prompt (more prompt tokens wait than fit), the cut is moved back so that the
-step's tokens (decodes + prefill) end on a multiple of ``TILE_TOKENS``. A prefill step's matmuls compute whole
-tiles of rows, so a step cut at an arbitrary size pays for the rest of its last tile: on the 8B shape on the H200
-the decoder matmuls take 21.2 ms for every size from 928 to 1,024 tokens, and ~23.4 ms from 1,056 to 1,152 (run 13,
-``benchmarks/prefill_tile_curve.py``). A step whose prompts all fit is never cut for alignment: a prompt that would
-finish in this step is not delayed a step (that would double its time to first token).
-
-Pure bookkeeping: the engine core times each step and calls ``observe``; the scheduler calls ``prefill_cap`` and,
-at a cut, ``cut_trim``.
+Pure bookkeeping: the engine core times each step and calls ``observe``; the scheduler calls ``prefill_cap``.
 """
 from __future__ import annotations
 
@@ -41,9 +33,6 @@ from collections import deque
 from statistics import median
 
 from strataserve.config import SchedulerConfig
-
-#: a cut step's tokens end on a multiple of this (GEMM tile rows; see the module docstring)
-TILE_TOKENS = 128
 
 
 class StepBudget:
@@ -69,12 +58,6 @@ class StepBudget:
             return max(room, 0)
         cap = int((self.target_s - self._decode_med) / self._token_est)
         return max(0, min(room, max(cap, self.min_prefill)))
-
-    @staticmethod
-    def cut_trim(step_tokens: int) -> int:
-        """Tokens to leave out of a prompt chunk cut at the cap, for a step of ``step_tokens`` (decodes + the cap)
-        to end on a tile; 0 for steps of at most one tile."""
-        return step_tokens % TILE_TOKENS if step_tokens > TILE_TOKENS else 0
 
     def observe(self, num_decodes: int, num_prefill: int, seconds: float) -> None:
         """Record one finished step: its decode count, prefill tokens and how long it kept the device."""
