@@ -4,6 +4,7 @@ of 100-1,024 tokens, ``ignore_eos``) in one ``generate`` call. Greedy, as issue 
 temperature 0.6: ``--temperature 0.6``). Meant for a fresh process, so the figure includes whatever a first run pays.
 
     PYTHONPATH=. python benchmarks/nano_protocol.py MODEL_DIR [--kv-cache-dtype fp8] [--max-num-batched-tokens N]
+        [--max-model-len 4096] [--gpu-memory-utilization F] [--target-step-ms 0|auto|MS] [--warmup nano|bench]
 One JSON line.
 """
 from __future__ import annotations
@@ -24,20 +25,35 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the LLM class's")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    # where this protocol differs from gpu_bench's (docs/performance.md, run 12): each can be set to the other's
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None, help="default: the LLM class's")
+    p.add_argument("--target-step-ms", default="0", help="step pacing: 0 = off (the LLM default), auto, or ms")
+    p.add_argument("--warmup", choices=("nano", "bench"), default="nano",
+                   help="nano: one short prompt (bench.py); bench: gpu_bench's 256 prompts of 8-64 outputs")
     args = p.parse_args()
     import torch
 
-    from gpu_bench import nano_workload
+    from gpu_bench import nano_warmup, nano_workload
     from strataserve import LLM, SamplingParams
 
     extra = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
+    if args.gpu_memory_utilization is not None:
+        extra["gpu_memory_utilization"] = args.gpu_memory_utilization
+    pacing = None if args.target_step_ms == "auto" else float(args.target_step_ms)
     t0 = time.perf_counter()
-    llm = LLM(args.model, max_model_len=4096, kv_cache_dtype=args.kv_cache_dtype, **extra)
+    llm = LLM(args.model, max_model_len=args.max_model_len, kv_cache_dtype=args.kv_cache_dtype,
+              target_step_ms=pacing, **extra)
     t_init = time.perf_counter() - t0
     prompts, outs = nano_workload(seed=args.seed)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in outs]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)  # nano-vllm's warm-up
+    if args.warmup == "nano":
+        llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)  # nano-vllm's warm-up
+    else:
+        wp, wo = nano_warmup()
+        llm.generate(prompt_token_ids=wp, use_tqdm=False,
+                     sampling_params=[SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in wo])
     sync()
     t0 = time.perf_counter()
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
@@ -49,6 +65,9 @@ def main() -> None:
     print(json.dumps({"bench": "nano_protocol", "kv_cache_dtype": args.kv_cache_dtype, "tok_per_s": round(n / dt, 1),
                       "time_s": round(dt, 3), "output_tokens": n, "init_s": round(t_init, 2),
                       "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
+                      "max_model_len": args.max_model_len,
+                      "gpu_memory_utilization": llm.config.cache.gpu_memory_utilization,
+                      "target_step_ms": args.target_step_ms, "warmup": args.warmup,
                       "temperature": args.temperature, "torch": torch.__version__,
                       "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}), flush=True)
 

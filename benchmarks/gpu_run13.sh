@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Device run 13 (issue 12: the decode matmuls; the gap between nano-vllm's protocol and gpu_bench's). From the repo
+# root on the device, with .whl carried:  bash benchmarks/gpu_run13.sh PHASES [ROUNDS]
+#   tests  the skinny-GEMM kernel tests on the GPU (fp32/fp16/bf16)
+#   sweep  benchmarks/skinny_gemm_sweep.py: Qwen3-0.6B shapes at batch 16-256, Llama-3.1-8B at 16 and 64
+#   curve  benchmarks/prefill_tile_curve.py: the 8B decoder matmuls at 768-2,112 tokens, every 32
+#   serve  benchmarks/serve_load_gpu.py, 8B shape: a tree in .wt_old (carried; `git archive REV strataserve`) against
+#          this one, side by side, ROUNDS (13d: 21de2df against the tile trim of 7c4a6c7, since reverted)
+#   fresh  benchmarks/nano_protocol.py, fresh process + empty Triton cache each, fp8 and bf16 cache, ROUNDS
+#   proto  benchmarks/nano_protocol.py (fp8 cache), a fresh process each (Triton cache shared): the LLM defaults,
+#          then each of gpu_bench's differences alone (token budget 8192, pacing auto, model len 2048 + memory
+#          0.85, gpu_bench's warm-up), ROUNDS times with the order reversed every other round
+# Everything lands under $OUT.
+set -u
+source benchmarks/device_setup.sh "$1"
+ROUNDS=${2:-1}
+if phase tests; then
+  STRATA_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_skinny_gemm.py \
+    tests/kernels/test_gemv.py tests/kernels/test_specialization.py 2>&1 | tee "$OUTDIR/gpu_kernel_tests.log" | tail -3
+fi
+if phase sweep; then
+  timeout 280 python3 benchmarks/skinny_gemm_sweep.py --model llama8b --batches 16,64 \
+    | tee -a "$OUTDIR/sweep.jsonl" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); print(r["model"], r["proj"], r["batch"], "cublas", r["cublas_us"], "best", r["best_us"], r["gain"], r["top"][0][1], "no-combine", r.get("best_without_combine_us"), r["max_abs_diff_vs_cublas"], r["sweep_s"])'
+  timeout 280 python3 benchmarks/skinny_gemm_sweep.py --model qwen06b --batches 16,64,128,256 \
+    | tee -a "$OUTDIR/sweep.jsonl" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); print(r["model"], r["proj"], r["batch"], "cublas", r["cublas_us"], "best", r["best_us"], r["gain"], r["top"][0][1], "no-combine", r.get("best_without_combine_us"), r["max_abs_diff_vs_cublas"], r["sweep_s"])'
+fi
+if phase proto; then
+  CKPT=/tmp/q06
+  python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  VARIANTS=("" "--max-num-batched-tokens 8192" "--target-step-ms auto" "--max-model-len 2048 --gpu-memory-utilization 0.85" "--warmup bench")
+  for ((r = 0; r < ROUNDS; r++)); do
+    n=${#VARIANTS[@]}
+    for ((i = 0; i < n; i++)); do
+      j=$(( r % 2 == 0 ? i : n - 1 - i ))
+      timeout 120 python3 benchmarks/nano_protocol.py $CKPT --kv-cache-dtype fp8 \
+        ${VARIANTS[$j]} 2>>"$OUTDIR/proto.err" | tee -a "$OUTDIR/proto.jsonl"
+    done
+  done
+fi
+if phase curve; then
+  timeout 200 python3 benchmarks/prefill_tile_curve.py --model llama8b --start 768 --stop 2112 --step 32 \
+    | tee -a "$OUTDIR/curve.jsonl" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); print(r["tokens"], r["us"], r["us_per_token"], r["tflops"])'
+fi
+if phase serve; then  # .wt_old's tree against this one, side by side, alternating
+  mkdir -p "$OUTDIR/logs"
+  LOGS=$OUTDIR/logs timeout 330 python3 benchmarks/serve_load_gpu.py --model /tmp/llama8b --rounds "$ROUNDS" \
+    --blocks 5120 --closed-prompts 192 --poisson-prompts 160 --variant "old=.wt_old" --variant "new=." \
+    | tee -a "$OUTDIR/serve_load.jsonl" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    if "round" not in r:
+        print(l.strip()); continue
+    print(r["round"], r["variant"], r["workload"], r["output_throughput"], "ttft p50", r["median_ttft_ms"], "itl p99", r["p99_itl_ms"], "prefill step ms p50", r.get("prefill_step_ms_p50"), "tokens p50", r.get("prefill_tokens_p50"))'
+  (cd "$OUTDIR/logs" && tar czf ../logs.tgz . && cd .. && rm -rf logs)
+fi
+if phase fresh; then  # nano-vllm's protocol, each run a fresh process with an empty Triton cache, KV dtypes rotated
+  CKPT=/tmp/q06
+  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  KVS=(fp8 auto)
+  for ((r = 0; r < ROUNDS; r++)); do
+    for ((i = 0; i < 2; i++)); do
+      kv=${KVS[$(((i + r) % 2))]}
+      TRITON_CACHE_DIR=$(mktemp -d) timeout 120 python3 benchmarks/nano_protocol.py $CKPT --kv-cache-dtype $kv \
+        2>>"$OUTDIR/fresh.err" | tee -a "$OUTDIR/fresh.jsonl"
+    done
+  done
+fi
