@@ -7,6 +7,7 @@
 #   serve  benchmarks/serve_load_gpu.py, 8B shape: a tree in .wt_old (carried; `git archive REV strataserve`) against
 #          this one, side by side, ROUNDS (13d: 21de2df against the tile trim of 7c4a6c7, since reverted)
 #   fresh  benchmarks/nano_protocol.py, fresh process + empty Triton cache each, fp8 and bf16 cache, ROUNDS
+#   gc     benchmarks/nano_protocol.py --gc default|freeze|relaxed, fp8 and bf16, ROUNDS (Triton cache shared)
 #   proto  benchmarks/nano_protocol.py (fp8 cache), a fresh process each (Triton cache shared): the LLM defaults,
 #          then each of gpu_bench's differences alone (token budget 8192, pacing auto, model len 2048 + memory
 #          0.85, gpu_bench's warm-up), ROUNDS times with the order reversed every other round
@@ -72,6 +73,23 @@ if phase fresh; then  # nano-vllm's protocol, each run a fresh process with an e
       kv=${KVS[$(((i + r) % 2))]}
       TRITON_CACHE_DIR=$(mktemp -d) timeout 120 python3 benchmarks/nano_protocol.py $CKPT --kv-cache-dtype $kv \
         2>>"$OUTDIR/fresh.err" | tee -a "$OUTDIR/fresh.jsonl"
+    done
+  done
+fi
+if phase gc; then  # Python GC during the timed generate: as is, the start-up heap frozen, frozen + fewer gen0 passes
+  CKPT=/tmp/q06
+  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  GCS=(default freeze relaxed)
+  for ((r = 0; r < ROUNDS; r++)); do
+    for kv in fp8 auto; do
+      for ((i = 0; i < 3; i++)); do
+        g=${GCS[$(( r % 2 == 0 ? i : 2 - i ))]}
+        timeout 120 python3 benchmarks/nano_protocol.py $CKPT --kv-cache-dtype $kv --gc $g 2>>"$OUTDIR/gc.err" \
+          | tee -a "$OUTDIR/gc.jsonl" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); print(r["kv_cache_dtype"], r["gc"], r["tok_per_s"], r["gc_count_ms_max"])'
+      done
     done
   done
 fi

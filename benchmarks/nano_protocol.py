@@ -5,11 +5,14 @@ temperature 0.6: ``--temperature 0.6``). Meant for a fresh process, so the figur
 
     PYTHONPATH=. python benchmarks/nano_protocol.py MODEL_DIR [--kv-cache-dtype fp8] [--max-num-batched-tokens N]
         [--max-model-len 4096] [--gpu-memory-utilization F] [--target-step-ms 0|auto|MS] [--warmup nano|bench]
+        [--gc default|freeze|relaxed]
+The line also gives the timed generate's Python GC collections per generation: [count, total ms, longest ms].
 One JSON line.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -29,6 +32,8 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--gpu-memory-utilization", type=float, default=None, help="default: the LLM class's")
     p.add_argument("--target-step-ms", default="0", help="step pacing: 0 = off (the LLM default), auto, or ms")
+    p.add_argument("--gc", choices=("default", "freeze", "relaxed"), default="default",
+                   help="Python GC after init: as is; gc.freeze() of the start-up heap; freeze + gen0 threshold 50,000")
     p.add_argument("--warmup", choices=("nano", "bench"), default="nano",
                    help="nano: one short prompt (bench.py); bench: gpu_bench's 256 prompts of 8-64 outputs")
     args = p.parse_args()
@@ -48,6 +53,19 @@ def main() -> None:
     prompts, outs = nano_workload(seed=args.seed)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in outs]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    if args.gc != "default":
+        gc.collect()
+        gc.freeze()
+        if args.gc == "relaxed":
+            gc.set_threshold(50_000, 10, 10)
+    pauses: list[tuple[int, float]] = []
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:  # every collection's pause, to see whether the host stalls the GPU
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append((info["generation"], time.perf_counter() - started.pop()))
     if args.warmup == "nano":
         llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)  # nano-vllm's warm-up
     else:
@@ -55,10 +73,14 @@ def main() -> None:
         llm.generate(prompt_token_ids=wp, use_tqdm=False,
                      sampling_params=[SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in wo])
     sync()
+    gc.callbacks.append(on_gc)
     t0 = time.perf_counter()
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     sync()
     dt = time.perf_counter() - t0
+    gc.callbacks.remove(on_gc)
+    gc_stats = {f"gen{g}": [sum(1 for q, _ in pauses if q == g), round(1e3 * sum(d for q, d in pauses if q == g), 1),
+                            round(1e3 * max((d for q, d in pauses if q == g), default=0.0), 2)] for g in range(3)}
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     if n != sum(sp.max_tokens for sp in params):
         raise RuntimeError(f"{n} tokens generated, expected {sum(sp.max_tokens for sp in params)}")
@@ -67,7 +89,8 @@ def main() -> None:
                       "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
                       "max_model_len": args.max_model_len,
                       "gpu_memory_utilization": llm.config.cache.gpu_memory_utilization,
-                      "target_step_ms": args.target_step_ms, "warmup": args.warmup,
+                      "target_step_ms": args.target_step_ms, "warmup": args.warmup, "gc": args.gc,
+                      "gc_count_ms_max": gc_stats,
                       "temperature": args.temperature, "torch": torch.__version__,
                       "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}), flush=True)
 
