@@ -43,7 +43,7 @@ def compile_decode(module, cache: str, block_n: int, warps: int, stages: int):
     quant = cache != "bf16"
     words = "ASM" in fn.arg_names
     const = dict(G=4, PAGE=16, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=128, IEEE=False, DIRECT=False, REVERSE=True,
-                 QUANT=quant, INT=cache == "int8", ASM=quant, ADAPTIVE=True, BLOCK_B=64, BLOCK_S=16, PDL=False)
+                 QUANT=quant, INT=cache == "int8", ASM=quant, ADAPTIVE=True, BLOCK_B=64, BLOCK_S=16)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in ("kc_ptr", "vc_ptr"):

@@ -37,9 +37,6 @@ STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
 #: tensor parallelism on CUDA: "symm_mem" sums small activations (decode steps) with PyTorch's one-shot
 #: symmetric-memory all-reduce (peer loads over NVLink, no multicast) instead of NCCL's; "nccl" (default): NCCL only.
 STRATA_TP_ALLREDUCE: str = os.environ.get("STRATA_TP_ALLREDUCE", "nccl")
-#: programmatic dependent launch of the decode step's Triton kernels (Hopper and newer): a kernel's programs may be
-#: placed while the previous kernel finishes and wait for its results on the GPU (issue 12, docs/gpu_notes.md run 13).
-STRATA_PDL: bool = os.environ.get("STRATA_PDL", "1") != "0"
 #: ``strata serve`` spawns the engine process before its own heavy imports and loads the tokenizer while the engine
 #: loads (issue 12 item 3); "0": one after the other, as before (the start-up benchmark's "before" switch).
 STRATA_SERVE_EARLY_SPAWN: bool = os.environ.get("STRATA_SERVE_EARLY_SPAWN", "1") != "0"

@@ -2,29 +2,11 @@
 change), and small device helpers."""
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from strataserve import envs
 from strataserve.kernels.kv_quant_ref import check_kv_scales
-
-try:  # grid dependency control (Triton >= 3.4)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    _HAS_GDC = True
-except ImportError:  # pragma: no cover - older Triton: launches stay plain
-    _HAS_GDC = False
-
-    @triton.jit
-    def gdc_wait():
-        pass
-
-    @triton.jit
-    def gdc_launch_dependents():
-        pass
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -76,32 +58,6 @@ def check_paged_qkv(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     check(q.stride(2) == 1 and k_cache.stride(3) == 1, "head_dim must be contiguous in q and the caches")
     check(not quant or d % 4 == 0, f"an {k_cache.dtype} KV cache needs head_dim divisible by 4, got {d}")
     return quant
-
-
-@functools.cache
-def _pdl_device(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def pdl_args(t: torch.Tensor) -> dict:
-    """Launch keywords for a kernel that starts with ``pdl_start(PDL)``.
-
-    Programmatic dependent launch (Hopper and newer): the kernel may be placed on the SMs while the previous kernel
-    of the stream finishes; ``pdl_start`` waits for that kernel's results, then lets the next kernel be placed in
-    turn. In a decode step a kernel runs for a few microseconds, and the gap between two kernels is about as long
-    (docs/gpu_notes.md, run 13). Off on CPUs, under Triton's interpreter, before sm_90, and with STRATA_PDL=0."""
-    on = (envs.STRATA_PDL and _HAS_GDC and t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
-          and _pdl_device(t.device.index if t.device.index is not None else torch.cuda.current_device()))
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
-
-
-@triton.jit
-def pdl_start(PDL: tl.constexpr):
-    """First statement of a kernel launched with ``pdl_args``: nothing is read or written before the previous
-    kernel of the stream is done."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
 
 def next_pow2(n: int) -> int:

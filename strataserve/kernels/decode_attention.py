@@ -43,8 +43,7 @@ import triton
 import triton.language as tl
 
 from strataserve.kernels._common import dot as _dot
-from strataserve.kernels._common import (check, check_index, check_ndim, check_paged_qkv, check_same_device, next_pow2,
-                                         pdl_args, pdl_start)
+from strataserve.kernels._common import (check, check_index, check_ndim, check_paged_qkv, check_same_device, next_pow2)
 from strataserve.kernels.kv_quant import dequantize_ref, load_tile, word_view
 
 
@@ -57,8 +56,7 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr,
                          INT: tl.constexpr, ASM: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_B: tl.constexpr,
-                         BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    pdl_start(PDL)
+                         BLOCK_S: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     if REVERSE:  # the GPU starts programs in id order: with rows sorted by length, the longest go first
         b = tl.num_programs(0) - 1 - b
@@ -179,8 +177,7 @@ def _store_partial_and_combine(out, lse, po_ptr, pl_ptr, o_ptr, sem, b, heads, o
 
 @triton.jit
 def _paged_decode_reduce_kernel(po_ptr, pl_ptr, o_ptr, po_sb, po_sh, po_ss, pl_sb, pl_sh, o_sb, o_sh,
-                                num_splits, D, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    pdl_start(PDL)
+                                num_splits, D, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -274,13 +271,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         IEEE=q.dtype == torch.float32,
         DIRECT=direct, REVERSE=reverse, QUANT=quant, INT=is_int, ASM=asm, ADAPTIVE=adaptive,
         BLOCK_B=next_pow2(B) if adaptive else 1,
-        BLOCK_S=max(2, next_pow2(splits)), num_warps=num_warps, num_stages=num_stages, **pdl_args(q))
+        BLOCK_S=max(2, next_pow2(splits)), num_warps=num_warps, num_stages=num_stages)
     if direct or adaptive:
         return out
     _paged_decode_reduce_kernel[(B, Hq)](
         partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1), splits, D, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_d, num_warps=4,
-        **pdl_args(q))
+        out.stride(0), out.stride(1), splits, D, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_d, num_warps=4)
     return out
 
 

@@ -21,15 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._common import check, check_float, check_same_device, pdl_args, pdl_start
+from strataserve.kernels._common import check, check_float, check_same_device
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, w_sn, k_per_split, HAS_BIAS: tl.constexpr,
-                 SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                 SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Rows [pid0 * BLOCK_N, +BLOCK_N) over the K range of split pid1. SPLIT == 1: write y (+ bias) directly;
     else write float32 partial sums to y_ptr [SPLIT, N] for ``_gemv_reduce_kernel``."""
-    pdl_start(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     rmask = rows < N
@@ -54,9 +53,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, w_sn, k_per_split, HAS_BIAS: 
 
 @triton.jit
 def _gemv_reduce_kernel(p_ptr, b_ptr, y_ptr, N, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr):
+                        BLOCK: tl.constexpr):
     """y[n] = sum_s partial[s, n] (+ bias[n]), in a fixed order (deterministic, unlike atomics)."""
-    pdl_start(PDL)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rmask = rows < N
     y = tl.zeros([BLOCK], tl.float32)
@@ -103,10 +101,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     out = y if split == 1 else torch.empty(split, N, dtype=torch.float32, device=x.device)
     _gemv_kernel[(triton.cdiv(N, c.block_n), split)](
         x, weight, b, out, N, K, weight.stride(0), k_per_split, HAS_BIAS=bias is not None, SPLIT=split,
-        BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages, **pdl_args(x))
+        BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
     if split > 1:
         _gemv_reduce_kernel[(triton.cdiv(N, 1024),)](out, b, y, N, HAS_BIAS=bias is not None, SPLIT=split,
-                                                     BLOCK=1024, num_warps=4, **pdl_args(x))
+                                                     BLOCK=1024, num_warps=4)
     return y
 
 
