@@ -7,6 +7,8 @@
 #   serve  benchmarks/serve_load_gpu.py, 8B shape: a tree in .wt_old (carried; `git archive REV strataserve`) against
 #          this one, side by side, ROUNDS (13d: 21de2df against the tile trim of 7c4a6c7, since reverted)
 #   fresh  benchmarks/nano_protocol.py, fresh process + empty Triton cache each, fp8 and bf16 cache, ROUNDS
+#   pdl    GPU kernel tests with programmatic dependent launch, 8B decode b=1 / b=64 with STRATA_PDL=0 / 1 (ROUNDS),
+#          float32 greedy against HF (13f ran it on 29f6af5; PDL was reverted after, so STRATA_PDL is now ignored)
 #   gc     benchmarks/nano_protocol.py --gc default|freeze|relaxed, fp8 and bf16, ROUNDS (Triton cache shared)
 #   proto  benchmarks/nano_protocol.py (fp8 cache), a fresh process each (Triton cache shared): the LLM defaults,
 #          then each of gpu_bench's differences alone (token budget 8192, pacing auto, model len 2048 + memory
@@ -92,4 +94,20 @@ for l in sys.stdin:
       done
     done
   done
+fi
+if phase pdl; then  # programmatic dependent launch: the GPU kernel tests with it on, then 8B decode b=1 / b=64 with
+  # STRATA_PDL=0 and 1 in separate processes (ROUNDS, order alternating), then float32 greedy against HF
+  STRATA_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels 2>&1 \
+    | tee "$OUTDIR/gpu_kernel_tests.log" | tail -3
+  for ((r = 0; r < ROUNDS; r++)); do
+    for p in $( ((r % 2 == 0)) && echo "0 1" || echo "1 0"); do
+      STRATA_PDL=$p timeout 120 python3 benchmarks/gpu_bench.py --only decode1-hybrid,decode64-hybrid --run 13 \
+        2>>"$OUTDIR/pdl.err" | grep '"decode"' | sed "s/^{/{\"pdl\": $p, /" | tee -a "$OUTDIR/pdl.jsonl" \
+        | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); print("pdl", r["pdl"], "batch", r["batch"], r.get("ms_per_step"), r["tok_per_s"], r["roofline_fraction"])'
+    done
+  done
+  e2e_check 14
 fi
