@@ -27,7 +27,7 @@ from strataserve.kernels._common import check, check_float, check_same_device
 @triton.jit
 def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_sm, w_sn, y_sm, k_per_split,
                         splits, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr,
-                        EVEN_K: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                        EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Tile (pid1 rows, pid0 columns) over split pid2's K range. Not SPLIT: y (+ bias) in y's dtype. SPLIT:
     float32 partials into p_ptr [splits, M, N]; with COMBINE the tile's last program to finish adds them (an
@@ -51,7 +51,10 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_s
             kmask = (k0 + rk) < k_end
             x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
             w = tl.load(wp, mask=nmask[None, :] & kmask[:, None], other=0.0)
-        acc = tl.dot(x, w, acc, input_precision=PRECISION)
+        if IEEE:  # float32 stays float32 (tl.dot's float32 default is tf32 on GPUs; see _common.dot)
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w, acc)
         xp += BLOCK_K
         wp += BLOCK_K
     omask = mmask[:, None] & nmask[None, :]
@@ -142,8 +145,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     _skinny_gemm_kernel[grid](x, weight, b, y, part, tickets if combine else part, M, N, K, x.stride(0),
                               weight.stride(0), y.stride(0), k_per_split, splits, HAS_BIAS=bias is not None,
                               SPLIT=splits > 1, COMBINE=combine, EVEN_K=K % c.block_k == 0,
-                              # float32 stays float32 (the runner's float32 mode must match HF token for token)
-                              PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=c.block_m,
+                              IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
                               BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
     if splits > 1 and not combine:
         block = 1024
