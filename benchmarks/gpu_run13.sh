@@ -9,6 +9,7 @@
 #   fresh  benchmarks/nano_protocol.py, fresh process + empty Triton cache each, fp8 and bf16 cache, ROUNDS
 #   pdl    GPU kernel tests with programmatic dependent launch, 8B decode b=1 / b=64 with STRATA_PDL=0 / 1 (ROUNDS),
 #          float32 greedy against HF (13f ran it on 29f6af5; PDL was reverted after, so STRATA_PDL is now ignored)
+#   budget benchmarks/nano_protocol.py, fp8 cache: max_num_batched_tokens 4096 (the LLM default) vs 8192, ROUNDS
 #   gc     benchmarks/nano_protocol.py --gc default|freeze|relaxed, fp8 and bf16, ROUNDS (Triton cache shared)
 #   proto  benchmarks/nano_protocol.py (fp8 cache), a fresh process each (Triton cache shared): the LLM defaults,
 #          then each of gpu_bench's differences alone (token budget 8192, pacing auto, model len 2048 + memory
@@ -110,4 +111,17 @@ for l in sys.stdin:
     done
   done
   e2e_check 14
+fi
+if phase budget; then  # the offline LLM's token budget: its default (4096) against 8192, fp8 cache, ROUNDS alternating
+  CKPT=/tmp/q06
+  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  for ((r = 0; r < ROUNDS; r++)); do
+    for b in $( ((r % 2 == 0)) && echo "4096 8192" || echo "8192 4096"); do
+      timeout 120 python3 benchmarks/nano_protocol.py $CKPT --kv-cache-dtype fp8 --max-num-batched-tokens $b \
+        2>>"$OUTDIR/budget.err" | tee -a "$OUTDIR/budget.jsonl" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); print(r["max_num_batched_tokens"], r["tok_per_s"])'
+    done
+  done
 fi
