@@ -5,11 +5,12 @@ little arithmetic per byte. This kernel tiles (M, N) and optionally cuts K into 
 SM streams a share of W; a split launch writes float32 partial sums that are added in a fixed order (deterministic,
 unlike atomics), by a second launch or, given ``tickets``, by the last program of each tile.
 
-Not used by the runner. Measured against cuBLAS on the H200 (run 13, ``benchmarks/skinny_gemm_sweep.py``, 116 to
-203 launch configurations per shape; docs/performance.md, "Decode matmuls: a Triton GEMM against cuBLAS"): it wins
-only the down projection (8B shape at batch 64: 1.07x; 0.6B shape at batch 16-128: 1.09-1.24x) and the 8B o
-projection at batch 16 (1.14x), and loses up to 22% elsewhere. At these sizes both run near a fixed ~5 us per
-launch, so the ~2% a per-bucket choice would save at batch 64 did not pay for start-up tuning. Kept, with its
+Not used by the runner. Measured against cuBLAS on the H200 (run 13, ``benchmarks/skinny_gemm_sweep.py``, 44 to
+203 launches per projection and batch; docs/performance.md, "Decode matmuls, tile-aligned steps, nano-vllm's
+protocol again"): it wins only the down projection (8B shape at batch 64: 1.07x; 0.6B shape at batch 16-128:
+1.09-1.24x) and the 8B o projection at batch 16 (1.14x), and loses up to 22% elsewhere. At these sizes both run
+near a fixed ~5-8 us per launch, so the ~2% a per-bucket choice would save at batch 64 did not pay for start-up
+tuning. Kept, with its
 tests, as the measured baseline for fusing the neighbouring elementwise kernels into a matmul's prologue or
 epilogue, the lever that remains (docs/gpu_notes.md, run 13).
 """
