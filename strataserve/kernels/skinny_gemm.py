@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from strataserve.kernels._common import check, check_float, check_same_device
+from strataserve.kernels.gemv import gemv_ref
 
 
 @triton.jit
@@ -155,9 +156,5 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y
 
 
-def skinny_gemm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The reference: float32 matmul (+ bias), cast to x's dtype."""
-    y = x.float() @ weight.float().t()
-    if bias is not None:
-        y = y + bias.float()
-    return y.to(x.dtype)
+#: the reference: a float32 matmul (+ bias) cast to x's dtype, the one-row GEMV's, which takes any number of rows
+skinny_gemm_ref = gemv_ref
