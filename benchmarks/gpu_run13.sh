@@ -18,25 +18,31 @@
 set -u
 source benchmarks/device_setup.sh "$1"
 ROUNDS=${2:-1}
+CKPT=/tmp/q06
+
+sweep_summary() {  # one short line per skinny_gemm_sweep.py JSON line
+  python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); print(r["model"], r["proj"], r["batch"], "cublas", r["cublas_us"], "best", r["best_us"], r["gain"], r["top"][0][1], "no-combine", r.get("best_without_combine_us"), r["max_abs_diff_vs_cublas"], r["sweep_s"])'
+}
+
+q06_checkpoint() {  # the random Qwen3-0.6B-shaped checkpoint the nano_protocol phases share, written once
+  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+}
+
 if phase tests; then
   STRATA_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_skinny_gemm.py \
     tests/kernels/test_gemv.py tests/kernels/test_specialization.py 2>&1 | tee "$OUTDIR/gpu_kernel_tests.log" | tail -3
 fi
 if phase sweep; then
   timeout 280 python3 benchmarks/skinny_gemm_sweep.py --model llama8b --batches 16,64 \
-    | tee -a "$OUTDIR/sweep.jsonl" | python3 -c '
-import json, sys
-for l in sys.stdin:
-    r = json.loads(l); print(r["model"], r["proj"], r["batch"], "cublas", r["cublas_us"], "best", r["best_us"], r["gain"], r["top"][0][1], "no-combine", r.get("best_without_combine_us"), r["max_abs_diff_vs_cublas"], r["sweep_s"])'
+    | tee -a "$OUTDIR/sweep.jsonl" | sweep_summary
   timeout 280 python3 benchmarks/skinny_gemm_sweep.py --model qwen06b --batches 16,64,128,256 \
-    | tee -a "$OUTDIR/sweep.jsonl" | python3 -c '
-import json, sys
-for l in sys.stdin:
-    r = json.loads(l); print(r["model"], r["proj"], r["batch"], "cublas", r["cublas_us"], "best", r["best_us"], r["gain"], r["top"][0][1], "no-combine", r.get("best_without_combine_us"), r["max_abs_diff_vs_cublas"], r["sweep_s"])'
+    | tee -a "$OUTDIR/sweep.jsonl" | sweep_summary
 fi
 if phase proto; then
-  CKPT=/tmp/q06
-  python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  q06_checkpoint
   VARIANTS=("" "--max-num-batched-tokens 8192" "--target-step-ms auto" "--max-model-len 2048 --gpu-memory-utilization 0.85" "--warmup bench")
   for ((r = 0; r < ROUNDS; r++)); do
     n=${#VARIANTS[@]}
@@ -68,8 +74,7 @@ for l in sys.stdin:
   (cd "$OUTDIR/logs" && tar czf ../logs.tgz . && cd .. && rm -rf logs)
 fi
 if phase fresh; then  # nano-vllm's protocol, each run a fresh process with an empty Triton cache, KV dtypes rotated
-  CKPT=/tmp/q06
-  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  q06_checkpoint
   KVS=(fp8 auto)
   for ((r = 0; r < ROUNDS; r++)); do
     for ((i = 0; i < 2; i++)); do
@@ -80,8 +85,7 @@ if phase fresh; then  # nano-vllm's protocol, each run a fresh process with an e
   done
 fi
 if phase gc; then  # Python GC during the timed generate: as is, the start-up heap frozen, frozen + fewer gen0 passes
-  CKPT=/tmp/q06
-  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  q06_checkpoint
   GCS=(default freeze relaxed)
   for ((r = 0; r < ROUNDS; r++)); do
     for kv in fp8 auto; do
@@ -113,8 +117,7 @@ for l in sys.stdin:
   e2e_check 14
 fi
 if phase budget; then  # the offline LLM's token budget: its default (4096) against 8192, fp8 cache, ROUNDS alternating
-  CKPT=/tmp/q06
-  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  q06_checkpoint
   for ((r = 0; r < ROUNDS; r++)); do
     for b in $( ((r % 2 == 0)) && echo "4096 8192" || echo "8192 4096"); do
       timeout 120 python3 benchmarks/nano_protocol.py $CKPT --kv-cache-dtype fp8 --max-num-batched-tokens $b \

@@ -21,6 +21,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+class GcPauses:
+    """A ``gc.callbacks`` entry: per generation, the collections, their total and their longest pause (to see
+    whether the host's collector stalls the GPU)."""
+
+    def __init__(self) -> None:
+        self.by_gen = {g: [0, 0.0, 0.0] for g in range(3)}
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        d = time.perf_counter() - self._start
+        s = self.by_gen[info["generation"]]
+        s[0], s[1], s[2] = s[0] + 1, s[1] + d, max(s[2], d)
+
+    def summary(self) -> dict[str, list]:
+        return {f"gen{g}": [n, round(1e3 * t, 1), round(1e3 * m, 2)] for g, (n, t, m) in self.by_gen.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model")
@@ -58,14 +78,6 @@ def main() -> None:
         gc.freeze()
         if args.gc == "relaxed":
             gc.set_threshold(50_000, 10, 10)
-    pauses: list[tuple[int, float]] = []
-    started: list[float] = []
-
-    def on_gc(phase: str, info: dict) -> None:  # every collection's pause, to see whether the host stalls the GPU
-        if phase == "start":
-            started.append(time.perf_counter())
-        elif started:
-            pauses.append((info["generation"], time.perf_counter() - started.pop()))
     if args.warmup == "nano":
         llm.generate(["Benchmark: "], SamplingParams(), use_tqdm=False)  # nano-vllm's warm-up
     else:
@@ -73,14 +85,13 @@ def main() -> None:
         llm.generate(prompt_token_ids=wp, use_tqdm=False,
                      sampling_params=[SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in wo])
     sync()
-    gc.callbacks.append(on_gc)
+    gc_pauses = GcPauses()
+    gc.callbacks.append(gc_pauses)
     t0 = time.perf_counter()
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     sync()
     dt = time.perf_counter() - t0
-    gc.callbacks.remove(on_gc)
-    gc_stats = {f"gen{g}": [sum(1 for q, _ in pauses if q == g), round(1e3 * sum(d for q, d in pauses if q == g), 1),
-                            round(1e3 * max((d for q, d in pauses if q == g), default=0.0), 2)] for g in range(3)}
+    gc.callbacks.remove(gc_pauses)
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     if n != sum(sp.max_tokens for sp in params):
         raise RuntimeError(f"{n} tokens generated, expected {sum(sp.max_tokens for sp in params)}")
@@ -90,7 +101,7 @@ def main() -> None:
                       "max_model_len": args.max_model_len,
                       "gpu_memory_utilization": llm.config.cache.gpu_memory_utilization,
                       "target_step_ms": args.target_step_ms, "warmup": args.warmup, "gc": args.gc,
-                      "gc_count_ms_max": gc_stats,
+                      "gc_count_ms_max": gc_pauses.summary(),
                       "temperature": args.temperature, "torch": torch.__version__,
                       "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}), flush=True)
 

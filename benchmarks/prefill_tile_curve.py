@@ -20,13 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from skinny_gemm_sweep import SHAPES  # noqa: E402
+from skinny_gemm_sweep import MODELS, projection_shapes  # noqa: E402
 from strataserve.runner.gemv_tuning import _graph_seconds  # noqa: E402
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="llama8b", choices=tuple(SHAPES))
+    p.add_argument("--model", default="llama8b", choices=tuple(MODELS))
     p.add_argument("--start", type=int, default=768)
     p.add_argument("--stop", type=int, default=2112)
     p.add_argument("--step", type=int, default=32)
@@ -34,7 +34,7 @@ def main() -> None:
     args = p.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
-    shapes = SHAPES[args.model]
+    shapes = projection_shapes(args.model)
     layers = next(iter(shapes.values()))[1]
     ws = [[torch.randn(*shape, dtype=dt, device=dev) * 0.02 for (shape, _) in shapes.values()] for _ in range(layers)]
     flop_per_token = 2 * sum(n * k for (n, k), _ in shapes.values()) * layers

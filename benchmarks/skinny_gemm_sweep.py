@@ -23,15 +23,22 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gpu_kernels_bench as kb  # noqa: E402
+import gpu_model_bench as mb  # noqa: E402
 from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm  # noqa: E402
 from strataserve.runner.gemv_tuning import _graph_seconds  # noqa: E402
 
-SHAPES = {  # projection: ([N, K], layers)
-    "qwen06b": {"qkv": ((4096, 1024), 28), "o": ((1024, 2048), 28), "gate_up": ((6144, 1024), 28),
-                "down": ((1024, 3072), 28)},
-    "llama8b": {"qkv": ((6144, 4096), 32), "o": ((4096, 4096), 32), "gate_up": ((28672, 4096), 32),
-                "down": ((4096, 14336), 32)},
-}
+MODELS = {"qwen06b": mb.qwen3_06b, "llama8b": mb.llama31_8b}
+
+
+def projection_shapes(model: str) -> dict[str, tuple[tuple[int, int], int]]:
+    """Each decoder projection's weight [N, K] and the layer count, from the model shape's config."""
+    c = MODELS[model]()
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    return {"qkv": ((q + 2 * kv, c.hidden_size), c.num_layers), "o": ((c.hidden_size, q), c.num_layers),
+            "gate_up": ((2 * c.intermediate_size, c.hidden_size), c.num_layers),
+            "down": ((c.hidden_size, c.intermediate_size), c.num_layers)}
+
+
 SMEM = 200 * 1024
 
 
@@ -51,7 +58,7 @@ def grid(m: int) -> list[GemmConfig]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="qwen06b", choices=tuple(SHAPES))
+    p.add_argument("--model", default="qwen06b", choices=tuple(MODELS))
     p.add_argument("--batches", default="16,64,128,256")
     p.add_argument("--groups", default="qkv,o,gate_up,down")
     p.add_argument("--reps", type=int, default=10)
@@ -61,7 +68,7 @@ def main() -> None:
     torch.manual_seed(0)
     tickets = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
     for proj in args.groups.split(","):
-        (n, k), layers = SHAPES[args.model][proj]
+        (n, k), layers = projection_shapes(args.model)[proj]
         ws = [torch.randn(n, k, dtype=dt, device=dev) * 0.02 for _ in range(layers)]
         floor = layers * n * k * 2 / bw * 1e6
         for m in map(int, args.batches.split(",")):
