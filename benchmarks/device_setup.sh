@@ -17,3 +17,13 @@ kernel_tests() {  # the kernel tests on the GPU in fp32/fp16/bf16
 e2e_check() {  # float32 greedy of every runner mode against eager and HF
   timeout 150 python3 benchmarks/gpu_e2e_check.py float32 2>&1 | tee "$OUTDIR/gpu_e2e.log" | tail -"${1:-14}"
 }
+
+serve_summary() {  # one short line per serve_load_gpu.py JSON line (start lines as they are)
+  python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    if "round" not in r:
+        print(l.strip()); continue
+    print(r["round"], r["variant"], r["workload"], r["output_throughput"], "ttft p50", r["median_ttft_ms"], "itl p99", r["p99_itl_ms"], "decode ms p50", r.get("decode_ms_p50"), "prefill step ms p50", r.get("prefill_step_ms_p50"), "tokens p50", r.get("prefill_tokens_p50"))'
+}

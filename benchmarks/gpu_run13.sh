@@ -64,13 +64,7 @@ if phase serve; then  # .wt_old's tree against this one, side by side, alternati
   mkdir -p "$OUTDIR/logs"
   LOGS=$OUTDIR/logs timeout 330 python3 benchmarks/serve_load_gpu.py --model /tmp/llama8b --rounds "$ROUNDS" \
     --blocks 5120 --closed-prompts 192 --poisson-prompts 160 --variant "old=.wt_old" --variant "new=." \
-    | tee -a "$OUTDIR/serve_load.jsonl" | python3 -c '
-import json, sys
-for l in sys.stdin:
-    r = json.loads(l)
-    if "round" not in r:
-        print(l.strip()); continue
-    print(r["round"], r["variant"], r["workload"], r["output_throughput"], "ttft p50", r["median_ttft_ms"], "itl p99", r["p99_itl_ms"], "prefill step ms p50", r.get("prefill_step_ms_p50"), "tokens p50", r.get("prefill_tokens_p50"))'
+    | tee -a "$OUTDIR/serve_load.jsonl" | serve_summary
   (cd "$OUTDIR/logs" && tar czf ../logs.tgz . && cd .. && rm -rf logs)
 fi
 if phase fresh; then  # nano-vllm's protocol, each run a fresh process with an empty Triton cache, KV dtypes rotated

@@ -3,7 +3,7 @@ main loop per cache dtype. Triton's wheel ships ptxas and nvdisasm, so ``triton.
 ``GPUTarget`` gives the SASS the H200 would run (the JIT's divisibility-by-16 hints are given by hand, as the JIT
 would derive them from the real strides). Used in run 11 to rank variants before spending device time.
 
-    python benchmarks/kernel_sass.py [--module FILE] [--block-n 64] [--warps 4] [--stages 2] [--top 12]
+    python benchmarks/kernel_sass.py [--module FILE] [--block-n 64] [--warps 4] [--stages 2] [--block-h 16] [--top 12]
 
 ``--module``: another version of ``kernels/decode_attention.py`` (e.g. ``git show cb0e299:...``, run 10's, which
 converted the 8-bit tile as loaded: 999 loop instructions for fp8).
@@ -36,18 +36,23 @@ DIVISIBLE = {"q_sb", "q_sh", "c_sb", "c_ss", "c_sh", "po_sb", "po_sh", "po_ss", 
              "pl_sb"}
 
 
-def compile_decode(module, cache: str, block_n: int, warps: int, stages: int):
-    """``cache``: bf16, fp8 or int8 (8-bit caches as the kernel reads them: int32 words, or the 8-bit values for a
-    kernel without the ``ASM`` parameter)."""
+def compile_decode(module, cache: str, block_n: int, warps: int, stages: int, block_h: int = 16):
+    """``cache``: bf16, fp8, int8 (8-bit caches as the kernel reads them: int32 words, or the 8-bit values for a
+    kernel without the ``ASM`` parameter) or fp8dot (a kernel with a ``Q8`` switch: K read as fp8 bytes for an
+    fp8 x fp8 q · K dot; run 14's experiment, ``benchmarks/results/kernel_sass_fp8dot/``). ``block_h``: the
+    padded query-head rows per program (the kernel's 16; wgmma needs 64)."""
     fn = module._paged_decode_kernel
     quant = cache != "bf16"
     words = "ASM" in fn.arg_names
-    const = dict(G=4, PAGE=16, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=128, IEEE=False, DIRECT=False, REVERSE=True,
-                 QUANT=quant, INT=cache == "int8", ASM=quant, ADAPTIVE=True, BLOCK_B=64, BLOCK_S=16)
+    const = dict(G=4, PAGE=16, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=128, IEEE=False, DIRECT=False,
+                 REVERSE=True, QUANT=quant, INT=cache == "int8", ASM=quant, ADAPTIVE=True, BLOCK_B=64, BLOCK_S=16,
+                 Q8=cache == "fp8dot")
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
-        if name in ("kc_ptr", "vc_ptr"):
-            sig[name] = "*bf16" if not quant else "*i32" if words else {"fp8": "*fp8e4nv", "int8": "*i8"}[cache]
+        if name == "kc_ptr" and cache == "fp8dot":
+            sig[name] = "*fp8e4nv"
+        elif name in ("kc_ptr", "vc_ptr"):
+            sig[name] = "*bf16" if not quant else "*i32" if words else {"fp8": "*fp8e4nv", "int8": "*i8"}[cache[:4]]
         elif name in POINTERS:
             sig[name] = POINTERS[name]
         elif name in const:
@@ -96,13 +101,15 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--block-h", type=int, default=16, help="padded query-head rows per program")
     args = ap.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     module = decode_attention
     if args.module:
         module = load_module(args.module, "other_decode")
-    for cache in ("bf16", "fp8", "int8"):
-        k = compile_decode(module, cache, args.block_n, args.warps, args.stages)
+    q8 = "Q8" in module._paged_decode_kernel.arg_names
+    for cache in ("bf16", "fp8", "int8") + (("fp8dot",) if q8 else ()):
+        k = compile_decode(module, cache, args.block_n, args.warps, args.stages, args.block_h)
         ops = loop_opcodes(_tool("nvdisasm", ["-c"], k.asm["cubin"]))
         regs = re.search(r"REG:(\d+)", _tool("cuobjdump", ["--dump-resource-usage"], k.asm["cubin"]))
         kv_bytes = 2 * args.block_n * 128 * (2 if cache == "bf16" else 1)
@@ -110,7 +117,7 @@ def main() -> None:
         print(json.dumps({"bench": "kernel_sass", "kernel": "paged_decode", "module": args.module or "this tree",
                           "cache": cache, "target": "sm_90",
                           "triton": triton.__version__, "block_n": args.block_n, "num_warps": args.warps,
-                          "num_stages": args.stages, "loop_instructions": n, "loop_kv_bytes": kv_bytes,
+                          "num_stages": args.stages, "block_h": args.block_h, "loop_instructions": n, "loop_kv_bytes": kv_bytes,
                           "warp_instructions_per_kb": round(n * args.warps * 1024 / kv_bytes, 1),
                           "registers": int(regs.group(1)) if regs else None,
                           "top_opcodes": ops.most_common(args.top)}), flush=True)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Device run 14 (issue 12: the served 8B path with an fp8 KV cache). From the repo root on the device, with .whl
+# carried:  bash benchmarks/gpu_run14.sh PHASES [ROUNDS]
+#   kvserve  benchmarks/serve_load_gpu.py, 8B shape, two servers side by side: bf16 cache against
+#            --kv-cache-dtype fp8 (same block count), closed loop c=64 and Poisson 16 req/s, ROUNDS alternating
+#   fresh    gpu_run13.sh's phase: nano-vllm's protocol, fresh process + empty Triton cache, fp8 and bf16, ROUNDS
+# Everything lands under $OUT.
+set -u
+source benchmarks/device_setup.sh "$1"
+ROUNDS=${2:-1}
+
+if phase kvserve; then
+  mkdir -p "$OUTDIR/logs"
+  LOGS=$OUTDIR/logs timeout 420 python3 benchmarks/serve_load_gpu.py --model /tmp/llama8b --rounds "$ROUNDS" \
+    --blocks 5120 --closed-prompts 192 --poisson-prompts 160 --variant "bf16=." \
+    --variant "fp8=. --kv-cache-dtype fp8" | tee "$OUTDIR/serve_stdout.jsonl" | serve_summary
+  (cd "$OUTDIR/logs" && tar czf ../logs.tgz . && cd .. && rm -rf logs)
+fi
+if phase fresh; then
+  bash benchmarks/gpu_run13.sh fresh "$ROUNDS" | grep -v '^torch\|^NVIDIA'
+fi
