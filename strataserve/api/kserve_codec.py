@@ -72,7 +72,7 @@ def check_shape(name: str, shape: Any) -> list[int]:
 
 
 def _check_datatype(name: str, datatype: Any) -> np.dtype:
-    if datatype not in KSERVE_DTYPES:
+    if not isinstance(datatype, str) or datatype not in KSERVE_DTYPES:  # a list or object is not hashable
         raise _bad(f"input '{name}': unsupported datatype {datatype!r}; use one of {sorted(KSERVE_DTYPES)}")
     return KSERVE_DTYPES[datatype]
 

@@ -115,6 +115,9 @@ BAD = [
     (b'{"inputs":[{"name":"x","datatype":"FP32","shape":[2],"data":[1,[2]]}]}', None, "element 1 is [2]"),
     (b'{"inputs":[{"name":"x","datatype":"INT64","shape":[1],"data":[100000000000000000000000]}]}', None, "does not fit INT64"),
     (b'{"inputs":[{"name":"x","datatype":"FP8","shape":[1],"data":[1]}]}', None, "unsupported datatype"),
+    # not a string (found by a fuzz run: a list was looked up in the datatype table and raised TypeError -> 500)
+    (b'{"inputs":[{"name":"x","datatype":["FP32"],"shape":[1],"data":[1]}]}', None, "unsupported datatype ['FP32']"),
+    (b'{"inputs":[{"name":"x","datatype":{"a":1},"shape":[1],"data":[1]}]}', None, "unsupported datatype {'a': 1}"),
     (b'{"inputs":[{"name":"x","datatype":"FP32","shape":[-1],"data":[1]}]}', None, "non-negative"),
     (b'{"inputs":[{"name":"x","shape":[1],"data":[1]}]}', None, "missing 'datatype'"),
     (b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1]}]}', None, "needs 'data'"),
