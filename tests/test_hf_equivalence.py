@@ -85,3 +85,26 @@ def test_chosen_token_logprobs_match_hf_log_softmax(family_ckpt):
             assert abs(lp[tok].logprob - want[tok].item()) < 1e-4, (family, i)
             top = torch.topk(want, 3).indices.tolist()
             assert set(top) <= set(lp), (family, i, top, sorted(lp))
+
+
+def test_logit_bias_greedy_matches_hf_sequence_bias(family_ckpt):
+    """OpenAI's logit_bias against HF's ``sequence_bias`` (single-token sequences: a constant added to the logit)."""
+    family, path, hf = family_ckpt
+    prompts = _prompts(4, 5, hf.config.vocab_size)
+    plain = _hf_greedy(hf, prompts)
+    # ban the first token every unbiased continuation picked, and favour two others a little
+    bias = {t: -100.0 for t in {p[0] for p in plain}} | {11: 1.5, 12: 0.75}
+    want = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
+                              min_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0,
+                              sequence_bias={(t,): b for t, b in bias.items()})
+            want.append(gen[0, len(p):].tolist())
+    assert want != plain and not {t for w in want for t in w} & {p[0] for p in plain}
+    llm = LLM(model=str(path), dtype="float32", device="cpu", num_blocks=128)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True,
+                            logit_bias={str(t): b for t, b in bias.items()})
+    got = [list(r.outputs[0].token_ids) for r in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want, family

@@ -83,7 +83,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                          seed=body.seed, stop=body.stop or None, stop_token_ids=body.stop_token_ids,
                          ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=top_n,
                          skip_special_tokens=body.skip_special_tokens and not (plan and plan.keep_special_tokens),
-                         include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided)
+                         include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided,
+                         logit_bias=body.logit_bias)
     rid = new_id("chatcmpl")
     work = float(len(prompt_ids))
     # 429 when the key's tokens per minute are spent or the queue ahead would make it miss its class's TTFT

@@ -73,7 +73,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                   stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
                   logprobs=body.logprobs, skip_special_tokens=body.skip_special_tokens,
                   include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided_params(body),
-                  prompt_logprobs=body.logprobs if _echo_logprobs(body) else None)
+                  prompt_logprobs=body.logprobs if _echo_logprobs(body) else None, logit_bias=body.logit_bias)
     params: list[SamplingParams] = []
     for _, ids in prompts:
         max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens")

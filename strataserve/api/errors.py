@@ -51,7 +51,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def from_value_error(exc: ValueError) -> APIError:
     """SamplingParams and the engine say ``name=value is out of range: ...``; name the param when we can."""
     message = str(exc) or "invalid request"
-    head = message.split("=", 1)[0].strip()
+    head = message.split("=", 1)[0].split("[", 1)[0].strip()  # "logit_bias[7]=150.0 ..." names logit_bias
     param = head if head.isidentifier() and "=" in message else None
     return APIError(400, message, param=param)
 

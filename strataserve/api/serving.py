@@ -173,10 +173,18 @@ def admit(request: Request, body: Any) -> Routed:
     routed.limits.check(body)
     check_stream_options(body)
     if not routed.upstream:
-        local_state(routed)
+        state = local_state(routed)
         if body.logit_bias:
-            raise bad_request("logit_bias is not supported", param="logit_bias")
+            check_token_ids(state, [_bias_id(k) for k in body.logit_bias], "logit_bias")
     return routed
+
+
+def _bias_id(key: str) -> int:
+    try:
+        return int(key)
+    except ValueError:
+        raise bad_request(f"logit_bias key {key!r} is not a token id: keys are token ids as strings, e.g. "
+                          '{"50256": -100}', param="logit_bias") from None
 
 
 async def forward_plain(routed: Routed, request: Request, path: str) -> Response:

@@ -1,4 +1,4 @@
-"""Logit penalties and token bans applied before sampling, vectorised over the rows that use them.
+"""Logit penalties, token bans and biases applied before sampling, vectorised over the rows that use them.
 
 Formulas (logits ``x`` of one row, vocabulary id ``t``):
 
@@ -66,3 +66,21 @@ def ban_tokens(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[Se
                 t_idx.append(t)
     if r_idx:
         logits[torch.tensor(r_idx, device=logits.device), torch.tensor(t_idx, device=logits.device)] = float("-inf")
+
+
+def add_bias(logits: torch.Tensor, rows: Sequence[int], biases: Sequence[dict[int, float]]) -> None:
+    """``logits[rows[i], t] += biases[i][t]`` (OpenAI's ``logit_bias``; ids outside the vocabulary are skipped)."""
+    vocab = logits.shape[1]
+    r_idx: list[int] = []
+    t_idx: list[int] = []
+    vals: list[float] = []
+    for r, bias in zip(rows, biases):
+        for t, b in bias.items():
+            if 0 <= t < vocab:
+                r_idx.append(r)
+                t_idx.append(t)
+                vals.append(b)
+    if r_idx:
+        dev = logits.device
+        logits.index_put_((torch.tensor(r_idx, device=dev), torch.tensor(t_idx, device=dev)),
+                          torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)

@@ -3,7 +3,7 @@
 Per step, for the rows of one batch (each row = one request's last position):
 
 1. ``min_tokens``: while a request has fewer outputs than ``min_tokens``, its eos (unless ``ignore_eos``) and
-   ``stop_token_ids`` are banned.
+   ``stop_token_ids`` are banned; ``logit_bias`` is added (ids outside the vocabulary are skipped).
 2. Penalties (``runner/penalties.py``): repetition, then frequency/presence - only for rows that use them.
 3. Greedy rows (temperature < 1e-5) take the argmax of the penalised logits.
 4. Other rows: divide by temperature, then min-p (drop tokens whose probability is below ``min_p`` times the
@@ -26,7 +26,7 @@ import torch
 
 from strataserve.types.outputs import TokenLogprobs
 from strataserve.types.sampling import SamplingParams
-from strataserve.runner.penalties import apply_penalties, ban_tokens
+from strataserve.runner.penalties import add_bias, apply_penalties, ban_tokens
 
 _MASK64 = (1 << 64) - 1
 
@@ -44,7 +44,7 @@ class SamplingRequest:
 
     def __post_init__(self) -> None:
         p = self.params
-        self.plain_greedy = (p.greedy and not p.uses_penalties and p.logprobs is None
+        self.plain_greedy = (p.greedy and not p.uses_penalties and p.logprobs is None and not p.logit_bias
                              and not (p.min_tokens and (p.stop_token_ids or not p.ignore_eos)))
 
 
@@ -154,9 +154,10 @@ class Sampler:
     # ------------------------------------------------------------------ logits processing
     @staticmethod
     def _processed(raw: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
-        """Bans + penalties; returns ``raw`` itself when nothing applies (the caller never writes to it)."""
+        """Bans, biases, penalties; returns ``raw`` itself when nothing applies (the caller never writes to it)."""
         ban_rows: list[int] = []
         ban_ids: list[list[int]] = []
+        bias_rows: list[int] = []
         pen_rows: list[int] = []
         for i, r in enumerate(reqs):
             p = r.params
@@ -167,12 +168,16 @@ class Sampler:
                 if ids:
                     ban_rows.append(i)
                     ban_ids.append(ids)
+            if p.logit_bias:
+                bias_rows.append(i)
             if p.uses_penalties:
                 pen_rows.append(i)
-        if not ban_rows and not pen_rows:
+        if not ban_rows and not pen_rows and not bias_rows:
             return raw
         x = raw.clone()
         ban_tokens(x, ban_rows, ban_ids)
+        if bias_rows:
+            add_bias(x, bias_rows, [reqs[i].params.logit_bias for i in bias_rows])
         if pen_rows:
             whole = len(pen_rows) == len(reqs)
             rows_t = None if whole else torch.tensor(pen_rows, device=x.device)

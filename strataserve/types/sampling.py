@@ -54,6 +54,22 @@ class GuidedDecodingParams:
 StructuredOutputsParams = GuidedDecodingParams
 
 
+def _logit_bias(bias: dict) -> dict[int, float]:
+    """OpenAI's ``logit_bias`` (token ids as JSON strings or ints) as {int id: float}, each id and bias checked."""
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            _fail("logit_bias", key, "keys must be token ids (integers)")
+        if token < 0:
+            _fail("logit_bias", key, "token ids must be >= 0")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100.0 <= value <= 100.0:
+            _fail(f"logit_bias[{key}]", value, "must be a number in [-100, 100]")
+        out[token] = float(value)
+    return out
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens for one request.
@@ -61,7 +77,8 @@ class SamplingParams:
     temperature 0 means greedy. top_k <= 0 (or -1) disables top-k. ``seed`` makes the request's samples depend only
     on (seed, position in the output), never on what else shares the batch. ``logprobs`` = N returns the chosen
     token's logprob plus the top N (0 = chosen only, None = none). ``stop`` strings are cut from the returned text
-    unless ``include_stop_str_in_output``.
+    unless ``include_stop_str_in_output``. ``logit_bias`` {token id: bias in [-100, 100]} is added to those logits
+    before penalties and sampling (OpenAI's parameter; -100 in effect bans a token, +100 forces it).
     """
 
     n: int = 1
@@ -86,6 +103,7 @@ class SamplingParams:
     #: logprobs of every prompt token after the first (top N; 0 = the prompt token's own only)
     prompt_logprobs: int | None = None
     structured_outputs: GuidedDecodingParams | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         # Accept a single stop string / tuple like vLLM does; store lists so msgspec round-trips them.
@@ -130,6 +148,8 @@ class SamplingParams:
             _fail("stop", self.stop, "stop strings must be non-empty")
         if any(t < 0 for t in self.stop_token_ids):
             _fail("stop_token_ids", self.stop_token_ids, "token ids must be >= 0")
+        if self.logit_bias is not None:
+            object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias) or None)
 
     @property
     def greedy(self) -> bool:

@@ -179,3 +179,22 @@ def test_openapi_schema_lists_routes(server):
     for p in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
               "/metrics"):
         assert p in paths
+
+
+def test_logit_bias_with_the_openai_client(client, server):
+    kw = dict(model=MODEL, prompt="bias me", max_tokens=6, temperature=0.0, extra_body={"ignore_eos": True,
+                                                                                         "return_token_ids": True})
+    plain = client.completions.create(**kw).choices[0].model_extra["token_ids"]
+    forced = client.completions.create(logit_bias={"7": 100}, **kw).choices[0].model_extra["token_ids"]
+    assert forced == [7] * 6
+    banned = client.completions.create(logit_bias={str(plain[0]): -100}, **kw).choices[0].model_extra["token_ids"]
+    assert banned[0] != plain[0]
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                          temperature=0.0, logit_bias={"7": 100}, extra_body={"ignore_eos": True})
+    detok = httpx.post(f"{server.url}/detokenize", json={"tokens": [7] * 4}, headers=server.headers).json()
+    assert chat.choices[0].message.content == detok["prompt"]
+    for bias, needle in (({"x": 1}, "not a token id"), ({"7": 150}, "[-100, 100]"),
+                         ({"99999999": 1}, "outside the vocabulary")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(logit_bias=bias, **kw)
+        assert needle in err.value.body["message"] and err.value.body["param"] == "logit_bias", err.value.body

@@ -327,3 +327,43 @@ def test_plain_greedy_fast_path_only_when_nothing_else_reads_the_row() -> None:
     reqs = [_req(SP(temperature=0.0)), _req(SP(temperature=0.0, repetition_penalty=2.0), prompt=[3])]
     tokens, lps = Sampler().sample(x, reqs)
     assert isinstance(tokens, torch.Tensor) and tokens.tolist() == [3, 4] and lps == [None, None]
+
+
+def test_logit_bias_matches_transformers_sequence_bias() -> None:
+    from transformers.generation.logits_process import SequenceBiasLogitsProcessor
+
+    from strataserve.runner.penalties import add_bias
+
+    x = _logits(3, seed=11)
+    biases = [{5: 3.5, 40: -100.0}, {}, {0: 100.0, 63: -2.25, 64: 7.0}]  # 64 is outside the vocabulary: skipped
+    ours = x.clone()
+    add_bias(ours, [0, 1, 2], biases)
+    for i, bias in enumerate(biases):
+        inside = {(t,): b for t, b in bias.items() if t < V}
+        want = SequenceBiasLogitsProcessor(inside)(torch.tensor([[1, 2]]), x[i : i + 1].clone())[0] if inside else x[i]
+        torch.testing.assert_close(ours[i], want)
+
+
+def test_logit_bias_steers_sampling_and_logprobs_stay_raw() -> None:
+    x = _logits(4, seed=12)
+    top = x.argmax(dim=-1).tolist()
+    reqs = [_req(SP(temperature=0.0, logit_bias={"7": 100})),  # forced
+            _req(SP(temperature=0.0, logit_bias={top[1]: -100}, logprobs=1)),  # the argmax banned: the runner-up
+            _req(SP(temperature=0.0)),
+            _req(SP(temperature=0.8, seed=3, logit_bias={9: 100, 1000: 5}))]  # sampled; 1000 is out of vocab
+    assert not reqs[0].plain_greedy and reqs[2].plain_greedy
+    raw = x.clone()
+    toks, lps = Sampler()(x, reqs)
+    assert toks[0] == 7 and toks[2] == top[2] and toks[3] == 9
+    assert toks[1] == x[1].topk(2).indices[1].item()
+    assert torch.equal(x, raw)  # the caller's logits are never modified
+    assert lps[1].logprob == pytest.approx(torch.log_softmax(raw[1], -1)[toks[1]].item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("bias,needle", [({"a": 1}, "token ids"), ({"-3": 1}, ">= 0"), ({"3": 101}, "[-100, 100]"),
+                                         ({"3": True}, "[-100, 100]"), ({"3": "1"}, "[-100, 100]")])
+def test_logit_bias_bad_values_name_the_fault(bias, needle) -> None:
+    with pytest.raises(ValueError, match="logit_bias") as err:
+        SP(logit_bias=bias)
+    assert needle in str(err.value)
+    assert SP(logit_bias={"12": -1.5, 3: 2}).logit_bias == {12: -1.5, 3: 2.0} and SP(logit_bias={}).logit_bias is None
