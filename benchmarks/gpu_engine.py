@@ -40,10 +40,14 @@ def make_engine(path: str, mode: str, dtype: str, max_num_seqs: int = 256, max_n
     return eng, time.perf_counter() - t0
 
 
-def generate(eng: LLMEngine, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
-    """Greedy, ignore_eos; all requests submitted at once; returns output token ids in prompt order."""
-    for i, (p, n) in enumerate(zip(prompts, max_tokens)):
-        eng.add_request(str(i), list(p), SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+def generate(eng: LLMEngine, prompts: list[list[int]], max_tokens: list[int],
+             logit_bias: list[dict[int, float] | None] | None = None) -> list[list[int]]:
+    """Greedy, ignore_eos; all requests submitted at once; returns output token ids in prompt order.
+    ``logit_bias``: per prompt, OpenAI's logit_bias (None: none)."""
+    biases = logit_bias or [None] * len(prompts)
+    for i, (p, n, b) in enumerate(zip(prompts, max_tokens, biases)):
+        eng.add_request(str(i), list(p), SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
+                                                        logit_bias=b))
     done: dict[str, list[int]] = {}
     while eng.has_unfinished_requests():
         for out in eng.step():
