@@ -150,14 +150,20 @@ def resolve_params(p: SpeechParams, defaults: dict[str, Any]) -> tuple[SamplingP
         v["temperature"] = 0.0
     if defaults.get("subtalker_dosample") is False and p.code_temperature is None:
         v["code_temperature"] = 0.0
+    frames = int(v["max_new_frames"])
+    if frames < 1:  # checked here so the error names the speech field, not SamplingParams' max_tokens
+        raise TTSInputError(f"max_new_frames={frames} is out of range: must be >= 1")
     try:
         sp = SamplingParams(temperature=float(v["temperature"]), top_k=int(v["top_k"]), top_p=float(v["top_p"]),
                             repetition_penalty=float(v["repetition_penalty"]), seed=p.seed,
-                            max_tokens=int(v["max_new_frames"]), min_tokens=min(2, int(v["max_new_frames"])))
-        cs_params = SamplingParams(temperature=float(v["code_temperature"]), top_k=int(v["code_top_k"]),
-                                   top_p=float(v["code_top_p"]))  # validated like the talker's
+                            max_tokens=frames, min_tokens=min(2, frames))
     except ValueError as exc:
         raise TTSInputError(str(exc)) from None
+    try:  # validated like the talker's; the message names the code_* field the caller set
+        cs_params = SamplingParams(temperature=float(v["code_temperature"]), top_k=int(v["code_top_k"]),
+                                   top_p=float(v["code_top_p"]))
+    except ValueError as exc:
+        raise TTSInputError(f"code_{exc}") from None
     return sp, CodeSampling(cs_params.temperature, cs_params.top_k, cs_params.top_p)
 
 

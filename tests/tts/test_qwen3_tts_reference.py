@@ -122,7 +122,8 @@ def test_voice_design_with_instructions_matches_reference(tmp_path):
     (dict(text="hi", voice=None), "voice None"),
     (dict(text="hi", voice="ryan", language="klingon"), "language 'klingon'"),
     (dict(text="hi", voice="ryan", params=SpeechParams(top_p=0.0)), "top_p"),
-    (dict(text="hi", voice="ryan", params=SpeechParams(max_new_frames=0)), "max_tokens"),
+    (dict(text="hi", voice="ryan", params=SpeechParams(max_new_frames=0)), "max_new_frames=0"),
+    (dict(text="hi", voice="ryan", params=SpeechParams(code_top_p=1.5)), "code_top_p=1.5"),
 ])
 def test_bad_requests_raise(ckpt, kw, match):
     tts = ckpt[3]

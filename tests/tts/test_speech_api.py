@@ -113,7 +113,7 @@ def test_sse_deltas_then_done(served):
     ({"speed": 2.0}, 400, "speed", "speed"),
     ({"speed": 9.0}, 400, "speed", "less than or equal"),
     ({"top_p": 0.0}, 400, "top_p", "top_p"),
-    ({"max_new_frames": 0}, 400, "max_tokens", "max_tokens"),
+    ({"max_new_frames": 0}, 400, "max_new_frames", "max_new_frames=0"),
     ({"model": "other"}, 404, "model", "does not exist"),
     ({"input": None}, 400, "input", "input"),
     ({"ref_audio": "AAAA", "ref_text": "hi"}, 400, "ref_audio", "needs a Base checkpoint"),
