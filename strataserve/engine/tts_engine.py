@@ -224,7 +224,9 @@ def build_request(model: TTSModel, request_id: str, text: str, *, voice: str | N
             raise TTSInputError("instructions are not supported by a Base (voice cloning) model: drop them")
         cloned = _clone_prompt(model, voice, clone)
     elif cfg.model_type == "custom_voice":
-        if not voice or voice.lower() not in cfg.speakers:
+        if not voice:
+            raise TTSInputError(f"voice is required for this model: one of {', '.join(model.voices)}")
+        if voice.lower() not in cfg.speakers:
             raise TTSInputError(f"voice {voice!r} is not available; voices: {', '.join(model.voices)}")
         speaker = voice.lower()
     elif voice not in (None, "", "default"):

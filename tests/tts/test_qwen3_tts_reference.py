@@ -119,7 +119,7 @@ def test_voice_design_with_instructions_matches_reference(tmp_path):
     (dict(text="   ", voice="ryan"), "empty"),
     (dict(text="x" * 4097, voice="ryan"), "limit is 4096"),
     (dict(text="hi", voice="nobody"), "voice 'nobody'"),
-    (dict(text="hi", voice=None), "voice None"),
+    (dict(text="hi", voice=None), "voice is required for this model: one of eric, ryan, vivian"),
     (dict(text="hi", voice="ryan", language="klingon"), "language 'klingon'"),
     (dict(text="hi", voice="ryan", params=SpeechParams(top_p=0.0)), "top_p"),
     (dict(text="hi", voice="ryan", params=SpeechParams(max_new_frames=0)), "max_new_frames=0"),

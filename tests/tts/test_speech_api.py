@@ -106,6 +106,7 @@ def test_sse_deltas_then_done(served):
     ({"input": ""}, 400, "input", "empty"),
     ({"input": "x" * 4097}, 400, "input", "4096"),
     ({"voice": "nobody"}, 400, "voice", "voice 'nobody'"),
+    ({"voice": None}, 400, "voice", "voice is required for this model: one of eric, ryan, vivian"),
     ({"language": "klingon"}, 400, "language", "klingon"),
     ({"response_format": "opus"}, 400, "response_format", "opus"),
     ({"stream_format": "ws"}, 400, "stream_format", "ws"),
