@@ -91,6 +91,9 @@ def serialize_bytes_tensor(array: np.ndarray) -> bytes:
 def deserialize_bytes_tensor(name: str, raw: bytes | memoryview, count: int) -> np.ndarray:
     """Length-prefixed BYTES elements -> flat object array of `count` bytes; errors say where it broke."""
     view = memoryview(raw)
+    if count > len(view) // 4:  # before allocating: a huge shape over a few bytes must not reserve memory for it
+        raise _bad(f"input '{name}': BYTES data of {len(view)} bytes cannot hold the {count} elements its shape "
+                   "declares (each element needs a 4-byte length prefix)")
     out = np.empty(count, dtype=object)
     pos, i = 0, 0
     while pos < len(view):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -140,6 +142,14 @@ def test_bad_requests_name_the_fault(body, hl, needle):
 
 def _binary_body(header: bytes, blob: bytes) -> tuple[bytes, str]:
     return header + blob, str(len(header))
+
+
+def test_bytes_tensor_with_a_huge_shape_is_refused_before_allocating():
+    # found by a gRPC fuzz: shape [2**40, 4] over 6 bytes tried to allocate 32 TiB of object pointers (500)
+    raw = struct.pack("<I", 2) + b"hi"
+    with pytest.raises(ModelServerError, match="cannot hold the 4398046511104 elements"):
+        tensor_from_raw("s", "BYTES", [2 ** 40, 4], raw)
+    assert tensor_from_raw("s", "BYTES", [1], raw).data.tolist() == [b"hi"]
 
 
 def test_binary_size_mismatches():
