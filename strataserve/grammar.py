@@ -6,6 +6,7 @@ and the engine builds its matchers from the same grammars (``engine/structured_o
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -40,7 +41,16 @@ def build_grammar(spec: GuidedDecodingParams) -> Any:
             return xgr.Grammar.from_ebnf(choice_grammar(spec.choice or []))
         return xgr.Grammar.from_ebnf(spec.grammar)
     except Exception as exc:  # xgrammar raises RuntimeError / InvalidJSONError for bad input
-        raise ValueError(f"invalid guided decoding {kind}: {str(exc).strip().splitlines()[0][:300]}") from None
+        raise ValueError(f"invalid guided decoding {kind}: {_reason(exc)}") from None
+
+
+#: xgrammar's C++ log prefix, "[02:07:08] /project/cpp/json_schema_converter.cc:5088: ": its clock and source
+#: path say nothing to the caller
+_LOG_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")
+
+
+def _reason(exc: Exception) -> str:
+    return _LOG_PREFIX.sub("", str(exc).strip().splitlines()[0])[:300]
 
 
 def check_guided(spec: GuidedDecodingParams | None) -> None:
