@@ -287,6 +287,8 @@ def decode_http_request(
         doc = msgspec.json.decode(header)
     except msgspec.DecodeError as exc:
         raise _bad(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec recurses per nesting level
+        raise _bad("request body is nested too deeply") from None
     if not isinstance(doc, dict):
         raise _bad("request body must be a JSON object")
     params = parameters_of(doc, "")

@@ -69,6 +69,8 @@ async def _json_body(request: Request, *, allow_empty: bool = True) -> dict:
         doc = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise ModelServerError("invalid_argument", f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec recurses per nesting level
+        raise ModelServerError("invalid_argument", "request body is nested too deeply") from None
     if not isinstance(doc, dict):
         raise ModelServerError("invalid_argument", "request body must be a JSON object")
     return doc

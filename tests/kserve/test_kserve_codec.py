@@ -129,6 +129,9 @@ BAD = [
     (b'{"inputs":[],"parameters":{"priority":-1}}', None, "priority"),
     (b'{"inputs":[]}', "99", "body has only"),
     (b'{"inputs":[]}', "x", "must be an integer"),
+    # found by a fuzz: msgspec's RecursionError on deep nesting was a 500
+    (b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":' + b"[" * 50000 + b"1" + b"]" * 50000 + b"}]}",
+     None, "nested too deeply"),
 ]
 
 

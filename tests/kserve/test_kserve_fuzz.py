@@ -91,5 +91,10 @@ def test_mutated_infer_requests_never_5xx(kserve):
 
         fuzz()
         assert len(statuses) >= 100 and any(400 <= s < 500 for s in statuses)
+        deep = b"[" * 50000 + b"1" + b"]" * 50000  # the JSON decoder recursed per level: RecursionError was a 500
+        for path, body in (("infer", b'{"inputs":[{"name":"IN","datatype":"FP32","shape":[1,3],"data":%s}]}' % deep),
+                           ("generate", b'{"IN":%s}' % deep)):
+            r = client.post(f"/v2/models/py_scale/{path}", content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and "nested too deeply" in r.json()["error"], (path, r.text[:200])
         for model in MODELS:  # still serving
             assert client.post(f"/v2/models/{model}/infer", json=_valid(model)).status_code == 200
