@@ -98,3 +98,43 @@ def test_mutated_infer_requests_never_5xx(kserve):
             assert r.status_code == 400 and "nested too deeply" in r.json()["error"], (path, r.text[:200])
         for model in MODELS:  # still serving
             assert client.post(f"/v2/models/{model}/infer", json=_valid(model)).status_code == 200
+
+
+def test_mutated_grpc_requests_never_internal(kserve):
+    """The same over gRPC with raw tensors (the path where a BYTES shape of [2**40, 4] over six bytes tried to
+    allocate 32 TiB): every answer is OK or a client error, never INTERNAL / UNKNOWN."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    codes: list[str] = []
+    with grpc.insecure_channel(kserve.grpc) as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+
+        @given(model=st.sampled_from(sorted(MODELS)),
+               shape=st.one_of(st.none(), st.lists(st.integers(0, 2 ** 40), max_size=3)),
+               datatype=st.one_of(st.none(), st.sampled_from(["FP32", "BYTES", "INT64", "FP8", ""])),
+               raw_cut=st.integers(-6, 6), extra_raw=st.booleans())
+        @settings(max_examples=120, derandomize=True, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def fuzz(model, shape, datatype, raw_cut, extra_raw):
+            name, row = MODELS[model]
+            is_text = isinstance(row, str)
+            req = pb.ModelInferRequest(model_name=model)
+            default_type, default_shape = ("BYTES", [1]) if is_text else ("FP32", [1, len(row)])
+            req.inputs.add(name=name, datatype=default_type if datatype is None else datatype,
+                           shape=default_shape if shape is None else shape)
+            raw = (len(row).to_bytes(4, "little") + row.encode()) if is_text else np.asarray(row, np.float32).tobytes()
+            req.raw_input_contents.append(raw[:raw_cut] if raw_cut < 0 else raw + b"\x01" * raw_cut)
+            if extra_raw:
+                req.raw_input_contents.append(b"\0" * 4)
+            try:
+                stub.ModelInfer(req, timeout=30)
+                codes.append("OK")
+            except grpc.RpcError as exc:
+                assert exc.code() not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), \
+                    f"{model} shape={shape} datatype={datatype}: {exc.code()} {exc.details()}"
+                codes.append(exc.code().name)
+
+        fuzz()
+    assert "OK" in codes and "INVALID_ARGUMENT" in codes and len(codes) >= 100
