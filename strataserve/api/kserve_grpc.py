@@ -26,7 +26,8 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from strataserve.api.kserve_codec import check_shape, split_request_parameters, tensor_from_raw, tensor_to_raw
+from strataserve.api.kserve_codec import split_request_parameters
+from strataserve.api.kserve_tensors import check_shape, tensor_from_raw, tensor_to_raw
 from strataserve.api.proto import grpc_service_pb2 as pb
 from strataserve.api.proto import grpc_service_pb2_grpc as pb_grpc
 from strataserve.types import model_config_pb2

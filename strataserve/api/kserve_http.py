@@ -21,7 +21,6 @@ import inspect
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-import msgspec
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -29,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from strataserve.api.kserve_codec import (
     HEADER_LENGTH,
     decode_http_request,
+    decode_json_object,
     decompress,
     encode_http_response,
     json_dumps,
@@ -65,15 +65,7 @@ async def _json_body(request: Request, *, allow_empty: bool = True) -> dict:
         if allow_empty:
             return {}
         raise ModelServerError("invalid_argument", "request body must be a JSON object, got an empty body")
-    try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise ModelServerError("invalid_argument", f"request body is not valid JSON: {exc}") from None
-    except RecursionError:  # msgspec recurses per nesting level
-        raise ModelServerError("invalid_argument", "request body is nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise ModelServerError("invalid_argument", "request body must be a JSON object")
-    return doc
+    return decode_json_object(body)
 
 
 def _json(obj: Any, status: int = 200) -> Response:

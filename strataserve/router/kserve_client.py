@@ -1,13 +1,14 @@
 """The client side of KServe v2 over HTTP, for upstream servers (Triton, another strata): an ``InferRequest``
 to a request body with every tensor in Triton's binary extension, and a response body back to an
-``InferResponse``. The tensor layouts are the server codec's (``api/kserve_codec.py``), so both sides agree."""
+``InferResponse``. The tensor layouts are the server's (``api/kserve_tensors.py``), so both sides agree."""
 from __future__ import annotations
 
 from typing import Any
 
 import msgspec
 
-from strataserve.api.kserve_codec import json_dumps, tensor_from_json, tensor_from_raw, tensor_to_raw
+from strataserve.api.kserve_codec import json_dumps
+from strataserve.api.kserve_tensors import tensor_from_json, tensor_from_raw, tensor_to_raw
 from strataserve.types.tensors import InferRequest, InferResponse, InferTensor, ModelServerError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -11,7 +11,7 @@ Repetition is applied first, then frequency/presence, as vLLM does.
 from __future__ import annotations
 
 from itertools import chain
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -54,32 +54,31 @@ def apply_penalties(
         flat[keys] -= counts.to(torch.float32) * freq + pres
 
 
-def ban_tokens(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[Sequence[int]]) -> None:
-    """Set ``logits[rows[i], t] = -inf`` for every t in token_ids[i] (ids outside the vocabulary are skipped)."""
-    vocab = logits.shape[1]
+def _pairs(rows: Sequence[int], per_row: Sequence[Iterable[tuple[int, float]]],
+           vocab: int) -> tuple[list[int], list[int], list[float]]:
+    """(row, token, value) triples of ``per_row[i]``'s (token, value) pairs, tokens outside the vocabulary dropped."""
     r_idx: list[int] = []
     t_idx: list[int] = []
-    for r, ids in zip(rows, token_ids):
-        for t in ids:
+    vals: list[float] = []
+    for r, pairs in zip(rows, per_row):
+        for t, v in pairs:
             if 0 <= t < vocab:
                 r_idx.append(r)
                 t_idx.append(t)
+                vals.append(v)
+    return r_idx, t_idx, vals
+
+
+def ban_tokens(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[Sequence[int]]) -> None:
+    """Set ``logits[rows[i], t] = -inf`` for every t in token_ids[i] (ids outside the vocabulary are skipped)."""
+    r_idx, t_idx, _ = _pairs(rows, [[(t, 0.0) for t in ids] for ids in token_ids], logits.shape[1])
     if r_idx:
         logits[torch.tensor(r_idx, device=logits.device), torch.tensor(t_idx, device=logits.device)] = float("-inf")
 
 
 def add_bias(logits: torch.Tensor, rows: Sequence[int], biases: Sequence[dict[int, float]]) -> None:
     """``logits[rows[i], t] += biases[i][t]`` (OpenAI's ``logit_bias``; ids outside the vocabulary are skipped)."""
-    vocab = logits.shape[1]
-    r_idx: list[int] = []
-    t_idx: list[int] = []
-    vals: list[float] = []
-    for r, bias in zip(rows, biases):
-        for t, b in bias.items():
-            if 0 <= t < vocab:
-                r_idx.append(r)
-                t_idx.append(t)
-                vals.append(b)
+    r_idx, t_idx, vals = _pairs(rows, [b.items() for b in biases], logits.shape[1])
     if r_idx:
         dev = logits.device
         logits.index_put_((torch.tensor(r_idx, device=dev), torch.tensor(t_idx, device=dev)),
