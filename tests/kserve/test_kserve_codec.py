@@ -9,12 +9,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import serialize_byte_tensor
 
-from strataserve.api.kserve_codec import (
-    decode_http_request,
-    encode_http_response,
-    response_to_dict,
-    tensor_from_raw,
-)
+from strataserve.api.kserve_codec import decode_http_request, encode_http_response, response_to_dict
+from strataserve.api.kserve_tensors import tensor_from_raw
 from strataserve.types.tensors import InferResponse, InferTensor, ModelServerError
 
 
