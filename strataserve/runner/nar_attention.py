@@ -1,10 +1,12 @@
 """Bidirectional attention over a padded canvas batch, for non-autoregressive models (OmniVoice).
 
-The canvas is N sequences padded to one length L, flattened to ``[N * L]`` tokens for the decoder. Sequence n's
-tokens attend to its first ``lengths[n]`` tokens in both directions (no causal mask, no KV cache: every step
-recomputes the whole canvas). Padding queries attend to the same keys as their row's real tokens; their outputs
-are never read. ``CanvasOps`` wraps any ``OpSet`` (torch or Triton): matmuls, norms, SwiGLU and rotary come from
-it, attention from ``CanvasAttention`` (SDPA with a key mask; on CUDA its memory-efficient kernel).
+The canvas is one or more groups of sequences, each group padded to its own length L_g and flattened to
+``[N_g * L_g]`` tokens, the groups back to back (OmniVoice: the conditional rows, then the shorter unconditional
+rows, so those are not padded to the conditional length). Sequence n's tokens attend to its first ``lengths[n]``
+tokens of its own row in both directions (no causal mask, no KV cache: every step recomputes the whole canvas).
+Padding queries attend to the same keys as their row's real tokens; their outputs are never read. ``CanvasOps`` wraps any ``OpSet`` (torch or Triton): matmuls, norms, SwiGLU and rotary come from
+it (with Triton, Qwen3's q/k norm and the rotary in one launch), attention from ``CanvasAttention`` (SDPA with a
+key mask and shared kv heads; on the H200 cuDNN's flash kernel).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from strataserve.runner.ops import OpSet, unfused_attend
 
 
 @dataclass(slots=True)
-class CanvasMeta:
+class CanvasGroup:
     """Built from tensors alone (no host sync), so a CUDA graph can capture it."""
 
     num_seqs: int
@@ -25,11 +27,21 @@ class CanvasMeta:
     key_mask: torch.Tensor  # bool [N, 1, 1, L]: True = attend
 
     @classmethod
-    def from_lengths(cls, lengths: torch.Tensor, seq_len: int) -> CanvasMeta:
+    def from_lengths(cls, lengths: torch.Tensor, seq_len: int) -> CanvasGroup:
         """``lengths`` long ``[N]``; a length of 0 (a padding sequence) attends to its first token, never NaN."""
         cols = torch.arange(seq_len, device=lengths.device)
         mask = cols[None, :] < lengths.clamp(min=1)[:, None]
         return cls(int(lengths.shape[0]), seq_len, mask.view(-1, 1, 1, seq_len))
+
+
+@dataclass(slots=True)
+class CanvasMeta:
+    groups: tuple[CanvasGroup, ...]
+
+    @classmethod
+    def from_lengths(cls, *groups: tuple[torch.Tensor, int]) -> CanvasMeta:
+        """One ``(lengths [N_g], L_g)`` per group, in the canvas's order."""
+        return cls(tuple(CanvasGroup.from_lengths(lengths, seq_len) for lengths, seq_len in groups))
 
 
 class CanvasAttention:
@@ -41,15 +53,25 @@ class CanvasAttention:
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: CanvasMeta) -> torch.Tensor:  # type: ignore[override]
-        n, length, d = meta.num_seqs, meta.seq_len, self.head_dim
+        # each group's output is written straight into its rows (no concatenation afterwards)
+        out = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
+        start = 0
+        for g in meta.groups:
+            end = start + g.num_seqs * g.seq_len
+            self._group(q[start:end], k[start:end], v[start:end], g, out[start:end])
+            start = end
+        return out
+
+    def _group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: CanvasGroup, out: torch.Tensor) -> None:
+        n, length, d = g.num_seqs, g.seq_len, self.head_dim
         q4 = q.reshape(n, length, self.num_heads, d).transpose(1, 2)
         k4 = k.reshape(n, length, self.num_kv_heads, d).transpose(1, 2)
         v4 = v.reshape(n, length, self.num_kv_heads, d).transpose(1, 2)
-        if self.num_kv_heads != self.num_heads:
-            rep = self.num_heads // self.num_kv_heads
-            k4, v4 = k4.repeat_interleave(rep, dim=1), v4.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=meta.key_mask)
-        return o.transpose(1, 2).reshape(n * length, self.num_heads * d)
+        # enable_gqa: the kv heads are shared in the kernel instead of repeat_interleave'd copies (H200, run 15:
+        # 111 vs 180 us for 32 rows of 224, bit-identical; benchmarks/canvas_attention_ab.py)
+        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=g.key_mask,
+                                           enable_gqa=self.num_kv_heads != self.num_heads)
+        out.view(n, length, self.num_heads, d).copy_(o.transpose(1, 2))
 
 
 class CanvasOps:
@@ -80,5 +102,9 @@ class CanvasOps:
     def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                eps: float, meta: CanvasMeta) -> torch.Tensor:  # type: ignore[override]
+        rotate = getattr(self.base, "rotate_qk", None)
+        if rotate is not None:  # (q/k norm +) rotary in one launch, in place on the strided views
+            rotate(positions, q, k, head_dim, cos_sin_cache, q_norm, k_norm, eps)
+            return self.attention.forward(layer_idx, q, k, v, meta)
         return unfused_attend(self, layer_idx, positions, q, k, v, head_dim, cos_sin_cache, q_norm, k_norm, eps,
                               meta)  # type: ignore[arg-type]

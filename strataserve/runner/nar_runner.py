@@ -1,12 +1,15 @@
 """Non-autoregressive runner: iterative unmasking of a whole audio canvas (OmniVoice), whole requests per batch.
 
 A request is its conditional input ids ``[C, c_len]`` (style + text (+ reference audio) + ``t_len`` mask ids) and
-its unmasking settings. A batch of B requests becomes one canvas of 2B rows (B conditional, then B unconditional
-rows holding only the target canvas) padded to a bucket shape (B_pad, T_pad, L_pad), so classifier-free guidance
-costs one forward. Every step: forward the canvas, score every target position (log-softmax with guidance, the
-mask id excluded; argmax or Gumbel-sampled class), subtract the codebook-layer penalty, add Gumbel position noise,
-and unmask each request's next ``k`` most confident masked positions, where ``k`` follows the reference's
-schedule (shifted time steps, ``ceil`` of the masked count per step, the rest at the last step).
+its unmasking settings. A batch of B requests becomes one canvas of 2B rows (B conditional rows padded to L_pad, then
+B unconditional rows holding only the target canvas, padded to T_pad) in a bucket shape (B_pad, T_pad, L_pad), so
+classifier-free guidance costs one forward. The unconditional rows keep their own, shorter length: padded to
+L_pad they would spend ~(L_pad - T_pad) / (2 L_pad) of every forward on padding.
+
+Every step: forward the canvas, score every target position (log-softmax with guidance, the mask id excluded;
+argmax or Gumbel-sampled class), subtract the codebook-layer penalty, add Gumbel position noise, and unmask each
+request's next ``k`` most confident masked positions, where ``k`` follows the reference's schedule (shifted time
+steps, ``ceil`` of the masked count per step, the rest at the last step).
 
 Randomness is per request: a generator seeded with the request's seed draws the same tensors, in the same order
 and shapes, as the reference's global generator does for that request alone, so a request's tokens depend on its
@@ -101,27 +104,36 @@ def gumbel(logits: torch.Tensor, temperature: float, noise: torch.Tensor) -> tor
 
 
 class _Canvas:
-    """Static buffers of one bucket, and its scoring function (captured as a CUDA graph when asked)."""
+    """Static buffers of one bucket, and its scoring function (captured as a CUDA graph when asked): ``ids``
+    ``[B, C, L]`` for the conditional rows and, when guided, ``ids_u`` ``[B, C, T]`` for the unconditional ones."""
 
     def __init__(self, runner: NARRunner, b: int, t: int, length: int, guided: bool) -> None:
         m, dev, c = runner.model, runner.device, runner.num_codebooks
         self.b, self.t, self.length, self.guided = b, t, length, guided
-        n = 2 * b if guided else b
-        self.ids = torch.full((n, c, length), runner.mask_id, dtype=torch.long, device=dev)
-        self.audio_mask = torch.zeros(n, length, dtype=torch.bool, device=dev)
-        self.lengths = torch.zeros(n, dtype=torch.long, device=dev)
+        self.ids = torch.full((b, c, length), runner.mask_id, dtype=torch.long, device=dev)
+        self.audio_mask = torch.zeros(b, length, dtype=torch.bool, device=dev)
+        self.lengths = torch.zeros(b, dtype=torch.long, device=dev)
+        u = b if guided else 0  # no unconditional rows without guidance
+        self.ids_u = torch.full((u, c, t), runner.mask_id, dtype=torch.long, device=dev)
+        self.audio_mask_u = torch.zeros(u, t, dtype=torch.bool, device=dev)
+        self.lengths_u = torch.zeros(u, dtype=torch.long, device=dev)
         self.rows_c = torch.zeros(b, t, dtype=torch.long, device=dev)
         self.rows_u = torch.zeros(b, t, dtype=torch.long, device=dev)
         self.guidance = torch.zeros(b, 1, 1, 1, dtype=torch.float32, device=dev)
-        self.positions = torch.arange(length, device=dev).repeat(n)
+        self.positions = torch.cat([torch.arange(length, device=dev).repeat(b),
+                                    torch.arange(t, device=dev).repeat(u)])
         self.model, self.mask_id = m, runner.mask_id
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def score(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (log-probs [B, C, T, V], predicted ids [B, C, T], confidence [B, C, T]) for every target position."""
-        meta = CanvasMeta.from_lengths(self.lengths, self.length)
-        hidden = self.model(self.ids, self.audio_mask, self.positions, meta)
+        groups = [(self.ids, self.audio_mask)]
+        meta = CanvasMeta.from_lengths((self.lengths, self.length))
+        if self.guided:
+            groups.append((self.ids_u, self.audio_mask_u))
+            meta = CanvasMeta.from_lengths((self.lengths, self.length), (self.lengths_u, self.t))
+        hidden = self.model(groups, self.positions, meta)
         lp = F.log_softmax(self.model.target_logits(hidden, self.rows_c), dim=-1)
         if self.guided:
             lu = F.log_softmax(self.model.target_logits(hidden, self.rows_u), dim=-1)
@@ -217,12 +229,12 @@ class NARRunner:
             take = torch.arange(order.shape[1], device=dev)[None, :] < scheds_dev[:, step, None]
             chosen = torch.zeros_like(take).scatter_(1, order, take).view_as(tokens)
             tokens = torch.where(chosen, pred, tokens)
-            cv.ids[:b_pad].scatter_(2, cols, tokens)
+            cv.ids.scatter_(2, cols, tokens)
             if guided:
-                cv.ids[b_pad:, :, :t_pad] = tokens
+                cv.ids_u.copy_(tokens)
         for ob in self.observers:
             real = sum(r.cond_len + (r.target_len if guided else 0) for r in reqs)
-            total = cv.ids.shape[0] * l_pad
+            total = b_pad * l_pad + cv.ids_u.shape[0] * t_pad
             ob(BatchStats(len(reqs), (b_pad, t_pad, l_pad), 1.0 - real / total, time.perf_counter() - start))
         return [tokens[i, :, :r.target_len] for i, r in enumerate(reqs)]
 
@@ -230,11 +242,14 @@ class NARRunner:
         """Write the batch into the bucket's buffers; returns the target tokens ``[B_pad, C, T_pad]`` (all mask)."""
         b, t, length, dev = cv.b, cv.t, cv.length, self.device
         cv.ids.fill_(self.mask_id)
+        cv.ids_u.fill_(self.mask_id)
         cv.audio_mask.zero_()
-        lengths = [0] * cv.ids.shape[0]
+        cv.audio_mask_u.zero_()
+        lengths, lengths_u = [0] * b, [0] * cv.ids_u.shape[0]
         ar = torch.arange(t)
         rows_c = torch.stack([i * length + ar for i in range(b)])
-        rows_u = torch.stack([(b + i if cv.guided else i) * length + ar for i in range(b)])
+        # the unconditional rows follow all B conditional rows; without guidance rows_u is never read
+        rows_u = torch.stack([b * length + i * t + ar for i in range(b)])
         guidance = torch.zeros(b)
         for i, r in enumerate(reqs):
             cv.ids[i, :, :r.cond_len] = r.input_ids.to(dev)
@@ -243,9 +258,10 @@ class NARRunner:
             rows_c[i] += r.prefix_len
             guidance[i] = r.settings.guidance_scale
             if cv.guided:
-                cv.audio_mask[b + i, :r.target_len] = True
-                lengths[b + i] = r.target_len
+                cv.audio_mask_u[i, :r.target_len] = True
+                lengths_u[i] = r.target_len
         cv.lengths.copy_(torch.tensor(lengths))
+        cv.lengths_u.copy_(torch.tensor(lengths_u, dtype=torch.long))
         cv.rows_c.copy_(rows_c)
         cv.rows_u.copy_(rows_u)
         cv.guidance.copy_(guidance.view(-1, 1, 1, 1))

@@ -158,3 +158,27 @@ def test_one_row_weights_groups_every_matmul_by_shape(device):
     assert {k: len(v) for k, v in groups.items()} == {qkv: 3, o: 3, gate_up: 3, down: 3, head: 1}
     assert groups[head][0] is model.embed_tokens  # tied: the lm_head is the embedding table
     assert groups[o][1] is model.layers[1].self_attn.o_weight
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_canvas_attend_triton_matches_torch(device, qk_norm):
+    """OmniVoice's canvas path: TritonOps' one-launch (q/k norm +) rotary and GQA attention over two groups of
+    different padded lengths (conditional rows, then shorter unconditional rows) equal TorchOps' separate ops."""
+    from strataserve.runner.nar_attention import CanvasAttention, CanvasMeta, CanvasOps
+
+    torch.manual_seed(0)
+    att = CanvasAttention(4, 2, 16)
+    n, length, t = 2, 12, 8
+    rows = n * length + n * t
+    qkv = torch.randn(rows, 8 * 16, device=device)
+    pos = torch.cat([torch.arange(length).repeat(n), torch.arange(t).repeat(n)]).to(device)
+    cos_sin = torch.randn(64, 16, device=device)
+    qn, kn = (torch.rand(16, device=device) + 0.5, torch.rand(16, device=device) + 0.5) if qk_norm else (None, None)
+    meta = CanvasMeta.from_lengths((torch.tensor([12, 7], device=device), length),
+                                   (torch.tensor([8, 0], device=device), t))  # 0: a padding row
+    outs = []
+    for ops in (CanvasOps(TritonOps(att), att), CanvasOps(TorchOps(att), att)):
+        q, k, v = qkv.clone().split([64, 32, 32], dim=1)
+        outs.append(ops.attend(0, pos, q, k, v, 16, cos_sin, qn, kn, 1e-6, meta))
+    assert outs[0].shape == (rows, 64)
+    assert_close(outs[0], outs[1], 1e-5, "canvas attention output")

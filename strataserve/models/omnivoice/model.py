@@ -1,6 +1,7 @@
 """The OmniVoice network on our decoder: audio/text input embeddings -> bidirectional Qwen3 backbone -> per-codebook
-heads. ``forward`` runs a whole padded canvas batch; ``target_logits`` reads the heads only at the canvas
-positions a step predicts (the reference computes them everywhere and slices).
+heads. ``forward`` runs a whole padded canvas batch (one or more groups of rows, each group padded to its own
+length); ``target_logits`` reads the heads only at the canvas positions a step predicts (the reference computes
+them everywhere and slices).
 
 Input ids are ``[N, C, L]`` (C codebooks; text positions repeat the text id in every codebook row). A position
 flagged in ``audio_mask`` embeds as the sum of its C codebook embeddings (codebook c's id offset by
@@ -8,6 +9,7 @@ flagged in ``audio_mask`` embeds as the sum of its C codebook embeddings (codebo
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -53,10 +55,13 @@ class OmniVoiceModel(nn.Module):
         audio = F.embedding(shifted, self.audio_embeddings).sum(dim=1)
         return torch.where(audio_mask.unsqueeze(-1), audio, text).flatten(0, 1)
 
-    def forward(self, ids: torch.Tensor, audio_mask: torch.Tensor, positions: torch.Tensor,
+    def forward(self, groups: Sequence[tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
                 meta: CanvasMeta) -> torch.Tensor:
-        """The canvas batch -> final-normed hidden ``[N * L, H]``."""
-        return self.backbone(None, positions, meta, inputs_embeds=self.embed(ids, audio_mask))  # type: ignore
+        """The canvas batch, one ``(ids [N_g, C, L_g], audio_mask [N_g, L_g])`` per group (``meta``'s groups) ->
+        final-normed hidden ``[sum N_g * L_g, H]``, the groups back to back."""
+        embeds = [self.embed(ids, audio_mask) for ids, audio_mask in groups]
+        x = embeds[0] if len(embeds) == 1 else torch.cat(embeds)
+        return self.backbone(None, positions, meta, inputs_embeds=x)  # type: ignore
 
     def target_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """hidden ``[N * L, H]``, rows long ``[M, T]`` (flat canvas rows) -> float32 logits ``[M, C, T, V]``."""
