@@ -14,9 +14,14 @@ Each is checked against ``repeat`` (max abs diff) and timed with CUDA events (me
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kernels_bench import event_us  # noqa: E402
 
 HQ, HKV, D = 16, 8, 128
 G = HQ // HKV
@@ -56,20 +61,6 @@ def fold(q, k, v, mask, n, length):
     return o.view(n, HKV, G, length, D).permute(0, 3, 1, 2, 4).reshape(n * length, HQ * D)
 
 
-def timed(fn, args) -> float:
-    for _ in range(10):
-        fn(*args)
-    ts = []
-    for _ in range(50):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(*args)
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2] * 1e3
-
-
 def main() -> None:
     torch.manual_seed(0)
     fns = {"repeat": repeat, "gqa": gqa, "fold": fold}
@@ -88,7 +79,7 @@ def main() -> None:
             row = {"bench": "canvas_attention_ab", "n": n, "L": length, "real": real, "round": r + 1,
                    "max_abs_diff_vs_repeat": diffs}
             for name in order:
-                row[f"{name}_us"] = round(timed(fns[name], (q, k, v, mask, n, length)), 1)
+                row[f"{name}_us"] = round(event_us(lambda f=fns[name]: f(q, k, v, mask, n, length)), 1)
             print(json.dumps(row), flush=True)
 
 

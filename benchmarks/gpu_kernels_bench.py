@@ -39,6 +39,21 @@ def _t(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e3
 
 
+def event_us(fn, reps: int = 50, warmup: int = 10) -> float:
+    """Median µs of one call, each timed alone with CUDA events (launch included: what an eager caller pays)."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return sorted(ts)[len(ts) // 2] * 1e3
+
+
 def _paged(B: int, ctx: int, hkv: int = 8, d: int = 128, bs: int = 16):
     nbps = (ctx + bs - 1) // bs
     nb = B * nbps + 1

@@ -7,6 +7,9 @@ device. Then cProfile of one launch of a 256-token chunk after a 768-token conte
 
     python benchmarks/mixed_step_profile.py --model DIR    # DIR: 8B config.json (+ tokenizer); written if missing
 One JSON line per case to stdout and $OUT/mixed_step_profile.jsonl, the profile to $OUT/mixed_step_profile.txt.
+With ``--kernels N``: instead, torch.profiler over 5 steps of N fresh prompt tokens beside the decodes, kernels by
+total CUDA time (per step) to stdout and $OUT/mixed_step_kernels.txt (graph replays included: CUPTI sees their
+kernels).
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--vocab", type=int, default=120000)
+    ap.add_argument("--kernels", type=int, default=0, help="profile kernels of steps with this many prompt tokens")
     args = ap.parse_args()
     if not (Path(args.model) / "config.json").exists():
         write_8b_config(Path(args.model))
@@ -76,6 +80,10 @@ def main() -> None:
         return sched.update_from_output(so, runner.execute(so))
     for _ in range(40):  # every decode prefilled, then some decode steps (graphs warm)
         step(sched.schedule())
+    if args.kernels:
+        kernel_table(core, args.kernels, args.decodes)
+        core.shutdown()
+        return
     rows = []
     out = OUT / "mixed_step_profile.jsonl"
     cases = [("decode only", 0, 0), ("fresh", 64, 0), ("fresh", 256, 0), ("fresh", 512, 0), ("fresh", 1024, 0),
@@ -129,6 +137,32 @@ def main() -> None:
     (OUT / "mixed_step_profile.txt").write_text(buf.getvalue())
     print(buf.getvalue()[:6000])
     core.shutdown()
+
+
+def kernel_table(core: EngineCore, prefill: int, decodes: int, reps: int = 5) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    sched, runner = core.scheduler, core.runner
+
+    def one(i: int) -> float:
+        core.add_request(req(f"k{i}", prefill, 2))
+        sched.config = dataclasses.replace(sched.config, max_num_batched_tokens=decodes + prefill)
+        so = sched.schedule()
+        sync()
+        t0 = time.perf_counter()
+        sched.update_from_output(so, runner.execute(so))
+        sync()
+        sched.finish_requests([f"k{i}"])
+        return (time.perf_counter() - t0) * 1e3
+
+    for i in range(3):  # warm the bucket
+        one(i)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        times = [one(10 + i) for i in range(reps)]
+    head = f"{reps} steps of {prefill} prompt tokens + {decodes} decodes: {statistics.median(times):.2f} ms median"
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70)
+    print(head + "\n" + table)
+    (OUT / "mixed_step_kernels.txt").write_text(head + "\n" + table)
 
 
 if __name__ == "__main__":
