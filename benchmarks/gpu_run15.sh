@@ -6,6 +6,9 @@
 #            `git archive 50ba418 strataserve benchmarks tests | tar -x -C tmp/wt_old`)
 #   long     benchmarks/serve_load_gpu.py, 8B shape, closed loop c=64 with 1,000 prompts (vLLM's benchmark
 #            default) and with 192 (runs 12-14), ROUNDS alternating
+#   eager    serve_load_gpu.py, two servers side by side: default (mixed-step graphs, paced at 27 ms) against
+#            STRATA_MIXED_GRAPHS=0 with an explicit --target-step-ms 27 (eager prompt steps, same pacing),
+#            closed loop c=64 (192 prompts) and Poisson 16 req/s (160), ROUNDS alternating
 # Everything lands under $OUT.
 set -u
 source benchmarks/device_setup.sh "$1"
@@ -22,6 +25,13 @@ if phase omni; then  # this tree ROUNDS rounds (the bench alternates reference /
     echo "$tree: $(grep -o '"speedup_vs_reference_bs1_per_round": [^]]*]' "$OUTDIR/omni_$tree.log")"
     grep '"bs": 32' "$OUTDIR/omni_$tree.log" | grep strataserve | cut -c1-160
   done
+fi
+if phase eager; then
+  mkdir -p "$OUTDIR/elogs"
+  LOGS=$OUTDIR/elogs timeout 500 python3 benchmarks/serve_load_gpu.py --model /tmp/llama8b --rounds "$ROUNDS" \
+    --blocks 5120 --closed-prompts 192 --poisson-prompts 160 --variant "graphs=." \
+    --variant "eager=. --target-step-ms 27 STRATA_MIXED_GRAPHS=0" | tee "$OUTDIR/eager.jsonl" | serve_summary
+  (cd "$OUTDIR/elogs" && tar czf ../eager_logs.tgz . && cd .. && rm -rf elogs)
 fi
 if phase long; then
   mkdir -p "$OUTDIR/logs"
