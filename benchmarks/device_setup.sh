@@ -27,3 +27,14 @@ for l in sys.stdin:
         print(l.strip()); continue
     print(r["round"], r["variant"], r["workload"], r["output_throughput"], "ttft p50", r["median_ttft_ms"], "itl p99", r["p99_itl_ms"], "decode ms p50", r.get("decode_ms_p50"), "prefill step ms p50", r.get("prefill_step_ms_p50"), "tokens p50", r.get("prefill_tokens_p50"))'
 }
+
+serve_ab() {  # NAME ROUNDS VARIANT...: serve_load_gpu.py, 8B shape, variants side by side, closed 192 / Poisson 160
+  # prompts; stdout to $OUTDIR/NAME.jsonl (+ a summary), step/server/client logs to $OUTDIR/NAME_logs.tgz
+  local name=$1 rounds=$2 args=()
+  shift 2
+  for v in "$@"; do args+=(--variant "$v"); done
+  mkdir -p "$OUTDIR/${name}_logs"
+  LOGS=$OUTDIR/${name}_logs timeout 500 python3 benchmarks/serve_load_gpu.py --model /tmp/llama8b --rounds "$rounds" \
+    --blocks 5120 --closed-prompts 192 --poisson-prompts 160 "${args[@]}" | tee "$OUTDIR/$name.jsonl" | serve_summary
+  (cd "$OUTDIR/${name}_logs" && tar czf "../${name}_logs.tgz" . && cd .. && rm -rf "${name}_logs")
+}

@@ -9,12 +9,8 @@ set -u
 source benchmarks/device_setup.sh "$1"
 ROUNDS=${2:-1}
 
-if phase kvserve; then
-  mkdir -p "$OUTDIR/logs"
-  LOGS=$OUTDIR/logs timeout 420 python3 benchmarks/serve_load_gpu.py --model /tmp/llama8b --rounds "$ROUNDS" \
-    --blocks 5120 --closed-prompts 192 --poisson-prompts 160 --variant "bf16=." \
-    --variant "fp8=. --kv-cache-dtype fp8" | tee "$OUTDIR/serve_stdout.jsonl" | serve_summary
-  (cd "$OUTDIR/logs" && tar czf ../logs.tgz . && cd .. && rm -rf logs)
+if phase kvserve; then  # (run 14 wrote serve_stdout.jsonl and logs.tgz; serve_ab names them kvserve*)
+  serve_ab kvserve "$ROUNDS" "bf16=." "fp8=. --kv-cache-dtype fp8"
 fi
 if phase fresh; then
   bash benchmarks/gpu_run13.sh fresh "$ROUNDS" | grep -v '^torch\|^NVIDIA'

@@ -26,12 +26,8 @@ if phase omni; then  # this tree ROUNDS rounds (the bench alternates reference /
     grep '"bs": 32' "$OUTDIR/omni_$tree.log" | grep strataserve | cut -c1-160
   done
 fi
-if phase eager; then
-  mkdir -p "$OUTDIR/elogs"
-  LOGS=$OUTDIR/elogs timeout 500 python3 benchmarks/serve_load_gpu.py --model /tmp/llama8b --rounds "$ROUNDS" \
-    --blocks 5120 --closed-prompts 192 --poisson-prompts 160 --variant "graphs=." \
-    --variant "eager=. --target-step-ms 27 STRATA_MIXED_GRAPHS=0" | tee "$OUTDIR/eager.jsonl" | serve_summary
-  (cd "$OUTDIR/elogs" && tar czf ../eager_logs.tgz . && cd .. && rm -rf elogs)
+if phase eager; then  # (run 15j wrote eager.jsonl and eager_logs.tgz)
+  serve_ab eager "$ROUNDS" "graphs=." "eager=. --target-step-ms 27 STRATA_MIXED_GRAPHS=0"
 fi
 if phase long; then
   mkdir -p "$OUTDIR/logs"
