@@ -6,7 +6,7 @@ Seeded, so a failure replays.
     python scripts/fuzz_server.py openai URL --models NAME[,NAME] [-n 1500] [--seed 0]
     python scripts/fuzz_server.py kserve URL --models NAME[,NAME]     # JSON and binary-extension infer
     python scripts/fuzz_server.py grpc HOST:PORT --models NAME[,NAME]
-    python scripts/fuzz_server.py speech URL --models NAME [--voice ryan --language english]
+    python scripts/fuzz_server.py speech URL --models NAME [--voice ryan --language english] [--nar]  # --nar: OmniVoice
 
 KServe / gRPC models take a one-row FP32 input named by ``NAME:INPUT:WIDTH`` (e.g. ``onnx_mlp:INPUT0:4``) or a
 BYTES input by ``NAME:INPUT:bytes``. The session of 2026-12-01 ran each against servers with the demo model, the
@@ -193,7 +193,9 @@ def fuzz_speech(args: argparse.Namespace, rnd: random.Random, tally: Tally) -> N
     with httpx.Client(base_url=args.url, timeout=120) as client:
         for _ in range(args.n):
             body = {"model": args.models, "input": "hello there", "voice": args.voice, "language": args.language,
-                    "max_new_frames": 4, "temperature": 0, "response_format": "wav"}
+                    "temperature": 0, "response_format": "wav"}
+            # the base request must be valid: an autoregressive model is capped by frames, OmniVoice by steps
+            body.update({"num_step": 4} if args.nar else {"max_new_frames": 4})
             for key in rnd.sample(sorted(choices), rnd.randint(0, 3)):
                 body[key] = rnd.choice(choices[key])
             with client.stream("POST", "/v1/audio/speech", json=body) as r:
@@ -210,6 +212,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--voice", default="ryan")
     ap.add_argument("--language", default="english")
+    ap.add_argument("--nar", action="store_true", help="speech: the model is non-autoregressive (OmniVoice)")
     args = ap.parse_args()
     rnd, tally = random.Random(args.seed), Tally()
     {"openai": fuzz_openai, "kserve": fuzz_kserve, "grpc": fuzz_grpc, "speech": fuzz_speech}[args.target](
