@@ -4,12 +4,28 @@ Incremental detokenisation lives in the engine; this wraps encoding, the chat te
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from strataserve.models.hf_config import read_eos_token_ids
 
 Message = dict[str, Any]
+
+#: ``tokenizer_class`` values naming transformers' generic tokenizer.json backend (Llama 3, Mistral, the demo model):
+#: that class is loaded directly. ``AutoTokenizer`` would build the same object, but importing it first imports
+#: every model's configuration (~3-4 s here; on the H200 host `strata serve`'s tokenizer took 15 s, longer than
+#: the engine's whole load, run 15). Any other class (Qwen2Tokenizer, remote code, ...) goes through AutoTokenizer.
+GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def tokenizer_class_name(folder: Path) -> str | None:
+    """``tokenizer_class`` from the folder's tokenizer_config.json (None when absent or unreadable)."""
+    try:
+        name = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
 
 
 class Tokenizer:
@@ -27,10 +43,15 @@ class Tokenizer:
             raise ValueError(f"tokenizer path {str(folder)!r} is not a directory; give an HF checkpoint folder")
         if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
             raise ValueError(f"{folder}: no tokenizer files (tokenizer.json / tokenizer_config.json) found")
-        from transformers import AutoTokenizer
-
         try:
-            hf = AutoTokenizer.from_pretrained(str(folder), use_fast=True, local_files_only=True)
+            if tokenizer_class_name(folder) in GENERIC_TOKENIZER_CLASSES and (folder / "tokenizer.json").is_file():
+                from transformers import PreTrainedTokenizerFast
+
+                hf = PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+            else:
+                from transformers import AutoTokenizer
+
+                hf = AutoTokenizer.from_pretrained(str(folder), use_fast=True, local_files_only=True)
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"{folder}: cannot load the tokenizer: {exc}") from None
         eos = read_eos_token_ids(folder)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +63,32 @@ def test_errors(ckpt, tmp_path):
     tok.hf.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
         tok.render_chat(MESSAGES)
+
+
+def test_generic_tokenizer_class_loads_directly_and_equals_autotokenizer(ckpt, tmp_path):
+    """tokenizer_class PreTrainedTokenizerFast / TokenizersBackend is loaded by that class, skipping AutoTokenizer's
+    imports; it must be the object AutoTokenizer builds. Any other class still goes through AutoTokenizer."""
+    from transformers import AutoTokenizer
+
+    from strataserve.models.tokenizer import GENERIC_TOKENIZER_CLASSES, tokenizer_class_name
+
+    demo = Path(__file__).resolve().parents[2] / "strataserve" / "assets" / "demo_llama"
+    texts = ["héllo wörld 中文 🙂", "  leading spaces and\ttabs\n", "<|im_start|>user", ""]
+    for folder in (ckpt, demo):
+        assert tokenizer_class_name(Path(folder)) in GENERIC_TOKENIZER_CLASSES  # the direct path is taken
+        ours, ref = Tokenizer.from_pretrained(folder).hf, AutoTokenizer.from_pretrained(str(folder))
+        assert type(ours) is type(ref)
+        for text in texts:
+            ids = ours.encode(text)
+            assert ids == ref.encode(text)
+            assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True)
+        assert ours.all_special_ids == ref.all_special_ids and len(ours) == len(ref)
+        assert ours.chat_template == ref.chat_template
+    other = tmp_path / "other"
+    shutil.copytree(ckpt, other)
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    cfg["tokenizer_class"] = "Qwen2Tokenizer"
+    (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert type(Tokenizer.from_pretrained(other).hf).__name__ == "Qwen2Tokenizer"  # through AutoTokenizer
+    (other / "tokenizer_config.json").write_text("{not json")
+    assert tokenizer_class_name(other) is None
