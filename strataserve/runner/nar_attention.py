@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from strataserve.runner.ops import OpSet, unfused_attend
+from strataserve.runner.ops import OpSet
 
 
 @dataclass(slots=True)
@@ -102,9 +102,11 @@ class CanvasOps:
     def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                eps: float, meta: CanvasMeta) -> torch.Tensor:  # type: ignore[override]
-        rotate = getattr(self.base, "rotate_qk", None)
-        if rotate is not None:  # (q/k norm +) rotary in one launch, in place on the strided views
-            rotate(positions, q, k, head_dim, cos_sin_cache, q_norm, k_norm, eps)
-            return self.attention.forward(layer_idx, q, k, v, meta)
-        return unfused_attend(self, layer_idx, positions, q, k, v, head_dim, cos_sin_cache, q_norm, k_norm, eps,
-                              meta)  # type: ignore[arg-type]
+        # no cache to store into: the base's rotate_qk (Triton: q/k norm + rotary in one launch, in place)
+        q, k = self.base.rotate_qk(positions, q, k, head_dim, cos_sin_cache, q_norm, k_norm, eps)
+        return self.attention.forward(layer_idx, q, k, v, meta)
+
+    def rotate_qk(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
+                  cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base.rotate_qk(positions, q, k, head_dim, cos_sin_cache, q_norm, k_norm, eps)

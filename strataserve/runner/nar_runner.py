@@ -128,12 +128,11 @@ class _Canvas:
 
     def score(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (log-probs [B, C, T, V], predicted ids [B, C, T], confidence [B, C, T]) for every target position."""
-        groups = [(self.ids, self.audio_mask)]
-        meta = CanvasMeta.from_lengths((self.lengths, self.length))
+        groups, lengths = [(self.ids, self.audio_mask)], [(self.lengths, self.length)]
         if self.guided:
             groups.append((self.ids_u, self.audio_mask_u))
-            meta = CanvasMeta.from_lengths((self.lengths, self.length), (self.lengths_u, self.t))
-        hidden = self.model(groups, self.positions, meta)
+            lengths.append((self.lengths_u, self.t))
+        hidden = self.model(groups, self.positions, CanvasMeta.from_lengths(*lengths))
         lp = F.log_softmax(self.model.target_logits(hidden, self.rows_c), dim=-1)
         if self.guided:
             lu = F.log_softmax(self.model.target_logits(hidden, self.rows_u), dim=-1)

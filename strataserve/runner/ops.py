@@ -67,6 +67,13 @@ class OpSet(Protocol):
         """
         ...
 
+    def rotate_qk(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
+                  cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Qwen3's per-head RMSNorm of q and k,) then rotary; no KV store, for attention without a paged cache.
+        Returns the rotated ``(q, k)``: q/k themselves (in place) or normed copies."""
+        ...
+
     def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                eps: float, meta: AttentionMetadata | None) -> torch.Tensor:
@@ -101,14 +108,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int
 def unfused_attend(ops: OpSet, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None,
                    k_norm: torch.Tensor | None, eps: float, meta: AttentionMetadata | None) -> torch.Tensor:
-    """``OpSet.attend`` as separate ops: q/k norm (on copies of the strided views), rotary, attention (which
-    stores k/v first)."""
+    """``OpSet.attend`` as separate ops: ``unfused_rotate_qk``, then attention (which stores k/v first)."""
+    q, k = unfused_rotate_qk(ops, positions, q, k, head_dim, cos_sin_cache, q_norm, k_norm, eps)
+    return ops.attention.forward(layer_idx, q, k, v, meta)
+
+
+def unfused_rotate_qk(ops: OpSet, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
+                      cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``OpSet.rotate_qk`` as separate ops: q/k norm (on copies of the strided views), then rotary in place."""
     if q_norm is not None and k_norm is not None:
         t = q.shape[0]
         q = ops.rms_norm(q.reshape(-1, head_dim), q_norm, eps).view(t, -1)
         k = ops.rms_norm(k.reshape(-1, head_dim), k_norm, eps).view(t, -1)
     ops.apply_rotary(positions, q, k, head_dim, cos_sin_cache)
-    return ops.attention.forward(layer_idx, q, k, v, meta)
+    return q, k
 
 
 class TorchOps:
@@ -138,6 +152,11 @@ class TorchOps:
                head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                eps: float, meta: AttentionMetadata | None) -> torch.Tensor:
         return unfused_attend(self, layer_idx, positions, q, k, v, head_dim, cos_sin_cache, q_norm, k_norm, eps, meta)
+
+    def rotate_qk(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
+                  cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return unfused_rotate_qk(self, positions, q, k, head_dim, cos_sin_cache, q_norm, k_norm, eps)
 
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                      cos_sin_cache: torch.Tensor) -> None:

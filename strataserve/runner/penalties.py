@@ -54,9 +54,11 @@ def apply_penalties(
         flat[keys] -= counts.to(torch.float32) * freq + pres
 
 
-def _pairs(rows: Sequence[int], per_row: Sequence[Iterable[tuple[int, float]]],
-           vocab: int) -> tuple[list[int], list[int], list[float]]:
-    """(row, token, value) triples of ``per_row[i]``'s (token, value) pairs, tokens outside the vocabulary dropped."""
+def _put(logits: torch.Tensor, rows: Sequence[int], per_row: Iterable[Iterable[tuple[int, float]]],
+         accumulate: bool) -> None:
+    """``logits[rows[i], t] = v`` (or ``+= v``) for each (t, v) of ``per_row[i]``; ids outside the vocabulary are
+    skipped. One indexed write for all rows."""
+    vocab = logits.shape[1]
     r_idx: list[int] = []
     t_idx: list[int] = []
     vals: list[float] = []
@@ -66,20 +68,17 @@ def _pairs(rows: Sequence[int], per_row: Sequence[Iterable[tuple[int, float]]],
                 r_idx.append(r)
                 t_idx.append(t)
                 vals.append(v)
-    return r_idx, t_idx, vals
+    if r_idx:
+        dev = logits.device
+        logits.index_put_((torch.tensor(r_idx, device=dev), torch.tensor(t_idx, device=dev)),
+                          torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=accumulate)
 
 
 def ban_tokens(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[Sequence[int]]) -> None:
     """Set ``logits[rows[i], t] = -inf`` for every t in token_ids[i] (ids outside the vocabulary are skipped)."""
-    r_idx, t_idx, _ = _pairs(rows, [[(t, 0.0) for t in ids] for ids in token_ids], logits.shape[1])
-    if r_idx:
-        logits[torch.tensor(r_idx, device=logits.device), torch.tensor(t_idx, device=logits.device)] = float("-inf")
+    _put(logits, rows, (((t, float("-inf")) for t in ids) for ids in token_ids), accumulate=False)
 
 
 def add_bias(logits: torch.Tensor, rows: Sequence[int], biases: Sequence[dict[int, float]]) -> None:
     """``logits[rows[i], t] += biases[i][t]`` (OpenAI's ``logit_bias``; ids outside the vocabulary are skipped)."""
-    r_idx, t_idx, vals = _pairs(rows, [b.items() for b in biases], logits.shape[1])
-    if r_idx:
-        dev = logits.device
-        logits.index_put_((torch.tensor(r_idx, device=dev), torch.tensor(t_idx, device=dev)),
-                          torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
+    _put(logits, rows, (b.items() for b in biases), accumulate=True)

@@ -165,9 +165,9 @@ class TritonOps:
 
     def rotate_qk(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                   cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
-                  eps: float) -> None:
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(Qwen3's q/k norm +) rotary, in place, one launch, no KV store (attention without a paged cache)."""
-        apply_rotary(q, k, positions, cos_sin_cache, head_dim, q_norm, k_norm, eps)
+        return apply_rotary(q, k, positions, cos_sin_cache, head_dim, q_norm, k_norm, eps)
 
     def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
@@ -177,7 +177,7 @@ class TritonOps:
             return unfused_attend(self, layer_idx, positions, q, k, v, head_dim, cos_sin_cache, q_norm, k_norm, eps,
                                   meta)
         if meta is None or cos_sin_cache.shape[1] != head_dim:  # no cache to store into / partial rotary
-            self.rotate_qk(positions, q, k, head_dim, cos_sin_cache, q_norm, k_norm, eps)
+            q, k = self.rotate_qk(positions, q, k, head_dim, cos_sin_cache, q_norm, k_norm, eps)
             return att.forward(layer_idx, q, k, v, meta)
         k_cache, v_cache = att.kv_caches[layer_idx]
         # one launch: (q/k norm,) rotary of q in place, rotated k and v straight into their cache slots
