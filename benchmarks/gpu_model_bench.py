@@ -20,7 +20,7 @@ from strataserve.models.hf_config import DecoderConfig, RopeScaling
 from strataserve.models.loader import build_random_model
 from strataserve.runner.attention import TorchAttention, allocate_kv_cache
 from strataserve.runner.cuda_graph import CudaGraphDecoder, decode_metadata
-from strataserve.runner.gemv_tuning import one_row_weights, tune_gemv
+from strataserve.runner.gemv_tuning import apply_tuning
 from strataserve.runner.ops import TorchOps
 from strataserve.runner.triton_ops import TritonAttention, TritonOps
 
@@ -120,8 +120,7 @@ class _Setup:
         self.graphs = None
         self.gemv_choices = []
         if is_hybrid(mode) and mode != "hybrid-r5" and DEV == "cuda":
-            self.gemv_choices = tune_gemv(one_row_weights(self.model))
-            self.model.ops.gemv_plan = {c.shape: c.config for c in self.gemv_choices if c.config is not None}
+            self.gemv_choices = apply_tuning(self.model, self.model.ops)  # the runner's: matmuls, then prologues
         if mode in ("graph", "hybrid-gemv") or is_hybrid(mode):
             pad = -1 if mode.startswith("hybrid") else (num_blocks - 1) * block_size
             self.graphs = CudaGraphDecoder(self._step, max_bs_graph or batch, self.bps, dev, pad_slot=pad)
@@ -164,8 +163,9 @@ def decode_bench(cfg: DecoderConfig, mode: str, batch: int, bw: float, prompt: i
     out = {"batch": batch, "mode": mode, "tok_per_s": round(batch * new / t, 1), "ms_per_step": round(ms, 3),
            "floor_ms": round(floor_ms, 3), "roofline_fraction": round(floor_ms / ms, 3),
            "graph_capture_s": round(t_cap, 2),
-           "gemv": {f"{c.shape[0]}x{c.shape[1]}": [round(c.cublas_us, 1), round(c.best_us, 1),
-                                                   str(c.config) if c.config else "cublas"] for c in s.gemv_choices}}
+           "gemv": {f"{c.prologue}{c.shape[0]}x{c.shape[1]}": [round(c.cublas_us, 1), round(c.best_us, 1),
+                                                               str(c.config) if c.config else "baseline"]
+                    for c in s.gemv_choices}}
     del s
     _empty_cache()
     return out

@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 from strataserve.engine.async_tts import AsyncTTS  # noqa: E402
 from strataserve.types.protocol import EngineCoreRequest  # noqa: E402
 from strataserve.types.sampling import SamplingParams  # noqa: E402
-from strataserve.engine.tts_engine import TTSModel, build_core, build_talker  # noqa: E402
+from strataserve.engine.tts_engine import TTSModel, build_core, build_talker, tune_talker  # noqa: E402
 from strataserve.models.qwen3_tts.codec import CodecDecoder  # noqa: E402
 from strataserve.models.qwen3_tts.config import tts_config_from_dict  # noqa: E402
 from strataserve.models.qwen3_tts.loader import init_random_talker  # noqa: E402
@@ -114,6 +114,7 @@ def our_model(raw: dict, codec_raw: dict) -> TTSModel:
     cfg = tts_config_from_dict(raw, codec_raw)
     talker, graphs = build_talker(cfg, torch.device(DEV), DT, MODE, 4096)
     init_random_talker(talker)
+    tune_talker(talker, graphs)  # as load_tts_model does (STRATA_GEMV_TUNE=0: none, the code before run 16)
     codec = CodecDecoder(cfg.codec).to(DEV).eval()  # HF-like small init is fine: the codec is not in the loop
     return TTSModel(cfg, talker, codec, tokenizer=None, name=f"random-{cfg.model_size}", cuda_graphs=graphs)
 

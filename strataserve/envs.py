@@ -17,6 +17,8 @@ STRATA_ASYNC_SCHEDULING: bool = os.environ.get("STRATA_ASYNC_SCHEDULING", "1") !
 STRATA_FUSED_ROPE_KV: bool = os.environ.get("STRATA_FUSED_ROPE_KV", "1") != "0"
 #: at start-up, time cuBLAS against the Triton GEMV per weight shape for batch-1 matmuls and keep the faster.
 STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
+#: the same tuning also times each RMSNorm / SiLU-mul + matmul pair against one GEMV with the op as its prologue.
+STRATA_GEMV_PROLOGUE: bool = os.environ.get("STRATA_GEMV_PROLOGUE", "1") != "0"
 #: decode attention launches the longest rows first, with ~16 programs per SM (more KV splits) instead of ~2.
 STRATA_DECODE_LONG_FIRST: bool = os.environ.get("STRATA_DECODE_LONG_FIRST", "1") != "0"
 #: decode attention chooses each row's KV split count in the kernel from its own length against the step's total,

@@ -20,6 +20,7 @@ from strataserve.config import CacheConfig, EngineConfig, ModelConfig, Scheduler
 from strataserve.engine.engine_core import EngineCore
 from strataserve.types.protocol import EngineCoreRequest
 from strataserve.types.sampling import SamplingParams
+from strataserve import envs
 from strataserve.models.loader import resolve_device
 from strataserve.models.qwen3_tts.codec import CodecDecoder
 from strataserve.models.qwen3_tts.config import Qwen3TTSConfig, UnsupportedTTSVariantError, load_tts_config, \
@@ -112,6 +113,7 @@ def load_tts_model(model_dir: str | Path, *, device: str = "auto", dtype: str = 
         raise ValueError(f"dtype={dtype!r}: use one of auto, {', '.join(_DTYPES)}")
     talker, graphs = build_talker(cfg, dev, dt, mode, max_model_len)
     load_talker(folder, talker)
+    tune_talker(talker, graphs)
     from transformers import AutoTokenizer
 
     try:
@@ -135,6 +137,18 @@ def build_talker(cfg: Qwen3TTSConfig, dev: torch.device, dt: torch.dtype, mode: 
     talker = Qwen3TTSTalker(cfg, plan.ops, select_ops(mode, cfg.code_predictor, dev).ops, dt, dev,
                             min(max_model_len, cfg.talker.max_position_embeddings))
     return talker, plan.cuda_graphs
+
+
+def tune_talker(talker: Qwen3TTSTalker, cuda_graphs: bool) -> None:
+    """Hybrid mode: the talker's and the code predictor's batch-1 matmuls (and the norms / SiLU-mul before them)
+    as the LLM runner tunes its own (``runner/gemv_tuning.py``); one stream decodes both at batch 1. Call it after
+    the weights are in and before any graph is captured."""
+    if not (cuda_graphs and envs.STRATA_GEMV_TUNE):
+        return
+    from strataserve.runner.gemv_tuning import apply_tuning
+
+    for model in (talker.talker, talker.predictor):
+        apply_tuning(model, model.ops)
 
 
 def resolve_params(p: SpeechParams, defaults: dict[str, Any]) -> tuple[SamplingParams, CodeSampling]:

@@ -12,6 +12,12 @@ memory pipeline full for the whole kernel; ``split_k`` programs per row block ea
 float32 partial sums that a second, tiny kernel adds in a fixed order. Which configuration (or cuBLAS) is fastest
 depends on the shape and the GPU, so the runner measures the candidates once at start-up
 (``runner/gemv_tuning.py``).
+
+Prologues: the op before a projection can run inside its GEMV instead of as its own launch (at batch 1 each of
+those ~2 us launches is latency, not bandwidth): ``gemv_rms_norm`` normalises x (after adding the residual, whose
+sum it also writes out) on the fly, ``gemv_silu_mul`` takes the gate_up output and applies SiLU-and-mul per K
+tile. Every program first reads the whole x row for the RMS statistics (K values from L2: small next to its
+BLOCK_N x K weight tile); rounding follows the unfused kernels (``rms_norm.py``, ``activation.py``) step by step.
 """
 from __future__ import annotations
 
@@ -24,14 +30,32 @@ import triton.language as tl
 from strataserve.kernels._common import check, check_float, check_same_device
 
 
+NO_PROLOGUE, NORM, ADD_NORM, SILU_MUL = 0, 1, 2, 3
+# the kernel's copies (a jitted function reads only constexpr globals)
+_NORM, _ADD_NORM, _SILU_MUL = tl.constexpr(NORM), tl.constexpr(ADD_NORM), tl.constexpr(SILU_MUL)
+
+
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, w_sn, k_per_split, HAS_BIAS: tl.constexpr,
-                 SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, N, K, w_sn, k_per_split, eps,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     """Rows [pid0 * BLOCK_N, +BLOCK_N) over the K range of split pid1. SPLIT == 1: write y (+ bias) directly;
-    else write float32 partial sums to y_ptr [SPLIT, N] for ``_gemv_reduce_kernel``."""
+    else write float32 partial sums to y_ptr [SPLIT, N] for ``_gemv_reduce_kernel``. PROLOGUE: the input is x
+    (NO_PROLOGUE), rms_norm(x) * nw (NORM), rms_norm(x + r) * nw with x + r written to ro (ADD_NORM, by the
+    programs of row block 0), or silu(x[:K]) * x[K:] (SILU_MUL)."""
+    dt = w_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     rmask = rows < N
+    if PROLOGUE == _NORM or PROLOGUE == _ADD_NORM:
+        sq = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            s = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+            if PROLOGUE == _ADD_NORM:  # the sum is rounded to the storage dtype, as the residual stream is
+                s = (s + tl.load(r_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)).to(dt).to(tl.float32)
+            sq += s * s
+        inv = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     wrow = w_ptr + rows.to(tl.int64)[:, None] * w_sn
     k_start = split * k_per_split
@@ -40,6 +64,17 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, w_sn, k_per_split, HAS_BIAS: 
         cols = k0 + tl.arange(0, BLOCK_K)
         cmask = cols < k_end
         x = tl.load(x_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        if PROLOGUE == _NORM or PROLOGUE == _ADD_NORM:
+            if PROLOGUE == _ADD_NORM:
+                x = (x + tl.load(r_ptr + cols, mask=cmask, other=0.0).to(tl.float32)).to(dt)
+                if tl.program_id(0) == 0:
+                    tl.store(ro_ptr + cols, x, mask=cmask)
+                x = x.to(tl.float32)
+            nw = tl.load(nw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            x = ((x * inv).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
+        elif PROLOGUE == _SILU_MUL:
+            u = tl.load(x_ptr + K + cols, mask=cmask, other=0.0).to(tl.float32)
+            x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
         w = tl.load(wrow + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
         acc += w * x[None, :]
     y = tl.sum(acc, axis=1)
@@ -80,19 +115,57 @@ class GemvConfig:
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig = GemvConfig()) -> torch.Tensor:
     """``x`` [1, K] (or [K]) times ``weight`` [N, K]^T -> [1, N] (or [N]); like ``F.linear`` for one row."""
-    check_float("x", x)
+    _check_row("x", x, weight.shape[1] if weight.dim() == 2 else -1)
+    return _launch(x, weight, bias, config, NO_PROLOGUE)
+
+
+def gemv_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                  weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  config: GemvConfig = GemvConfig()) -> tuple[torch.Tensor, torch.Tensor]:
+    """``linear(rms_norm(x + residual) * norm_weight, weight, bias)`` for one row, in one launch.
+
+    Returns ``(y, s)`` with ``s = x + residual`` (a new tensor; x and residual are left as they are), or
+    ``s = x`` when ``residual`` is None (no add: the first layer)."""
+    k = weight.shape[1] if weight.dim() == 2 else -1
+    _check_row("x", x, k)
+    check(norm_weight.shape == (x.shape[-1],) and norm_weight.is_contiguous(),
+          f"norm_weight: expected contiguous shape ({x.shape[-1]},), got {tuple(norm_weight.shape)}")
+    check(norm_weight.dtype == x.dtype, f"norm_weight dtype {norm_weight.dtype} differs from x's {x.dtype}")
+    check_same_device(x=x, norm_weight=norm_weight)
+    if residual is None:
+        return _launch(x, weight, bias, config, NORM, nw=norm_weight, eps=eps), x
+    check(residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous(),
+          f"residual: expected contiguous {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
+    check_same_device(x=x, residual=residual)
+    s = torch.empty_like(x)
+    return _launch(x, weight, bias, config, ADD_NORM, r=residual, nw=norm_weight, ro=s, eps=eps), s
+
+
+def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  config: GemvConfig = GemvConfig()) -> torch.Tensor:
+    """``linear(silu(gate) * up, weight, bias)`` for one row ``x`` = [gate | up] of width 2K, in one launch."""
+    check(weight.dim() == 2, f"weight: expected [N, K], got shape {tuple(weight.shape)}")
+    _check_row("x", x, 2 * weight.shape[1])
+    return _launch(x, weight, bias, config, SILU_MUL)
+
+
+def _check_row(name: str, x: torch.Tensor, k: int) -> None:
+    check_float(name, x)
     check(x.dim() in (1, 2) and (x.dim() == 1 or x.shape[0] == 1),
-          f"x: expected [K] or [1, K], got {tuple(x.shape)}; use F.linear for more rows")
-    check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],
-          f"weight: expected [N, {x.shape[-1]}], got {tuple(weight.shape)}")
+          f"{name}: expected [K] or [1, K], got {tuple(x.shape)}; use F.linear for more rows")
+    check(x.shape[-1] == k, f"weight: expected [N, {x.shape[-1]}] (for {name} of width {x.shape[-1]}), got K={k}")
+    check(x.stride(-1) == 1, f"{name}: must be contiguous")
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, c: GemvConfig, prologue: int,
+            r: torch.Tensor | None = None, nw: torch.Tensor | None = None, ro: torch.Tensor | None = None,
+            eps: float = 0.0) -> torch.Tensor:
     check(weight.stride(1) == 1, "weight: rows must be contiguous")
-    check(x.stride(-1) == 1, "x: must be contiguous")
     check(weight.dtype == x.dtype, f"weight dtype {weight.dtype} differs from x's {x.dtype}")
     N, K = weight.shape
     if bias is not None:
         check(bias.shape == (N,) and bias.is_contiguous(), f"bias: expected contiguous shape ({N},)")
     check_same_device(x=x, weight=weight)
-    c = config
     check(c.split_k >= 1 and c.block_n >= 1 and c.block_k >= 16, f"config: invalid {c}")
     y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
     b = bias if bias is not None else weight
@@ -100,7 +173,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     k_per_split = triton.cdiv(triton.cdiv(K, split), c.block_k) * c.block_k
     out = y if split == 1 else torch.empty(split, N, dtype=torch.float32, device=x.device)
     _gemv_kernel[(triton.cdiv(N, c.block_n), split)](
-        x, weight, b, out, N, K, weight.stride(0), k_per_split, HAS_BIAS=bias is not None, SPLIT=split,
+        x, weight, b, out, x if r is None else r, x if nw is None else nw, x if ro is None else ro, N, K,
+        weight.stride(0), k_per_split, eps, HAS_BIAS=bias is not None, SPLIT=split, PROLOGUE=prologue,
         BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
     if split > 1:
         _gemv_reduce_kernel[(triton.cdiv(N, 1024),)](out, b, y, N, HAS_BIAS=bias is not None, SPLIT=split,

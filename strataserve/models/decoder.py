@@ -51,9 +51,9 @@ class Attention(nn.Module):
         self.q_norm = new(cfg.head_dim) if cfg.qk_norm else None
         self.k_norm = new(cfg.head_dim) if cfg.qk_norm else None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor,
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin: torch.Tensor,
                 meta: AttentionMetadata | None) -> torch.Tensor:
-        qkv = self.ops.linear(x, self.qkv_weight, self.qkv_bias)
+        """From the qkv projection's output (the layer runs it with the norm before it: ``OpSet.norm_linear``)."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # (q/k norm,) rotary, KV store and attention in one call: a kernel backend fuses the first three
         o = self.ops.attend(self.layer_idx, positions, q, k, v, self.head_dim, cos_sin, self.q_norm, self.k_norm,
@@ -70,8 +70,9 @@ class MLP(nn.Module):
         self.gate_up_weight = new(2 * cfg.intermediate_size, cfg.hidden_size)  # [gate; up]
         self.down_weight = new(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.ops.linear(self.ops.silu_and_mul(self.ops.linear(x, self.gate_up_weight)), self.down_weight)
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """From the gate_up projection's output (run by the layer with the norm before it)."""
+        out = self.ops.silu_mul_linear(gate_up, self.down_weight)
         return out if self.tp is None else self.tp.all_reduce(out)
 
 
@@ -88,14 +89,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
                 cos_sin: torch.Tensor, meta: AttentionMetadata | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            x = self.ops.rms_norm(hidden, self.input_norm, self.eps)
-        else:
-            x, residual = self.ops.fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
-        x = self.self_attn(positions, x, cos_sin, meta)
-        x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_attn_norm, self.eps)
-        return self.mlp(x), residual
+        attn, mlp, ops = self.self_attn, self.mlp, self.ops
+        # residual None (first layer): no add, the residual stream starts as the embeddings
+        qkv, residual = ops.norm_linear(hidden, residual, self.input_norm, self.eps, attn.qkv_weight, attn.qkv_bias)
+        x = attn(positions, qkv, cos_sin, meta)
+        gate_up, residual = ops.norm_linear(x, residual, self.post_attn_norm, self.eps, mlp.gate_up_weight)
+        return mlp(gate_up), residual
 
 
 class DecoderModel(nn.Module):

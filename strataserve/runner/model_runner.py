@@ -190,14 +190,11 @@ class ModelRunner(ModelRunnerBase):
         return int(total * self.config.cache.gpu_memory_utilization) - peak - others
 
     def _tune_gemv(self) -> list:
-        """Batch-1 matmuls: cuBLAS or the Triton GEMV per weight shape, measured now (before graph capture)."""
-        from strataserve.runner.gemv_tuning import one_row_weights, tune_gemv
+        """Batch-1 matmuls: cuBLAS or the Triton GEMV per weight shape, then the norms / SiLU-mul before them as
+        GEMV prologues where that is faster, measured now (before graph capture)."""
+        from strataserve.runner.gemv_tuning import apply_tuning
 
-        if not envs.STRATA_GEMV_TUNE:
-            return []
-        choices = tune_gemv(one_row_weights(self.model))
-        self.plan.ops.gemv_plan = {c.shape: c.config for c in choices if c.config is not None}  # type: ignore
-        return choices
+        return apply_tuning(self.model, self.plan.ops) if envs.STRATA_GEMV_TUNE else []
 
     def _graph_step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                     block_tables: torch.Tensor, context_lens: torch.Tensor):

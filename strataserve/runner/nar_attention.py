@@ -95,6 +95,13 @@ class CanvasOps:
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return self.base.silu_and_mul(x)
 
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base.norm_linear(x, residual, norm_weight, eps, weight, bias)
+
+    def silu_mul_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self.base.silu_mul_linear(x, weight)
+
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                      cos_sin_cache: torch.Tensor) -> None:
         self.base.apply_rotary(positions, q, k, head_dim, cos_sin_cache)

@@ -59,6 +59,17 @@ class OpSet(Protocol):
         """x ``[T, 2I]`` = [gate | up] -> ``silu(gate) * up`` ``[T, I]``."""
         ...
 
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``linear(rms_norm(x + residual) * norm_weight, weight, bias)`` (no add when ``residual`` is None);
+        returns ``(output, x + residual)`` (or ``(output, x)``), the new residual stream. One call, so a backend can
+        run the norm inside the matmul. Implementations may reuse x/residual storage."""
+        ...
+
+    def silu_mul_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``linear(silu_and_mul(x), weight)``, one call, so a backend can fuse the activation into the matmul."""
+        ...
+
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                      cos_sin_cache: torch.Tensor) -> None:
         """Neox-style rotary, in place on q ``[T, Hq*D]`` and k ``[T, Hkv*D]`` (strided views of the qkv output).
@@ -105,6 +116,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int
     xv[..., half:] = o2
 
 
+def unfused_norm_linear(ops: OpSet, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                        eps: float, weight: torch.Tensor,
+                        bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``OpSet.norm_linear`` as separate ops: (add +) RMSNorm, then the matmul."""
+    if residual is None:
+        return ops.linear(ops.rms_norm(x, norm_weight, eps), weight, bias), x
+    h, residual = ops.fused_add_rms_norm(x, residual, norm_weight, eps)
+    return ops.linear(h, weight, bias), residual
+
+
+def unfused_silu_mul_linear(ops: OpSet, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``OpSet.silu_mul_linear`` as separate ops."""
+    return ops.linear(ops.silu_and_mul(x), weight)
+
+
 def unfused_attend(ops: OpSet, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None,
                    k_norm: torch.Tensor | None, eps: float, meta: AttentionMetadata | None) -> torch.Tensor:
@@ -147,6 +173,13 @@ class TorchOps:
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         return F.silu(x[:, :half]).mul_(x[:, half:])
+
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return unfused_norm_linear(self, x, residual, norm_weight, eps, weight, bias)
+
+    def silu_mul_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return unfused_silu_mul_linear(self, x, weight)
 
     def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,

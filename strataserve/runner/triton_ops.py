@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from strataserve.kernels.activation import silu_and_mul
 from strataserve.kernels.decode_attention import default_num_splits, paged_decode_attention
-from strataserve.kernels.gemv import GemvConfig, gemv
+from strataserve.kernels.gemv import GemvConfig, gemv, gemv_rms_norm, gemv_silu_mul
 from strataserve.kernels.kv_cache import store_kv
 from strataserve.kernels.prefill_attention import prefill_attention
 from strataserve.kernels.prefill_tiles import PREFILL_BLOCK_M
@@ -18,7 +18,7 @@ from strataserve.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from strataserve.kernels.rotary import apply_rotary
 from strataserve.kernels.rotary_kv import rotary_store_kv
 from strataserve.runner.attention import AttentionMetadata, TorchAttention
-from strataserve.runner.ops import unfused_attend
+from strataserve.runner.ops import unfused_attend, unfused_norm_linear, unfused_silu_mul_linear
 
 
 # Adaptive decode splits (run 8, docs/gpu_notes.md) pay between one and four programs per SM: 64 rows of 576
@@ -123,30 +123,53 @@ class TritonAttention:
         return out.view(t, hq * d)
 
 
+def _one_row(x: torch.Tensor) -> bool:
+    return x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous()
+
+
 class TritonOps:
     """Triton kernels behind the ``OpSet`` protocol (same semantics as ``TorchOps``).
 
     One-row matmuls (batch-1 decode): ``gemv_plan`` maps a weight shape [N, K] to the GEMV configuration that
     beat cuBLAS on it (``runner/gemv_tuning.py`` measures that at start-up); other shapes keep cuBLAS.
-    ``use_gemv`` forces the default GEMV for every shape (tests). ``fused_rope_kv`` (default on): (q/k norm,)
-    rotary and the KV store in one kernel; off, the unfused sequence (the before/after switch of the benchmarks).
+    ``use_gemv`` forces the default GEMV for every shape (tests). ``prologue_plan`` maps ``("norm", shape)`` /
+    ``("silu", shape)`` to the GEMV configuration that, with the RMSNorm (+ residual add) / SiLU-and-mul before
+    the projection as its prologue, beat that op's own launch + the plain matmul (measured at start-up too).
+    ``fused_rope_kv`` (default on): (q/k norm,) rotary and the KV store in one kernel; off, the unfused sequence
+    (the before/after switch of the benchmarks).
     """
 
     name = "triton"
 
     def __init__(self, attention: TritonAttention, use_gemv: bool = False,
-                 gemv_plan: dict[tuple[int, int], GemvConfig] | None = None, fused_rope_kv: bool = True) -> None:
+                 gemv_plan: dict[tuple[int, int], GemvConfig] | None = None, fused_rope_kv: bool = True,
+                 prologue_plan: dict[tuple[str, tuple[int, int]], GemvConfig] | None = None) -> None:
         self.attention = attention
         self.use_gemv = use_gemv
         self.gemv_plan = dict(gemv_plan or {})
+        self.prologue_plan = dict(prologue_plan or {})
         self.fused_rope_kv = fused_rope_kv
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if x.shape[0] == 1 and x.dim() == 2 and x.is_contiguous():
+        if _one_row(x):
             config = self.gemv_plan.get(tuple(weight.shape)) or (GemvConfig() if self.use_gemv else None)
             if config is not None:
                 return gemv(x, weight, bias, config)
         return F.linear(x, weight, bias)
+
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        config = self.prologue_plan.get(("norm", tuple(weight.shape)))
+        if (config is not None and _one_row(x) and norm_weight.dtype == x.dtype
+                and (residual is None or residual.is_contiguous())):
+            return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias, config)
+        return unfused_norm_linear(self, x, residual, norm_weight, eps, weight, bias)
+
+    def silu_mul_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        config = self.prologue_plan.get(("silu", tuple(weight.shape)))
+        if config is not None and _one_row(x):
+            return gemv_silu_mul(x, weight, config=config)
+        return unfused_silu_mul_linear(self, x, weight)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)

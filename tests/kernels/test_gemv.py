@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strataserve.kernels.gemv import GemvConfig, gemv, gemv_ref
+from strataserve.kernels.activation import silu_and_mul_ref
+from strataserve.kernels.gemv import GemvConfig, gemv, gemv_ref, gemv_rms_norm, gemv_silu_mul
+from strataserve.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 
 from ._helpers import DTYPES, assert_close
 
@@ -41,3 +43,48 @@ def test_gemv_bad_inputs(device):
         gemv(torch.randn(1, 8, device=device), w, torch.randn(5, device=device))
     with pytest.raises(ValueError, match="config: invalid"):
         gemv(torch.randn(1, 8, device=device), w, config=GemvConfig(split_k=0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,K,split,add,bias", [(37, 300, 1, True, False), (19, 1100, 3, True, True),
+                                                (24, 256, 2, False, False)])
+def test_gemv_rms_norm_prologue(device, dtype, N, K, split, add, bias):
+    """linear(rms_norm(x + residual)): the sum written out once (row block 0 of every split), inputs untouched."""
+    x = torch.randn(1, K, device=device, dtype=dtype)
+    r = torch.randn(1, K, device=device, dtype=dtype) if add else None
+    nw = torch.rand(K, device=device, dtype=dtype) + 0.5
+    w = torch.randn(N, K, device=device, dtype=dtype)
+    b = torch.randn(N, device=device, dtype=dtype) if bias else None
+    x0, r0 = x.clone(), None if r is None else r.clone()
+    y, s = gemv_rms_norm(x, r, nw, 1e-5, w, b, GemvConfig(block_n=8, block_k=64, split_k=split))
+    if add:
+        normed, want_s = fused_add_rms_norm_ref(x0, r0, nw, 1e-5)
+        assert torch.equal(s, want_s) and s.data_ptr() not in (x.data_ptr(), r.data_ptr())
+        assert torch.equal(r, r0)
+    else:
+        normed, want_s = rms_norm_ref(x0, nw, 1e-5), x0
+        assert s is x
+    assert torch.equal(x, x0)
+    assert_close(y, gemv_ref(normed, w, b), GEMV_TOL[dtype], "gemv with rms_norm prologue")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,K,split", [(37, 300, 1), (16, 700, 2)])
+def test_gemv_silu_mul_prologue(device, dtype, N, K, split):
+    x = torch.randn(1, 2 * K, device=device, dtype=dtype)
+    w = torch.randn(N, K, device=device, dtype=dtype)
+    y = gemv_silu_mul(x, w, config=GemvConfig(block_n=8, block_k=64, split_k=split))
+    assert_close(y, gemv_ref(silu_and_mul_ref(x), w), GEMV_TOL[dtype], "gemv with silu_mul prologue")
+
+
+def test_gemv_prologue_bad_inputs(device):
+    w = torch.randn(4, 8, device=device)
+    x = torch.randn(1, 8, device=device)
+    with pytest.raises(ValueError, match="norm_weight: expected"):
+        gemv_rms_norm(x, None, torch.ones(7, device=device), 1e-5, w)
+    with pytest.raises(ValueError, match="residual: expected"):
+        gemv_rms_norm(x, torch.randn(1, 7, device=device), torch.ones(8, device=device), 1e-5, w)
+    with pytest.raises(ValueError, match="use F.linear for more rows"):
+        gemv_rms_norm(torch.randn(2, 8, device=device), None, torch.ones(8, device=device), 1e-5, w)
+    with pytest.raises(ValueError, match=r"weight: expected \[N, 8\]"):
+        gemv_silu_mul(x, w)  # [gate | up] of width 8 needs K = 4

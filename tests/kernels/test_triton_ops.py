@@ -80,16 +80,21 @@ _SPLIT_K = GemvConfig(block_n=8, block_k=32, split_k=2)
                          ids=["llama3", "qwen3", "qwen3-unfused-run5", "llama3-adaptive-splits"])
 def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant):
     """fused: (q/k norm +) rotary + KV store in one kernel, the batch-1 step's matmuls through a split-K GEMV plan
-    (as the start-up tuning would install) and the default GEMV; unfused: the run-5 sequence of kernels."""
+    (as the start-up tuning would install) and the default GEMV, the norms and SiLU-mul as GEMV prologues;
+    unfused: the run-5 sequence of kernels."""
     dt = torch.float32
     models, caches = {}, {}
-    plan = {(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size): _SPLIT_K, (cfg.hidden_size, cfg.q_size): _SPLIT_K}
+    qkv, h, i = (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size), cfg.hidden_size, cfg.intermediate_size
+    plan = {qkv: _SPLIT_K, (h, cfg.q_size): _SPLIT_K}
+    prologues = {("norm", qkv): _SPLIT_K, ("norm", (2 * i, h)): GemvConfig(block_n=16, block_k=32),
+                 ("silu", (h, i)): _SPLIT_K}
     # num_sms=1 keeps the interpreter's program count small: 4 splits per decode row (fused), 1 (run-5 launch)
     # adaptive: 1 SM, so every decode step here (2-4 programs) takes the in-kernel split choice (decode_launch)
     fused = variant != "unfused"
     triton_ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, num_sms=1,
                                            long_first=fused, split_target=6 if variant == "adaptive" else 0),
-                           use_gemv=True, gemv_plan=plan if fused else None, fused_rope_kv=fused)
+                           use_gemv=True, gemv_plan=plan if fused else None, fused_rope_kv=fused,
+                           prologue_plan=prologues if variant == "fused" else None)
     for name, ops in (("torch", TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))),
                       ("triton", triton_ops)):
         models[name] = build_random_model(cfg, dt, device, ops=ops, seed=3)

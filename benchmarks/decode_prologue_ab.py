@@ -1,0 +1,44 @@
+"""Batch-1 decode with and without the GEMV prologues (run 16), in one process, alternating which goes first.
+
+``gpu_model_bench.decode_bench`` in hybrid mode (CUDA graphs, start-up tuning as the runner does it): 512-token
+prompt, 128 greedy steps. ``prologue`` lets the tuning fuse the RMSNorm (+ add) / SiLU-mul into the following
+GEMV where that measured faster; ``separate`` is the code before run 16 (``STRATA_GEMV_PROLOGUE=0``). One JSON
+line per (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
+
+    python benchmarks/decode_prologue_ab.py --shapes 8b,0.6b --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+import gpu_kernels_bench as kb  # noqa: E402
+import gpu_model_bench as mb  # noqa: E402
+from strataserve import envs  # noqa: E402
+
+CONFIGS = {"8b": mb.llama31_8b, "0.6b": mb.qwen3_06b}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="8b,0.6b")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch", type=int, default=1)
+    args = p.parse_args()
+    bw = kb.copy_bandwidth()
+    for shape in args.shapes.split(","):
+        cfg = CONFIGS[shape]()
+        for rnd in range(args.rounds):
+            for variant in (("prologue", "separate") if rnd % 2 == 0 else ("separate", "prologue")):
+                envs.STRATA_GEMV_PROLOGUE = variant == "prologue"  # read by apply_tuning when the model is set up
+                r = mb.decode_bench(cfg, "hybrid", args.batch, bw)
+                print(json.dumps({"bench": "decode_prologue_ab", "shape": shape, "round": rnd, "variant": variant,
+                                  "copy_TBps": round(bw / 1e12, 3), **r}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
