@@ -1,9 +1,10 @@
 """Batch-1 decode with and without the GEMV prologues (run 16), in one process, alternating which goes first.
 
 ``gpu_model_bench.decode_bench`` in hybrid mode (CUDA graphs, start-up tuning as the runner does it): 512-token
-prompt, 128 greedy steps. ``prologue`` lets the tuning fuse the RMSNorm (+ add) / SiLU-mul into the following
-GEMV where that measured faster; ``separate`` is the code before run 16 (``STRATA_GEMV_PROLOGUE=0``). One JSON
-line per (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
+prompt, 128 greedy steps. ``prologue`` (the default) lets the tuning fuse the RMSNorm (+ add) / SiLU-mul into the
+following GEMV where that measured faster; ``separate`` is ``STRATA_GEMV_PROLOGUE=0``; ``before`` is the code
+before run 16 (no prologues, run 15's GEMV candidates: no evict-first loads, no 32-row blocks). One JSON line per
+(shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
     python benchmarks/decode_prologue_ab.py --shapes 8b,0.6b --rounds 3
 """
@@ -19,6 +20,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import gpu_kernels_bench as kb  # noqa: E402
 import gpu_model_bench as mb  # noqa: E402
 from strataserve import envs  # noqa: E402
+from strataserve.runner import gemv_tuning  # noqa: E402
 
 CONFIGS = {"8b": mb.llama31_8b, "0.6b": mb.qwen3_06b}
 
@@ -28,13 +30,18 @@ def main() -> None:
     p.add_argument("--shapes", default="8b,0.6b")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--variants", default="prologue,separate,before")
     args = p.parse_args()
     bw = kb.copy_bandwidth()
     for shape in args.shapes.split(","):
         cfg = CONFIGS[shape]()
+        final = gemv_tuning.CANDIDATES
         for rnd in range(args.rounds):
-            for variant in (("prologue", "separate") if rnd % 2 == 0 else ("separate", "prologue")):
-                envs.STRATA_GEMV_PROLOGUE = variant == "prologue"  # read by apply_tuning when the model is set up
+            order = args.variants.split(",")
+            for variant in (order if rnd % 2 == 0 else order[::-1]):
+                # read by apply_tuning / tune_gemv when the model is set up
+                envs.STRATA_GEMV_PROLOGUE = variant == "prologue"
+                gemv_tuning.CANDIDATES = gemv_tuning.CANDIDATES_R15 if variant == "before" else final
                 r = mb.decode_bench(cfg, "hybrid", args.batch, bw)
                 print(json.dumps({"bench": "decode_prologue_ab", "shape": shape, "round": rnd, "variant": variant,
                                   "copy_TBps": round(bw / 1e12, 3), **r}), flush=True)

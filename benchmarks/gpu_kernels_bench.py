@@ -199,10 +199,11 @@ def gemv_sweep(bw: float, shapes: dict | None = None, configs: list | None = Non
         t = _graph_t([lambda w=w: torch.nn.functional.linear(x, w) for w in ws])
         row["cublas_frac_copy_bw"] = round(nbytes / t / bw, 3)
         best = None
-        for bn, bk, sk, nw, ns in configs:
-            name_c = f"bn{bn}_bk{bk}_sk{sk}_w{nw}_s{ns}"
+        for cfg in configs:  # (block_n, block_k, split_k, warps, stages[, evict_first])
+            c = GemvConfig(*cfg)
+            name_c = (f"bn{c.block_n}_bk{c.block_k}_sk{c.split_k}_w{c.num_warps}_s{c.num_stages}"
+                      + ("_ef" if c.evict_first else ""))
             try:
-                c = GemvConfig(bn, bk, sk, nw, ns)
                 t = _graph_t([lambda w=w, c=c: gemv(x, w, config=c) for w in ws])
                 frac = round(nbytes / t / bw, 3)
                 row[name_c] = frac

@@ -38,7 +38,7 @@ _NORM, _ADD_NORM, _SILU_MUL = tl.constexpr(NORM), tl.constexpr(ADD_NORM), tl.con
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, N, K, w_sn, k_per_split, eps,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
     """Rows [pid0 * BLOCK_N, +BLOCK_N) over the K range of split pid1. SPLIT == 1: write y (+ bias) directly;
     else write float32 partial sums to y_ptr [SPLIT, N] for ``_gemv_reduce_kernel``. PROLOGUE: the input is x
     (NO_PROLOGUE), rms_norm(x) * nw (NORM), rms_norm(x + r) * nw with x + r written to ro (ADD_NORM, by the
@@ -75,7 +75,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, N, K, w_sn, 
         elif PROLOGUE == _SILU_MUL:
             u = tl.load(x_ptr + K + cols, mask=cmask, other=0.0).to(tl.float32)
             x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
-        w = tl.load(wrow + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        w = tl.load(wrow + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0,
+                    eviction_policy=EVICT).to(tl.float32)
         acc += w * x[None, :]
     y = tl.sum(acc, axis=1)
     if SPLIT == 1:
@@ -110,6 +111,7 @@ class GemvConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    evict_first: bool = False  # stream W past L2 (read once), so x and the partials stay cached
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -175,7 +177,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, c:
     _gemv_kernel[(triton.cdiv(N, c.block_n), split)](
         x, weight, b, out, x if r is None else r, x if nw is None else nw, x if ro is None else ro, N, K,
         weight.stride(0), k_per_split, eps, HAS_BIAS=bias is not None, SPLIT=split, PROLOGUE=prologue,
-        BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
+        BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "", num_warps=c.num_warps,
+        num_stages=c.num_stages)
     if split > 1:
         _gemv_reduce_kernel[(triton.cdiv(N, 1024),)](out, b, y, N, HAS_BIAS=bias is not None, SPLIT=split,
                                                      BLOCK=1024, num_warps=4)

@@ -12,9 +12,11 @@ Llama-3.1-8B shape (0.90-0.96x: there the saved ~2 us launch is smaller than cuB
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,13 +28,17 @@ from strataserve.kernels.rms_norm import fused_add_rms_norm
 log = logging.getLogger(__name__)
 
 # The configurations that won some shape in the run-6 sweep of 16 (8B and 0.6B projections, docs/gpu_notes.md):
-# split-K for the shapes with few rows, plain row blocks for the tall ones.
-CANDIDATES = (GemvConfig(16, 512, 1, 4, 3), GemvConfig(16, 512, 2, 4, 3), GemvConfig(4, 512, 1, 4, 4),
-              GemvConfig(16, 1024, 2, 8, 3), GemvConfig(8, 1024, 1, 8, 3), GemvConfig(16, 512, 3, 4, 4))
-# The same for the GEMV with a prologue: in run 16's sweep (``benchmarks/gemv_prologue_ab.py``, which adds taller
-# row blocks: fewer programs re-reading the x row for the RMS statistics) those won only shapes where the fused
-# kernel lost anyway (the 8B shape's), so start-up compiles no more than these.
+# split-K for the shapes with few rows, plain row blocks for the tall ones; plus 32-row blocks (run 16's sweep of
+# 96: the best on gate_up and down). All read the weights evict-first: a decode step reads each matrix once, and in
+# run 16's sweep that made the best configuration 2-4% faster on every 8B shape.
+CANDIDATES = tuple(GemvConfig(*c, evict_first=True) for c in (
+    (16, 512, 1, 4, 3), (16, 512, 2, 4, 3), (4, 512, 1, 4, 4), (16, 1024, 2, 8, 3), (8, 1024, 1, 8, 3),
+    (16, 512, 3, 4, 4), (32, 512, 1, 4, 4), (32, 512, 2, 4, 4)))
+# The GEMV with a prologue tries the same set (``benchmarks/gemv_prologue_ab.py`` adds taller row blocks, which
+# re-read the x row for the RMS statistics in fewer programs: they won only where the fused kernel lost anyway).
 PROLOGUE_CANDIDATES = CANDIDATES
+# The same set without evict-first loads and the 32-row block: the code before run 16 (benchmarks' "before").
+CANDIDATES_R15 = tuple(GemvConfig(c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages) for c in CANDIDATES[:6])
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class ShapeChoice:
     best_us: float
     config: GemvConfig | None  # None: the baseline stays
     prologue: str = ""  # "", "norm" or "silu"
+    ranked: tuple[GemvConfig, ...] = ()  # plain GEMVs: the fastest configurations, best first (not kept on disk)
 
 
 def one_row_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.Tensor]]:
@@ -89,26 +96,30 @@ def _graph_seconds(fn, reps: int) -> float:
 
 
 @torch.inference_mode()
-def tune_gemv(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=CANDIDATES, min_gain: float = 0.03,
+def tune_gemv(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=None, min_gain: float = 0.03,
               reps: int = 5) -> list[ShapeChoice]:
-    """Measure cuBLAS and every candidate per shape; return the choice for each (CUDA only)."""
+    """Measure cuBLAS and every candidate (default ``CANDIDATES``) per shape; return the choice for each (CUDA
+    only)."""
+    candidates = candidates or CANDIDATES
     choices = []
     t0 = time.perf_counter()
     for shape, ws in weights.items():
         x = torch.randn(1, shape[1], dtype=ws[0].dtype, device=ws[0].device)
         n = len(ws)
         t_cublas = _graph_seconds(lambda: [F.linear(x, w) for w in ws], reps) / n
-        best_t, best_c = float("inf"), None
+        timed: list[tuple[float, GemvConfig]] = []
         for c in candidates:
             try:
                 t = _graph_seconds(lambda c=c: [gemv(x, w, config=c) for w in ws], reps) / n
             except Exception as exc:  # a config the GPU cannot run (e.g. out of shared memory) just loses
                 log.debug("gemv %s on %s failed: %s", c, shape, exc)
                 continue
-            if t < best_t:
-                best_t, best_c = t, c
+            timed.append((t, c))
+        timed.sort(key=lambda tc: tc[0])
+        best_t, best_c = timed[0] if timed else (float("inf"), None)
         chosen = best_c if best_t < t_cublas * (1 - min_gain) else None
-        choices.append(ShapeChoice(shape, t_cublas * 1e6, best_t * 1e6, chosen))
+        choices.append(ShapeChoice(shape, t_cublas * 1e6, best_t * 1e6, chosen,
+                                   ranked=tuple(c for _, c in timed[:2])))
     log.info("batch-1 GEMV tuning (%.1f s): %s", time.perf_counter() - t0,
              "; ".join(f"{c.shape}: cuBLAS {c.cublas_us:.1f} us, best GEMV {c.best_us:.1f} us -> "
                        f"{'GEMV ' + str(c.config) if c.config else 'cuBLAS'}" for c in choices))
@@ -117,10 +128,14 @@ def tune_gemv(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=CAN
 
 @torch.inference_mode()
 def tune_prologues(weights: dict[tuple[str, tuple[int, int]], list[torch.Tensor]],
-                   plain: dict[tuple[int, int], GemvConfig], candidates=PROLOGUE_CANDIDATES, min_gain: float = 0.03,
-                   reps: int = 5) -> list[ShapeChoice]:
+                   plain: dict[tuple[int, int], GemvConfig], candidates=None, min_gain: float = 0.03,
+                   reps: int = 5, ranked: dict[tuple[int, int], tuple[GemvConfig, ...]] | None = None
+                   ) -> list[ShapeChoice]:
     """Per (prologue, shape): the op's kernel + the matmul ``plain`` chose (cuBLAS when absent) against the GEMV
-    with the op as its prologue in each candidate configuration (CUDA only)."""
+    with the op as its prologue in each candidate configuration (CUDA only). Candidates: ``ranked[shape]`` (the
+    plain GEMV's fastest configurations for that shape: in run 16 the fused kernel's best was always among them,
+    and each candidate is a compile on an empty Triton cache) when given, else ``candidates``, else
+    ``PROLOGUE_CANDIDATES``."""
     choices = []
     t0 = time.perf_counter()
     for (kind, shape), ws in weights.items():
@@ -128,6 +143,7 @@ def tune_prologues(weights: dict[tuple[str, tuple[int, int]], list[torch.Tensor]
         x = torch.randn(1, shape[1] * (2 if kind == "silu" else 1), dtype=dt, device=dev)
         r, nw = torch.randn(1, shape[1], dtype=dt, device=dev), torch.ones(shape[1], dtype=dt, device=dev)
         c0 = plain.get(shape)
+        configs = (ranked or {}).get(shape) or candidates or PROLOGUE_CANDIDATES
 
         def mm(a, w):
             return gemv(a, w, config=c0) if c0 is not None else F.linear(a, w)
@@ -137,7 +153,7 @@ def tune_prologues(weights: dict[tuple[str, tuple[int, int]], list[torch.Tensor]
         else:  # in place, as in the decoder: r grows over the replays, harmless (no value-dependent work)
             t_base = _graph_seconds(lambda: [mm(fused_add_rms_norm(x, r, nw, 1e-6)[0], w) for w in ws], reps) / n
         best_t, best_c = float("inf"), None
-        for c in candidates:
+        for c in configs:
             fused = ((lambda c=c: [gemv_silu_mul(x, w, config=c) for w in ws]) if kind == "silu" else
                      (lambda c=c: [gemv_rms_norm(x, r, nw, 1e-6, w, config=c) for w in ws]))
             try:
@@ -157,13 +173,61 @@ def tune_prologues(weights: dict[tuple[str, tuple[int, int]], list[torch.Tensor]
 
 def apply_tuning(model: torch.nn.Module, ops) -> list[ShapeChoice]:
     """Tune ``model``'s batch-1 matmuls (and, with ``STRATA_GEMV_PROLOGUE``, their prologues) and install the
-    winners in its ``TritonOps``; returns every choice (for the start-up log and benchmarks)."""
+    winners in its ``TritonOps``; returns every choice (for the start-up log and benchmarks). The choices are kept
+    on disk (``runner/tuning_cache.py``): a restart on the same GPU, versions and shapes reuses them, which spares
+    the timing and, on an empty Triton cache, compiling every candidate (~13 s for the 8B shape, run 16)."""
     from strataserve import envs
+    from strataserve.runner import tuning_cache
 
-    choices = tune_gemv(one_row_weights(model))
-    ops.gemv_plan = {c.shape: c.config for c in choices if c.config is not None}
-    if envs.STRATA_GEMV_PROLOGUE:
-        fused = tune_prologues(prologue_weights(model), ops.gemv_plan)
-        ops.prologue_plan = {(c.prologue, c.shape): c.config for c in fused if c.config is not None}
-        choices += fused
+    plain = one_row_weights(model)
+    fused = prologue_weights(model) if envs.STRATA_GEMV_PROLOGUE else {}
+    key = _record_key(plain, fused)
+    path = tuning_cache.record_path("gemv", key)
+    record = tuning_cache.load(path)
+    choices = _from_record(record) if record is not None else None
+    if choices is None:
+        choices = tune_gemv(plain)
+        if fused:
+            choices += tune_prologues(fused, {c.shape: c.config for c in choices if c.config is not None},
+                                      ranked={c.shape: c.ranked for c in choices})
+        tuning_cache.save(path, key, [_to_record(c) for c in choices])
+    else:
+        log.info("batch-1 GEMV choices from %s: %d GEMV, %d prologue", path,
+                 sum(1 for c in choices if c.config and not c.prologue),
+                 sum(1 for c in choices if c.config and c.prologue))
+    ops.gemv_plan = {c.shape: c.config for c in choices if c.config is not None and not c.prologue}
+    ops.prologue_plan = {(c.prologue, c.shape): c.config for c in choices if c.config is not None and c.prologue}
     return choices
+
+
+def _record_key(plain: dict, fused: dict) -> dict:
+    """Everything the measured choice depends on."""
+    import triton
+
+    from strataserve.kernels import gemv as gemv_module
+
+    w = next(iter(plain.values()))[0]
+    dev = w.device
+    return {"gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
+            "capability": torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
+            "dtype": str(w.dtype), "torch": torch.__version__, "triton": triton.__version__,
+            "kernel": hashlib.sha256(Path(gemv_module.__file__).read_bytes()).hexdigest()[:16],
+            "plain": sorted([list(s), len(ws)] for s, ws in plain.items()),
+            "prologue": sorted([k, list(s), len(ws)] for (k, s), ws in fused.items()),
+            "candidates": [asdict(c) for c in CANDIDATES], "prologue_candidates": [asdict(c) for c in
+                                                                                   PROLOGUE_CANDIDATES]}
+
+
+def _to_record(c: ShapeChoice) -> dict:
+    return {"shape": list(c.shape), "baseline_us": c.cublas_us, "best_us": c.best_us, "prologue": c.prologue,
+            "config": asdict(c.config) if c.config is not None else None}
+
+
+def _from_record(rows) -> list[ShapeChoice] | None:
+    try:
+        return [ShapeChoice(tuple(r["shape"]), float(r["baseline_us"]), float(r["best_us"]),
+                            GemvConfig(**r["config"]) if r["config"] is not None else None, str(r["prologue"]))
+                for r in rows]
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("ignoring a malformed GEMV tuning record (%s): measuring again", exc)
+        return None
