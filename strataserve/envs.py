@@ -48,7 +48,8 @@ STRATA_STEP_LOG: str | None = os.environ.get("STRATA_STEP_LOG") or None
 #: "0": CPU attention gathers K/V through the block tables and runs SDPA (the path before the C kernel of
 #: ``runner/cpu_paged_attention.c``, which reads the blocks in place; the benchmarks' "before" and an escape hatch).
 STRATA_CPU_ATTENTION: bool = os.environ.get("STRATA_CPU_ATTENTION", "1") != "0"
-#: where compiled CPU kernels are kept (one file per source, compiler and CPU).
+#: where compiled CPU kernels (one file per source, compiler and CPU) and the GPU's batch-1 GEMV tuning choices
+#: (``runner/tuning_cache.py``, one file per GPU, versions and shapes) are kept; delete it to measure afresh.
 STRATA_KERNEL_CACHE: str = os.environ.get("STRATA_KERNEL_CACHE") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "strataserve", "kernels")
 
