@@ -20,9 +20,13 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import gpu_kernels_bench as kb  # noqa: E402
 import gpu_model_bench as mb  # noqa: E402
 from strataserve import envs  # noqa: E402
+from strataserve.kernels.gemv import GemvConfig  # noqa: E402
 from strataserve.runner import gemv_tuning  # noqa: E402
 
 CONFIGS = {"8b": mb.llama31_8b, "0.6b": mb.qwen3_06b}
+# run 15's candidates (the "before" variant): no evict-first loads, no 32-row blocks
+CANDIDATES_R15 = tuple(GemvConfig(*c) for c in ((16, 512, 1, 4, 3), (16, 512, 2, 4, 3), (4, 512, 1, 4, 4),
+                                               (16, 1024, 2, 8, 3), (8, 1024, 1, 8, 3), (16, 512, 3, 4, 4)))
 
 
 def main() -> None:
@@ -41,7 +45,7 @@ def main() -> None:
             for variant in (order if rnd % 2 == 0 else order[::-1]):
                 # read by apply_tuning / tune_gemv when the model is set up
                 envs.STRATA_GEMV_PROLOGUE = variant == "prologue"
-                gemv_tuning.CANDIDATES = gemv_tuning.CANDIDATES_R15 if variant == "before" else final
+                gemv_tuning.CANDIDATES = CANDIDATES_R15 if variant == "before" else final
                 r = mb.decode_bench(cfg, "hybrid", args.batch, bw)
                 print(json.dumps({"bench": "decode_prologue_ab", "shape": shape, "round": rnd, "variant": variant,
                                   "copy_TBps": round(bw / 1e12, 3), **r}), flush=True)

@@ -28,7 +28,7 @@ from strataserve.kernels.activation import silu_and_mul  # noqa: E402
 from strataserve.kernels.gemv import gemv, gemv_rms_norm, gemv_silu_mul  # noqa: E402
 from strataserve.kernels.rms_norm import fused_add_rms_norm  # noqa: E402
 from strataserve.kernels.gemv import GemvConfig  # noqa: E402
-from strataserve.runner.gemv_tuning import CANDIDATES, _graph_seconds  # noqa: E402
+from strataserve.runner.gemv_tuning import CANDIDATES, _graph_seconds, rank_configs  # noqa: E402
 
 # run 16 swept these beside the runner's candidates: taller row blocks, fewer programs re-reading x for the norm
 TALL = (GemvConfig(32, 512, 1, 4, 3), GemvConfig(32, 256, 1, 4, 4), GemvConfig(64, 256, 1, 8, 3),
@@ -72,14 +72,8 @@ def run_shape(shape: str, args: argparse.Namespace) -> None:
         return lambda: [gemv_rms_norm(x, r, nw, 1e-5, w, config=c) for w in ws]
 
     def best(make) -> tuple[float, str]:
-        out = []
-        for c in configs:
-            try:
-                out.append((_graph_seconds(make(c), args.reps) / LAYERS * 1e6, c))
-            except Exception as exc:  # a configuration the GPU cannot run loses
-                print(f"# {c}: {exc}", file=sys.stderr)
-        t, c = min(out, key=lambda tc: tc[0])
-        return t, f"{c.block_n}x{c.block_k}/s{c.split_k}/w{c.num_warps}/st{c.num_stages}"
+        t, c = rank_configs(make, configs, args.reps, LAYERS)[0]  # the runner's own ranking
+        return t * 1e6, f"{c.block_n}x{c.block_k}/s{c.split_k}/w{c.num_warps}/st{c.num_stages}"
 
     for rnd in range(args.rounds):
         for name in ("qkv", "gate_up", "down"):

@@ -163,7 +163,7 @@ def decode_bench(cfg: DecoderConfig, mode: str, batch: int, bw: float, prompt: i
     out = {"batch": batch, "mode": mode, "tok_per_s": round(batch * new / t, 1), "ms_per_step": round(ms, 3),
            "floor_ms": round(floor_ms, 3), "roofline_fraction": round(floor_ms / ms, 3),
            "graph_capture_s": round(t_cap, 2),
-           "gemv": {f"{c.prologue}{c.shape[0]}x{c.shape[1]}": [round(c.cublas_us, 1), round(c.best_us, 1),
+           "gemv": {f"{c.prologue}{c.shape[0]}x{c.shape[1]}": [round(c.baseline_us, 1), round(c.best_us, 1),
                                                                str(c.config) if c.config else "baseline"]
                     for c in s.gemv_choices}}
     del s

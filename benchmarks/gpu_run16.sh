@@ -37,11 +37,12 @@ if phase decode; then
   tail -2 "$OUTDIR/decode_prologue_ab.err"
 fi
 if phase tts; then
+  i=0
   for v in tuned untuned untuned tuned; do
-    tune=1; [ $v = untuned ] && tune=0
+    i=$((i + 1)); tune=1; [ $v = untuned ] && tune=0
     STRATA_GEMV_TUNE=$tune SKIP_REF=1 SKIP_FASTER=1 SHAPES=${TTS_SHAPES:-0.6B,1.7B} BATCHES=1,8 ROUNDS=1 FRAMES=64 \
-      timeout 200 python3 benchmarks/tts_bench.py > "$OUTDIR/tts_$v.log" 2>&1
-    echo "$v rc=$?"; grep -h -E "TTSBENCH" "$OUTDIR/tts_$v.log" | cut -c1-220 | tail -8
+      timeout 200 python3 benchmarks/tts_bench.py > "$OUTDIR/tts_${i}_$v.log" 2>&1  # (16e: one log per variant)
+    echo "$v rc=$?"; grep -h -E "TTSBENCH" "$OUTDIR/tts_${i}_$v.log" | cut -c1-220 | tail -8
   done
 fi
 if phase ttsab; then

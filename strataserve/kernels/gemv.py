@@ -117,7 +117,9 @@ class GemvConfig:
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          config: GemvConfig = GemvConfig()) -> torch.Tensor:
     """``x`` [1, K] (or [K]) times ``weight`` [N, K]^T -> [1, N] (or [N]); like ``F.linear`` for one row."""
-    _check_row("x", x, weight.shape[1] if weight.dim() == 2 else -1)
+    _check_row(x)
+    check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],
+          f"weight: expected [N, {x.shape[-1]}], got {tuple(weight.shape)}")
     return _launch(x, weight, bias, config, NO_PROLOGUE)
 
 
@@ -128,8 +130,9 @@ def gemv_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
 
     Returns ``(y, s)`` with ``s = x + residual`` (a new tensor; x and residual are left as they are), or
     ``s = x`` when ``residual`` is None (no add: the first layer)."""
-    k = weight.shape[1] if weight.dim() == 2 else -1
-    _check_row("x", x, k)
+    _check_row(x)
+    check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],
+          f"weight: expected [N, {x.shape[-1]}], got {tuple(weight.shape)}")
     check(norm_weight.shape == (x.shape[-1],) and norm_weight.is_contiguous(),
           f"norm_weight: expected contiguous shape ({x.shape[-1]},), got {tuple(norm_weight.shape)}")
     check(norm_weight.dtype == x.dtype, f"norm_weight dtype {norm_weight.dtype} differs from x's {x.dtype}")
@@ -146,17 +149,18 @@ def gemv_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
 def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   config: GemvConfig = GemvConfig()) -> torch.Tensor:
     """``linear(silu(gate) * up, weight, bias)`` for one row ``x`` = [gate | up] of width 2K, in one launch."""
-    check(weight.dim() == 2, f"weight: expected [N, K], got shape {tuple(weight.shape)}")
-    _check_row("x", x, 2 * weight.shape[1])
+    _check_row(x)
+    check(x.shape[-1] % 2 == 0 and weight.dim() == 2 and weight.shape[1] == x.shape[-1] // 2,
+          f"weight: expected [N, {x.shape[-1] // 2}] (half of x's [gate | up] width {x.shape[-1]}), got "
+          f"{tuple(weight.shape)}")
     return _launch(x, weight, bias, config, SILU_MUL)
 
 
-def _check_row(name: str, x: torch.Tensor, k: int) -> None:
-    check_float(name, x)
+def _check_row(x: torch.Tensor) -> None:
+    check_float("x", x)
     check(x.dim() in (1, 2) and (x.dim() == 1 or x.shape[0] == 1),
-          f"{name}: expected [K] or [1, K], got {tuple(x.shape)}; use F.linear for more rows")
-    check(x.shape[-1] == k, f"weight: expected [N, {x.shape[-1]}] (for {name} of width {x.shape[-1]}), got K={k}")
-    check(x.stride(-1) == 1, f"{name}: must be contiguous")
+          f"x: expected [K] or [1, K], got {tuple(x.shape)}; use F.linear for more rows")
+    check(x.stride(-1) == 1, "x: must be contiguous")
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, c: GemvConfig, prologue: int,

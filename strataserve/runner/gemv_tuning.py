@@ -38,18 +38,16 @@ CANDIDATES = tuple(GemvConfig(*c, evict_first=True) for c in (
 # The GEMV with a prologue tries the same set (``benchmarks/gemv_prologue_ab.py`` adds taller row blocks, which
 # re-read the x row for the RMS statistics in fewer programs: they won only where the fused kernel lost anyway).
 PROLOGUE_CANDIDATES = CANDIDATES
-# The same set without evict-first loads and the 32-row block: the code before run 16 (benchmarks' "before").
-CANDIDATES_R15 = tuple(GemvConfig(c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages) for c in CANDIDATES[:6])
 
 
 @dataclass(frozen=True)
 class ShapeChoice:
     shape: tuple[int, int]
-    cublas_us: float  # the baseline: cuBLAS (plain), the op's kernel + the chosen matmul (prologues)
+    baseline_us: float  # cuBLAS (plain GEMVs); the op's own kernel + the matmul chosen for the shape (prologues)
     best_us: float
     config: GemvConfig | None  # None: the baseline stays
     prologue: str = ""  # "", "norm" or "silu"
-    ranked: tuple[GemvConfig, ...] = ()  # plain GEMVs: the fastest configurations, best first (not kept on disk)
+    ranked: tuple[GemvConfig, ...] = ()  # the two fastest configurations, best first (not kept on disk)
 
 
 def one_row_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.Tensor]]:
@@ -96,33 +94,41 @@ def _graph_seconds(fn, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def rank_configs(make, candidates, reps: int = 5, n: int = 1) -> list[tuple[float, GemvConfig]]:
+    """``(seconds per call, config)`` of every candidate that runs, fastest first: ``make(config)`` returns a
+    function doing ``n`` calls, timed in a CUDA graph. A configuration the GPU cannot run (e.g. out of shared
+    memory) is left out."""
+    timed = []
+    for c in candidates:
+        try:
+            timed.append((_graph_seconds(make(c), reps) / n, c))
+        except Exception as exc:  # noqa: BLE001 - any compile or launch failure just loses
+            log.debug("gemv %s failed: %s", c, exc)
+    return sorted(timed, key=lambda tc: tc[0])
+
+
+def _choice(shape: tuple[int, int], t_base: float, timed: list[tuple[float, GemvConfig]], min_gain: float,
+            prologue: str = "") -> ShapeChoice:
+    best_t, best_c = timed[0] if timed else (float("inf"), None)
+    return ShapeChoice(shape, t_base * 1e6, best_t * 1e6, best_c if best_t < t_base * (1 - min_gain) else None,
+                       prologue, tuple(c for _, c in timed[:2]))
+
+
 @torch.inference_mode()
 def tune_gemv(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=None, min_gain: float = 0.03,
               reps: int = 5) -> list[ShapeChoice]:
     """Measure cuBLAS and every candidate (default ``CANDIDATES``) per shape; return the choice for each (CUDA
     only)."""
-    candidates = candidates or CANDIDATES
     choices = []
     t0 = time.perf_counter()
     for shape, ws in weights.items():
         x = torch.randn(1, shape[1], dtype=ws[0].dtype, device=ws[0].device)
-        n = len(ws)
-        t_cublas = _graph_seconds(lambda: [F.linear(x, w) for w in ws], reps) / n
-        timed: list[tuple[float, GemvConfig]] = []
-        for c in candidates:
-            try:
-                t = _graph_seconds(lambda c=c: [gemv(x, w, config=c) for w in ws], reps) / n
-            except Exception as exc:  # a config the GPU cannot run (e.g. out of shared memory) just loses
-                log.debug("gemv %s on %s failed: %s", c, shape, exc)
-                continue
-            timed.append((t, c))
-        timed.sort(key=lambda tc: tc[0])
-        best_t, best_c = timed[0] if timed else (float("inf"), None)
-        chosen = best_c if best_t < t_cublas * (1 - min_gain) else None
-        choices.append(ShapeChoice(shape, t_cublas * 1e6, best_t * 1e6, chosen,
-                                   ranked=tuple(c for _, c in timed[:2])))
+        t_cublas = _graph_seconds(lambda: [F.linear(x, w) for w in ws], reps) / len(ws)
+        timed = rank_configs(lambda c: lambda: [gemv(x, w, config=c) for w in ws], candidates or CANDIDATES, reps,
+                             len(ws))
+        choices.append(_choice(shape, t_cublas, timed, min_gain))
     log.info("batch-1 GEMV tuning (%.1f s): %s", time.perf_counter() - t0,
-             "; ".join(f"{c.shape}: cuBLAS {c.cublas_us:.1f} us, best GEMV {c.best_us:.1f} us -> "
+             "; ".join(f"{c.shape}: cuBLAS {c.baseline_us:.1f} us, best GEMV {c.best_us:.1f} us -> "
                        f"{'GEMV ' + str(c.config) if c.config else 'cuBLAS'}" for c in choices))
     return choices
 
@@ -144,30 +150,20 @@ def tune_prologues(weights: dict[tuple[str, tuple[int, int]], list[torch.Tensor]
         x = torch.randn(1, shape[1] * (2 if kind == "silu" else 1), dtype=dt, device=dev)
         r, nw = torch.randn(1, shape[1], dtype=dt, device=dev), torch.ones(shape[1], dtype=dt, device=dev)
         c0 = plain.get(shape)
-        configs = (ranked or {}).get(shape) or candidates or PROLOGUE_CANDIDATES
 
         def mm(a, w):
             return gemv(a, w, config=c0) if c0 is not None else F.linear(a, w)
 
         if kind == "silu":
             t_base = _graph_seconds(lambda: [mm(silu_and_mul(x), w) for w in ws], reps) / n
+            fused = lambda c: lambda: [gemv_silu_mul(x, w, config=c) for w in ws]  # noqa: E731
         else:  # in place, as in the decoder: r grows over the replays, harmless (no value-dependent work)
             t_base = _graph_seconds(lambda: [mm(fused_add_rms_norm(x, r, nw, 1e-6)[0], w) for w in ws], reps) / n
-        best_t, best_c = float("inf"), None
-        for c in configs:
-            fused = ((lambda c=c: [gemv_silu_mul(x, w, config=c) for w in ws]) if kind == "silu" else
-                     (lambda c=c: [gemv_rms_norm(x, r, nw, 1e-6, w, config=c) for w in ws]))
-            try:
-                t = _graph_seconds(fused, reps) / n
-            except Exception as exc:  # a config the GPU cannot run (e.g. out of shared memory) just loses
-                log.debug("%s-prologue gemv %s on %s failed: %s", kind, c, shape, exc)
-                continue
-            if t < best_t:
-                best_t, best_c = t, c
-        chosen = best_c if best_t < t_base * (1 - min_gain) else None
-        choices.append(ShapeChoice(shape, t_base * 1e6, best_t * 1e6, chosen, kind))
+            fused = lambda c: lambda: [gemv_rms_norm(x, r, nw, 1e-6, w, config=c) for w in ws]  # noqa: E731
+        configs = (ranked or {}).get(shape) or candidates or PROLOGUE_CANDIDATES
+        choices.append(_choice(shape, t_base, rank_configs(fused, configs, reps, n), min_gain, kind))
     log.info("batch-1 prologue tuning (%.1f s): %s", time.perf_counter() - t0,
-             "; ".join(f"{c.prologue} {c.shape}: separate {c.cublas_us:.1f} us, fused {c.best_us:.1f} us -> "
+             "; ".join(f"{c.prologue} {c.shape}: separate {c.baseline_us:.1f} us, fused {c.best_us:.1f} us -> "
                        f"{'fused ' + str(c.config) if c.config else 'separate'}" for c in choices))
     return choices
 
@@ -220,7 +216,7 @@ def _record_key(plain: dict, fused: dict) -> dict:
 
 
 def _to_record(c: ShapeChoice) -> dict:
-    return {"shape": list(c.shape), "baseline_us": c.cublas_us, "best_us": c.best_us, "prologue": c.prologue,
+    return {"shape": list(c.shape), "baseline_us": c.baseline_us, "best_us": c.best_us, "prologue": c.prologue,
             "config": asdict(c.config) if c.config is not None else None}
 
 

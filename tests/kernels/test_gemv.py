@@ -86,5 +86,7 @@ def test_gemv_prologue_bad_inputs(device):
         gemv_rms_norm(x, torch.randn(1, 7, device=device), torch.ones(8, device=device), 1e-5, w)
     with pytest.raises(ValueError, match="use F.linear for more rows"):
         gemv_rms_norm(torch.randn(2, 8, device=device), None, torch.ones(8, device=device), 1e-5, w)
-    with pytest.raises(ValueError, match=r"weight: expected \[N, 8\]"):
+    with pytest.raises(ValueError, match=r"weight: expected \[N, 4\] \(half of x's \[gate \| up\] width 8\)"):
         gemv_silu_mul(x, w)  # [gate | up] of width 8 needs K = 4
+    with pytest.raises(ValueError, match=r"weight: expected \[N, 8\], got \(4, 7\)"):
+        gemv_rms_norm(x, None, torch.ones(8, device=device), 1e-5, torch.randn(4, 7, device=device))
