@@ -1,9 +1,10 @@
-"""Batch-1 decode with and without the GEMV prologues (run 16), in one process, alternating which goes first.
+"""Batch-1 decode with and without the GEMV prologues (run 16) and the pipelined K loop (run 17), in one process, alternating which goes first.
 
 ``gpu_model_bench.decode_bench`` in hybrid mode (CUDA graphs, start-up tuning as the runner does it): 512-token
 prompt, 128 greedy steps. ``prologue`` (the default) lets the tuning fuse the RMSNorm (+ add) / SiLU-mul into the
 following GEMV where that measured faster; ``separate`` is ``STRATA_GEMV_PROLOGUE=0``; ``before`` is the code
-before run 16 (no prologues, run 15's GEMV candidates: no evict-first loads, no 32-row blocks). One JSON line per
+before run 16 (no prologues, run 15's GEMV candidates: no evict-first loads, no 32-row blocks); ``run16`` is the code
+before run 17 (prologues, run 16's candidates, the K loop not pipelined). One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
     python benchmarks/decode_prologue_ab.py --shapes 8b,0.6b --rounds 3
@@ -24,9 +25,13 @@ from strataserve.kernels.gemv import GemvConfig  # noqa: E402
 from strataserve.runner import gemv_tuning  # noqa: E402
 
 CONFIGS = {"8b": mb.llama31_8b, "0.6b": mb.qwen3_06b}
-# run 15's candidates (the "before" variant): no evict-first loads, no 32-row blocks
-CANDIDATES_R15 = tuple(GemvConfig(*c) for c in ((16, 512, 1, 4, 3), (16, 512, 2, 4, 3), (4, 512, 1, 4, 4),
-                                               (16, 1024, 2, 8, 3), (8, 1024, 1, 8, 3), (16, 512, 3, 4, 4)))
+# run 15's candidates (the "before" variant): no evict-first loads, no 32-row blocks. Before run 17 the kernel's K
+# loop was never pipelined whatever num_stages said, so these and run 16's (the "run16" variant) run unpipelined.
+CANDIDATES_R15 = tuple(GemvConfig(*c, num_stages=1) for c in ((16, 512, 1, 4), (16, 512, 2, 4), (4, 512, 1, 4),
+                                                             (16, 1024, 2, 8), (8, 1024, 1, 8), (16, 512, 3, 4)))
+CANDIDATES_R16 = tuple(GemvConfig(*c, num_stages=1, evict_first=True) for c in (
+    (16, 512, 1, 4), (16, 512, 2, 4), (4, 512, 1, 4), (16, 1024, 2, 8), (8, 1024, 1, 8), (16, 512, 3, 4),
+    (32, 512, 1, 4), (32, 512, 2, 4)))
 
 
 def main() -> None:
@@ -37,15 +42,15 @@ def main() -> None:
     p.add_argument("--variants", default="prologue,separate,before")
     args = p.parse_args()
     bw = kb.copy_bandwidth()
+    final = gemv_tuning.CANDIDATES  # (read once: the variants below rebind it)
     for shape in args.shapes.split(","):
         cfg = CONFIGS[shape]()
-        final = gemv_tuning.CANDIDATES
         for rnd in range(args.rounds):
             order = args.variants.split(",")
             for variant in (order if rnd % 2 == 0 else order[::-1]):
                 # read by apply_tuning / tune_gemv when the model is set up
-                envs.STRATA_GEMV_PROLOGUE = variant == "prologue"
-                gemv_tuning.CANDIDATES = CANDIDATES_R15 if variant == "before" else final
+                envs.STRATA_GEMV_PROLOGUE = variant in ("prologue", "run16")
+                gemv_tuning.CANDIDATES = {"before": CANDIDATES_R15, "run16": CANDIDATES_R16}.get(variant, final)
                 r = mb.decode_bench(cfg, "hybrid", args.batch, bw)
                 print(json.dumps({"bench": "decode_prologue_ab", "shape": shape, "round": rnd, "variant": variant,
                                   "copy_TBps": round(bw / 1e12, 3), **r}), flush=True)

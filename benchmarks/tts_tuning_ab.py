@@ -3,9 +3,10 @@ engines side by side in one process, rounds alternating which runs first.
 
 ``tts_bench.py``'s random talkers in the released shapes, greedy, no eos, FRAMES frames per clip, at batch 1 and
 8. ``tuned`` is ``load_tts_model``'s default; ``untuned`` is ``STRATA_GEMV_TUNE=0``, the code before run 16 (every
-matmul through cuBLAS, every norm its own launch). One JSON line per (shape, round, batch, variant):
+matmul through cuBLAS, every norm its own launch); ``run16`` tunes over run 16's candidates with the K loop not
+pipelined (the code before run 17). One JSON line per (shape, round, batch, variant):
 
-    FRAMES=64 python benchmarks/tts_tuning_ab.py --shapes 0.6B,1.7B --rounds 4
+    FRAMES=64 python benchmarks/tts_tuning_ab.py --shapes 0.6B,1.7B --rounds 4 [--variants tuned,run16]
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ sys.path.insert(0, str(HERE))
 import tts_bench as tb  # noqa: E402
 from strataserve import envs  # noqa: E402
 from strataserve.engine.tts_engine import build_core  # noqa: E402
+from strataserve.runner import gemv_tuning  # noqa: E402
+from decode_prologue_ab import CANDIDATES_R16  # noqa: E402
 
 
 def main() -> None:
@@ -28,7 +31,10 @@ def main() -> None:
     p.add_argument("--shapes", default="0.6B,1.7B")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--batches", default="1,8")
+    p.add_argument("--variants", default="tuned,untuned", help="two of tuned, untuned, run16")
     args = p.parse_args()
+    first, second = args.variants.split(",")
+    final = gemv_tuning.CANDIDATES
     batches = [int(b) for b in args.batches.split(",")]
     for name in args.shapes.split(","):
         raw, codec_raw = tb.shape(name)
@@ -37,8 +43,9 @@ def main() -> None:
         texts = [torch.randint(0, min(vocab, 150000) - 8, (tb.TEXT_LEN,), generator=gen).tolist()
                  for _ in range(max(batches))]
         engines = {}
-        for variant in ("tuned", "untuned"):
-            envs.STRATA_GEMV_TUNE = variant == "tuned"  # read by tune_talker while the model is built
+        for variant in (first, second):
+            envs.STRATA_GEMV_TUNE = variant != "untuned"  # read by tune_talker while the model is built
+            gemv_tuning.CANDIDATES = CANDIDATES_R16 if variant == "run16" else final
             model = tb.our_model(raw, codec_raw)
             core, runner = build_core(model, max_num_seqs=max(batches), max_num_batched_tokens=4096,
                                       kv_cache_memory_gib=4.0)
@@ -46,7 +53,7 @@ def main() -> None:
                 tb.run_ours(core, runner, model, texts[:b], f"warm{variant}{b}")
             engines[variant] = (core, runner, model)
         for rnd in range(args.rounds):
-            for variant in (("tuned", "untuned") if rnd % 2 == 0 else ("untuned", "tuned")):
+            for variant in ((first, second) if rnd % 2 == 0 else (second, first)):
                 core, runner, model = engines[variant]
                 for b in batches:
                     n, dt = tb.run_ours(core, runner, model, texts[:b], f"r{rnd}{variant}{b}")

@@ -38,7 +38,7 @@ _NORM, _ADD_NORM, _SILU_MUL = tl.constexpr(NORM), tl.constexpr(ADD_NORM), tl.con
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, N, K, w_sn, k_per_split, eps,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVICT: tl.constexpr):
+                 BLOCK_K: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr):
     """Rows [pid0 * BLOCK_N, +BLOCK_N) over the K range of split pid1. SPLIT == 1: write y (+ bias) directly;
     else write float32 partial sums to y_ptr [SPLIT, N] for ``_gemv_reduce_kernel``. PROLOGUE: the input is x
     (NO_PROLOGUE), rms_norm(x) * nw (NORM), rms_norm(x + r) * nw with x + r written to ro (ADD_NORM, by the
@@ -60,7 +60,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, N, K, w_sn, 
     wrow = w_ptr + rows.to(tl.int64)[:, None] * w_sn
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    # STAGES > 1: the loads of the next STAGES - 1 tiles are issued (cp.async into shared memory) before this one
+    # is consumed. Triton pipelines a loop's plain loads only when the loop asks for it; without this each tile's
+    # loads wait for the previous tile's multiply-adds.
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
         cmask = cols < k_end
         x = tl.load(x_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -110,7 +113,7 @@ class GemvConfig:
     block_k: int = 512
     split_k: int = 1
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 1  # K tiles in flight per program (1: each tile's loads wait for the previous tile's math)
     evict_first: bool = False  # stream W past L2 (read once), so x and the partials stay cached
 
 
@@ -181,8 +184,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, c:
     _gemv_kernel[(triton.cdiv(N, c.block_n), split)](
         x, weight, b, out, x if r is None else r, x if nw is None else nw, x if ro is None else ro, N, K,
         weight.stride(0), k_per_split, eps, HAS_BIAS=bias is not None, SPLIT=split, PROLOGUE=prologue,
-        BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "", num_warps=c.num_warps,
-        num_stages=c.num_stages)
+        BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "", STAGES=c.num_stages,
+        num_warps=c.num_warps, num_stages=c.num_stages)
     if split > 1:
         _gemv_reduce_kernel[(triton.cdiv(N, 1024),)](out, b, y, N, HAS_BIAS=bias is not None, SPLIT=split,
                                                      BLOCK=1024, num_warps=4)

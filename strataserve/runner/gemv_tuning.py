@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,13 +28,13 @@ from strataserve.kernels.rms_norm import fused_add_rms_norm
 
 log = logging.getLogger(__name__)
 
-# The configurations that won some shape in the run-6 sweep of 16 (8B and 0.6B projections, docs/gpu_notes.md):
-# split-K for the shapes with few rows, plain row blocks for the tall ones; plus 32-row blocks (run 16's sweep of
-# 96: the best on gate_up and down). All read the weights evict-first: a decode step reads each matrix once, and in
-# run 16's sweep that made the best configuration 2-4% faster on every 8B shape.
+# The K loop pipelined 3-4 tiles deep (cp.async), evict-first weight loads: run 17's sweep of 136 configurations on
+# the H200 (docs/gpu_notes.md) had these within 1% of the best on every Llama-3.1-8B and Qwen3-0.6B projection, and
+# every one of those bests faster than cuBLAS (gate_up 1.008 of copy bandwidth against 0.991, o 0.786 against 0.635).
+# Plus one split-K configuration and one unpipelined, for shapes with few rows or a GPU with less shared memory.
 CANDIDATES = tuple(GemvConfig(*c, evict_first=True) for c in (
-    (16, 512, 1, 4, 3), (16, 512, 2, 4, 3), (4, 512, 1, 4, 4), (16, 1024, 2, 8, 3), (8, 1024, 1, 8, 3),
-    (16, 512, 3, 4, 4), (32, 512, 1, 4, 4), (32, 512, 2, 4, 4)))
+    (8, 512, 1, 4, 4), (8, 256, 1, 4, 3), (8, 1024, 1, 4, 4), (8, 512, 1, 4, 3), (16, 256, 1, 4, 4),
+    (16, 512, 1, 4, 4), (8, 512, 2, 4, 3), (16, 512, 1, 4, 1)))
 # The GEMV with a prologue tries the same set (``benchmarks/gemv_prologue_ab.py`` adds taller row blocks, which
 # re-read the x row for the RMS statistics in fewer programs: they won only where the fused kernel lost anyway).
 PROLOGUE_CANDIDATES = CANDIDATES
@@ -141,8 +141,8 @@ def tune_prologues(weights: dict[tuple[str, tuple[int, int]], list[torch.Tensor]
     """Per (prologue, shape): the op's kernel + the matmul ``plain`` chose (cuBLAS when absent) against the GEMV
     with the op as its prologue in each candidate configuration (CUDA only). Candidates: ``ranked[shape]`` (the
     plain GEMV's fastest configurations for that shape: in run 16 the fused kernel's best was always among them,
-    and each candidate is a compile on an empty Triton cache) when given, else ``candidates``, else
-    ``PROLOGUE_CANDIDATES``."""
+    and each candidate is a compile on an empty Triton cache) and, for the norm, their 32-row versions, when given;
+    else ``candidates``, else ``PROLOGUE_CANDIDATES``."""
     choices = []
     t0 = time.perf_counter()
     for (kind, shape), ws in weights.items():
@@ -161,6 +161,9 @@ def tune_prologues(weights: dict[tuple[str, tuple[int, int]], list[torch.Tensor]
             t_base = _graph_seconds(lambda: [mm(fused_add_rms_norm(x, r, nw, 1e-6)[0], w) for w in ws], reps) / n
             fused = lambda c: lambda: [gemv_rms_norm(x, r, nw, 1e-6, w, config=c) for w in ws]  # noqa: E731
         configs = (ranked or {}).get(shape) or candidates or PROLOGUE_CANDIDATES
+        if kind == "norm" and ranked and shape in ranked:  # each program re-reads x for the RMS statistics: taller
+            # blocks do that in fewer programs (run 17: with 8-row blocks the fused gate_up lost ~5 us to it)
+            configs = tuple(dict.fromkeys([*configs, *(replace(c, block_n=32) for c in configs if c.block_n < 32)]))
         choices.append(_choice(shape, t_base, rank_configs(fused, configs, reps, n), min_gain, kind))
     log.info("batch-1 prologue tuning (%.1f s): %s", time.perf_counter() - t0,
              "; ".join(f"{c.prologue} {c.shape}: separate {c.baseline_us:.1f} us, fused {c.best_us:.1f} us -> "

@@ -25,11 +25,13 @@ def test_gemv(device, dtype, N, K, bias, flat):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,K,split,bias", [(37, 1100, 3, True), (19, 300, 2, False), (8, 64, 4, True)])
 def test_gemv_split_k(device, dtype, N, K, split, bias):
-    """K cut into ranges (the last one ragged; more splits than K tiles clamps), partials reduced in order."""
+    """K cut into ranges (the last one ragged; more splits than K tiles clamps), partials reduced in order; with
+    ``split`` tiles in flight (cp.async pipelining on a GPU)."""
     x = torch.randn(1, K, device=device, dtype=dtype)
     w = torch.randn(N, K, device=device, dtype=dtype)
     b = torch.randn(N, device=device, dtype=dtype) if bias else None
-    got = gemv(x, w, b, GemvConfig(block_n=8, block_k=64, split_k=split, evict_first=split == 3))
+    got = gemv(x, w, b, GemvConfig(block_n=8, block_k=64, split_k=split, num_stages=split,
+                                 evict_first=split == 3))
     assert_close(got, gemv_ref(x, w, b), GEMV_TOL[dtype], "split-K gemv")
 
 
@@ -56,7 +58,7 @@ def test_gemv_rms_norm_prologue(device, dtype, N, K, split, add, bias):
     w = torch.randn(N, K, device=device, dtype=dtype)
     b = torch.randn(N, device=device, dtype=dtype) if bias else None
     x0, r0 = x.clone(), None if r is None else r.clone()
-    y, s = gemv_rms_norm(x, r, nw, 1e-5, w, b, GemvConfig(block_n=8, block_k=64, split_k=split))
+    y, s = gemv_rms_norm(x, r, nw, 1e-5, w, b, GemvConfig(block_n=8, block_k=64, split_k=split, num_stages=split + 1))
     if add:
         normed, want_s = fused_add_rms_norm_ref(x0, r0, nw, 1e-5)
         assert torch.equal(s, want_s) and s.data_ptr() not in (x.data_ptr(), r.data_ptr())
@@ -73,7 +75,7 @@ def test_gemv_rms_norm_prologue(device, dtype, N, K, split, add, bias):
 def test_gemv_silu_mul_prologue(device, dtype, N, K, split):
     x = torch.randn(1, 2 * K, device=device, dtype=dtype)
     w = torch.randn(N, K, device=device, dtype=dtype)
-    y = gemv_silu_mul(x, w, config=GemvConfig(block_n=8, block_k=64, split_k=split))
+    y = gemv_silu_mul(x, w, config=GemvConfig(block_n=8, block_k=64, split_k=split, num_stages=3))
     assert_close(y, gemv_ref(silu_and_mul_ref(x), w), GEMV_TOL[dtype], "gemv with silu_mul prologue")
 
 

@@ -17,7 +17,7 @@ from strataserve.kernels import gemv
 fn = gemv._gemv_kernel
 for prologue in (gemv.NO_PROLOGUE, gemv.NORM, gemv.ADD_NORM, gemv.SILU_MUL):
     const = dict(HAS_BIAS=True, SPLIT=2, PROLOGUE=prologue, BLOCK_N=16, BLOCK_K=512,
-                 EVICT="evict_first" if prologue == gemv.ADD_NORM else "")
+                 EVICT="evict_first" if prologue == gemv.ADD_NORM else "", STAGES=1 + 2 * (prologue % 2))
     sig = {n: "*bf16" if n.endswith("_ptr") else "constexpr" if n in const else "fp32" if n == "eps" else "i32"
            for n in fn.arg_names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})

@@ -69,11 +69,13 @@ def test_tuning_ranks_and_chooses_with_a_margin(monkeypatch):
     """The selection logic of ``tune_gemv`` / ``tune_prologues`` with the CUDA-graph timer replaced by fixed
     times in call order (per shape: the baseline, then each candidate): a configuration that fails is left out,
     one is chosen only if it beats the baseline by ``min_gain``, and the prologues try the plain GEMV's two
-    fastest configurations of their shape."""
+    fastest configurations of their shape (the norm also their 32-row versions, here one: a and b differ only in
+    their row count)."""
     a, b, c = GemvConfig(block_n=4), GemvConfig(block_n=8), GemvConfig(block_n=16)
     times = iter([10.0, 9.5, 12.0, RuntimeError("out of shared memory"),   # shape X: baseline, a, b, c
                   10.0, 9.9, 9.8, 9.75,                                     # shape Y: nothing 3% faster
-                  10.0, 9.8, 8.0])                                          # silu on X: tries a, b only
+                  10.0, 9.8, 8.0,                                           # silu on X: tries a, b only
+                  10.0, 9.9, 9.9, 8.5])                                     # norm on X: a, b, then 32 rows
 
     def fake_seconds(fn, reps):
         t = next(times)
@@ -86,6 +88,8 @@ def test_tuning_ranks_and_chooses_with_a_margin(monkeypatch):
     plain = gemv_tuning.tune_gemv({(4, 8): ws, (6, 8): ws}, candidates=(a, b, c))
     assert [(p.shape, p.config, p.ranked) for p in plain] == [((4, 8), a, (a, b)), ((6, 8), None, (c, b))]
     assert plain[0].baseline_us == 10e6 and plain[0].best_us == 9.5e6
-    fused = gemv_tuning.tune_prologues({("silu", (4, 8)): ws}, {(4, 8): a}, ranked={p.shape: p.ranked for p in plain})
-    assert [(f.prologue, f.shape, f.config) for f in fused] == [("silu", (4, 8), b)]
+    fused = gemv_tuning.tune_prologues({("silu", (4, 8)): ws, ("norm", (4, 8)): ws}, {(4, 8): a},
+                                       ranked={p.shape: p.ranked for p in plain})
+    assert [(f.prologue, f.shape, f.config) for f in fused] == [("silu", (4, 8), b),
+                                                                 ("norm", (4, 8), GemvConfig(block_n=32))]
     assert next(times, None) is None  # exactly the timings expected, no more
