@@ -9,6 +9,8 @@
 #             VARIANTS (default prologue,separate,run16: run 17's pipelined candidates with and without prologues,
 #             and the code before run 17) side by side in one process, ROUNDS rounds
 #   ttsab     benchmarks/tts_tuning_ab.py --variants tuned,run16: Qwen3-TTS with run 17's tuning against run 16's
+#   prologue  benchmarks/gemv_prologue_ab.py: per projection, the op's kernel + the chosen matmul against the fused GEMV
+#   profile   benchmarks/gpu_profile.py: the kernel table of batch-1 decode steps (8B and Qwen3-0.6B shapes, hybrid)
 #   startup   benchmarks/serve_startup.py, 8B shape: this tree against tmp/wt_old (the tree before run 17), 3 rounds
 # Everything lands under $OUT.
 set -u
@@ -54,4 +56,16 @@ if phase startup; then
   mkdir -p "$OUTDIR/startup"
   OUT=$OUTDIR/startup timeout 400 python3 benchmarks/serve_startup.py --model /tmp/ckpt8b --write-8b \
     --tree before=tmp/wt_old --tree after=. --rounds 3 2>&1 | tail -8
+fi
+if phase profile; then
+  for m in llama8b qwen06b; do
+    PYTHONPATH=$PYTHONPATH:benchmarks timeout 150 python3 benchmarks/gpu_profile.py decode $m hybrid 1 512 \
+      > "$OUTDIR/profile_decode_${m}_b1.txt" 2> "$OUTDIR/profile_decode_${m}_b1.err"
+    head -30 "$OUTDIR/profile_decode_${m}_b1.txt"
+  done
+fi
+if phase prologue; then
+  timeout 300 python3 benchmarks/gemv_prologue_ab.py --rounds "$ROUNDS" --shapes "${SHAPES:-8b,0.6b}" 2> "$OUTDIR/gemv_prologue_ab.err" \
+    | tee "$OUTDIR/gemv_prologue_ab.jsonl" | cut -c1-300
+  tail -3 "$OUTDIR/gemv_prologue_ab.err"
 fi

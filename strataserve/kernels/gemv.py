@@ -16,8 +16,12 @@ depends on the shape and the GPU, so the runner measures the candidates once at 
 Prologues: the op before a projection can run inside its GEMV instead of as its own launch (at batch 1 each of
 those ~2 us launches is latency, not bandwidth): ``gemv_rms_norm`` normalises x (after adding the residual, whose
 sum it also writes out) on the fly, ``gemv_silu_mul`` takes the gate_up output and applies SiLU-and-mul per K
-tile. Every program first reads the whole x row for the RMS statistics (K values from L2: small next to its
-BLOCK_N x K weight tile); rounding follows the unfused kernels (``rms_norm.py``, ``activation.py``) step by step.
+tile. Without split-K a program sees the whole x row in its own loop, so it sums the squares there and scales its
+row sums by the inverse RMS at the end (the normalised x is not rounded to the storage dtype before the multiply,
+as the separate kernel's output is: float32 models differ only in summation order). With split-K every program
+first reads the whole row for the statistics (K values from L2), and the rounding follows the separate kernels
+(``rms_norm.py``, ``activation.py``) step by step; so does SiLU-mul's always. Run 17: the pre-pass cost the fused
+8B gate_up ~4 us of its ~54 (its programs' loops waited on it).
 """
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ _NORM, _ADD_NORM, _SILU_MUL = tl.constexpr(NORM), tl.constexpr(ADD_NORM), tl.con
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, N, K, w_sn, k_per_split, eps,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr):
+                 BLOCK_K: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr,
+                 NORM_IN_LOOP: tl.constexpr):
     """Rows [pid0 * BLOCK_N, +BLOCK_N) over the K range of split pid1. SPLIT == 1: write y (+ bias) directly;
     else write float32 partial sums to y_ptr [SPLIT, N] for ``_gemv_reduce_kernel``. PROLOGUE: the input is x
     (NO_PROLOGUE), rms_norm(x) * nw (NORM), rms_norm(x + r) * nw with x + r written to ro (ADD_NORM, by the
@@ -47,8 +52,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, N, K, w_sn, 
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     rmask = rows < N
-    if PROLOGUE == _NORM or PROLOGUE == _ADD_NORM:
-        sq = tl.zeros([BLOCK_K], tl.float32)
+    # NORM_IN_LOOP (SPLIT == 1: this program sees all of K): the statistics accumulate in the main loop and the row
+    # sums are scaled once at the end, y = inv * sum_k w_k x_k nw_k. Otherwise a pre-pass over the whole row first.
+    sq = tl.zeros([BLOCK_K], tl.float32)
+    if (PROLOGUE == _NORM or PROLOGUE == _ADD_NORM) and not NORM_IN_LOOP:
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             s = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
@@ -74,7 +81,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, N, K, w_sn, 
                     tl.store(ro_ptr + cols, x, mask=cmask)
                 x = x.to(tl.float32)
             nw = tl.load(nw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            x = ((x * inv).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
+            if NORM_IN_LOOP:
+                sq += x * x
+                x = x * nw
+            else:
+                x = ((x * inv).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
         elif PROLOGUE == _SILU_MUL:
             u = tl.load(x_ptr + K + cols, mask=cmask, other=0.0).to(tl.float32)
             x = ((x / (1.0 + tl.exp(-x))).to(dt).to(tl.float32) * u).to(dt).to(tl.float32)
@@ -82,6 +93,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, ro_ptr, N, K, w_sn, 
                     eviction_policy=EVICT).to(tl.float32)
         acc += w * x[None, :]
     y = tl.sum(acc, axis=1)
+    if NORM_IN_LOOP:
+        y = y * (1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps))
     if SPLIT == 1:
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -185,6 +198,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, c:
         x, weight, b, out, x if r is None else r, x if nw is None else nw, x if ro is None else ro, N, K,
         weight.stride(0), k_per_split, eps, HAS_BIAS=bias is not None, SPLIT=split, PROLOGUE=prologue,
         BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "", STAGES=c.num_stages,
+        NORM_IN_LOOP=prologue in (NORM, ADD_NORM) and split == 1,
         num_warps=c.num_warps, num_stages=c.num_stages)
     if split > 1:
         _gemv_reduce_kernel[(triton.cdiv(N, 1024),)](out, b, y, N, HAS_BIAS=bias is not None, SPLIT=split,

@@ -49,9 +49,10 @@ def test_gemv_bad_inputs(device):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,K,split,add,bias", [(37, 300, 1, True, False), (19, 1100, 3, True, True),
-                                                (24, 256, 2, False, False)])
+                                                (24, 256, 2, False, False), (16, 200, 1, False, True)])
 def test_gemv_rms_norm_prologue(device, dtype, N, K, split, add, bias):
-    """linear(rms_norm(x + residual)): the sum written out once (row block 0 of every split), inputs untouched."""
+    """linear(rms_norm(x + residual)): the sum written out once (row block 0 of every split), inputs untouched;
+    statistics in the main loop (one split) or a pre-pass (split-K)."""
     x = torch.randn(1, K, device=device, dtype=dtype)
     r = torch.randn(1, K, device=device, dtype=dtype) if add else None
     nw = torch.rand(K, device=device, dtype=dtype) + 0.5
