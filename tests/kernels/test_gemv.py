@@ -51,8 +51,11 @@ def test_gemv_bad_inputs(device):
 @pytest.mark.parametrize("N,K,split,add,bias", [(37, 300, 1, True, False), (19, 1100, 3, True, True),
                                                 (24, 256, 2, False, False), (16, 200, 1, False, True)])
 def test_gemv_rms_norm_prologue(device, dtype, N, K, split, add, bias):
-    """linear(rms_norm(x + residual)): the sum written out once (row block 0 of every split), inputs untouched;
-    statistics in the main loop (one split) or a pre-pass (split-K)."""
+    """linear(rms_norm(x + residual)): the sum written out once (row block 0 of every split), inputs untouched.
+    Split-K (statistics in a pre-pass) rounds the normalised x to the dtype as the separate norm kernel does; one
+    split (statistics in the main loop, the row sums scaled at the end) keeps it in float32, so its reference is
+    the same math without those two roundings (in bf16 they alone move ~10% of these outputs past the tolerance,
+    run 17)."""
     x = torch.randn(1, K, device=device, dtype=dtype)
     r = torch.randn(1, K, device=device, dtype=dtype) if add else None
     nw = torch.rand(K, device=device, dtype=dtype) + 0.5
@@ -68,7 +71,13 @@ def test_gemv_rms_norm_prologue(device, dtype, N, K, split, add, bias):
         normed, want_s = rms_norm_ref(x0, nw, 1e-5), x0
         assert s is x
     assert torch.equal(x, x0)
-    assert_close(y, gemv_ref(normed, w, b), GEMV_TOL[dtype], "gemv with rms_norm prologue")
+    if split == 1:
+        sf = want_s.float()
+        normed = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-5) * nw.float()
+        want = (normed @ w.float().t() + (b.float() if bias else 0.0)).to(dtype)
+    else:
+        want = gemv_ref(normed, w, b)
+    assert_close(y, want, GEMV_TOL[dtype], "gemv with rms_norm prologue")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
