@@ -1,10 +1,14 @@
-"""Batch-1 decode with and without the GEMV prologues (run 16) and the pipelined K loop (run 17), in one process, alternating which goes first.
+"""Batch-1 decode with and without the GEMV prologues (run 16), the pipelined K loop and the argmax kernel (run 17),
+in one process, alternating which goes first.
 
 ``gpu_model_bench.decode_bench`` in hybrid mode (CUDA graphs, start-up tuning as the runner does it): 512-token
 prompt, 128 greedy steps. ``prologue`` (the default) lets the tuning fuse the RMSNorm (+ add) / SiLU-mul into the
 following GEMV where that measured faster; ``separate`` is ``STRATA_GEMV_PROLOGUE=0``; ``before`` is the code
 before run 16 (no prologues, run 15's GEMV candidates: no evict-first loads, no 32-row blocks); ``run16`` is the code
-before run 17 (prologues, run 16's candidates, the K loop not pipelined). One JSON line per
+before run 17 (prologues, run 16's candidates, the K loop not pipelined, torch's argmax). The greedy token is taken inside the
+replayed step by the runner's ``greedy_tokens`` (run 17's argmax kernel); ``torch-argmax`` takes it there with
+``torch.argmax`` (the runner before run 17), ``eager-argmax`` after the step from float32 logits (this benchmark
+before run 17). One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
     python benchmarks/decode_prologue_ab.py --shapes 8b,0.6b --rounds 3
@@ -49,9 +53,11 @@ def main() -> None:
             order = args.variants.split(",")
             for variant in (order if rnd % 2 == 0 else order[::-1]):
                 # read by apply_tuning / tune_gemv when the model is set up
-                envs.STRATA_GEMV_PROLOGUE = variant in ("prologue", "run16")
+                envs.STRATA_GEMV_PROLOGUE = variant not in ("separate", "before")
                 gemv_tuning.CANDIDATES = {"before": CANDIDATES_R15, "run16": CANDIDATES_R16}.get(variant, final)
-                r = mb.decode_bench(cfg, "hybrid", args.batch, bw)
+                argmax = {"torch-argmax": "graph-torch", "run16": "graph-torch", "eager-argmax": "eager"}.get(variant,
+                                                                                                      "graph")
+                r = mb.decode_bench(cfg, "hybrid", args.batch, bw, argmax=argmax)
                 print(json.dumps({"bench": "decode_prologue_ab", "shape": shape, "round": rnd, "variant": variant,
                                   "copy_TBps": round(bw / 1e12, 3), **r}), flush=True)
 

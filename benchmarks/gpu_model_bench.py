@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from strataserve.kernels.argmax import greedy_tokens
 from strataserve.models.hf_config import DecoderConfig, RopeScaling
 from strataserve.models.loader import build_random_model
 from strataserve.runner.attention import TorchAttention, allocate_kv_cache
@@ -101,9 +102,13 @@ class _Setup:
     """A random model + KV cache holding ``batch`` sequences of ``prompt`` tokens (random KV)."""
 
     def __init__(self, cfg: DecoderConfig, mode: str, batch: int, prompt: int, new: int, block_size: int = 16,
-                 max_bs_graph: int | None = None) -> None:
+                 max_bs_graph: int | None = None, argmax: str = "graph") -> None:
+        """``argmax``: "graph", the greedy token inside the step (the runner's ``greedy_tokens``, from run 17);
+        "graph-torch", the same with ``torch.argmax`` (the runner before run 17); "eager", float32 logits out of
+        the step and ``torch.argmax`` after it (this benchmark before run 17)."""
         dev = torch.device(DEV)
         self.cfg, self.mode, self.batch, self.prompt, self.new = cfg, mode, batch, prompt, new
+        self.argmax = argmax
         self.model = build_random_model(cfg, DTYPE, dev, ops=make_ops(mode, cfg), seed=0,
                                         max_positions=prompt + new + 64)
         self.bps = (prompt + new + block_size - 1) // block_size
@@ -127,7 +132,11 @@ class _Setup:
 
     def _step(self, ids, pos, slots, tables, lens):
         meta = decode_metadata(slots, tables, lens, self.block_size)
-        return self.model.compute_logits(self.model(ids, pos, meta))
+        hidden = self.model(ids, pos, meta)
+        if self.argmax == "eager":
+            return self.model.compute_logits(hidden)
+        logits = self.model.logits(hidden)
+        return greedy_tokens(logits) if self.argmax == "graph" else logits.argmax(-1)
 
     def inputs(self, i: int):
         """Step i's positions, slots, context lengths (all sequences at the same length)."""
@@ -148,19 +157,20 @@ class _Setup:
                 logits = self.graphs.run(ids, pos, slots, self.tables, lens)
             else:
                 logits = self._step(ids, pos, slots, self.tables, lens)
-            ids = logits.argmax(-1)
+            ids = logits.argmax(-1) if self.argmax == "eager" else logits
         _sync()
         return time.perf_counter() - t0
 
 
-def decode_bench(cfg: DecoderConfig, mode: str, batch: int, bw: float, prompt: int = 512, new: int = 128) -> dict:
-    s = _Setup(cfg, mode, batch, prompt, new)
+def decode_bench(cfg: DecoderConfig, mode: str, batch: int, bw: float, prompt: int = 512, new: int = 128,
+                 argmax: str = "graph") -> dict:
+    s = _Setup(cfg, mode, batch, prompt, new, argmax=argmax)
     t_cap = s.graphs.capture() if s.graphs is not None else 0.0
     s.run(8)  # warm-up: compiles, cuBLAS heuristics, allocator
     t = s.run(new)
     ms = t / new * 1e3
     floor_ms = step_bytes(cfg, s.model, batch, prompt + new / 2) / bw * 1e3
-    out = {"batch": batch, "mode": mode, "tok_per_s": round(batch * new / t, 1), "ms_per_step": round(ms, 3),
+    out = {"batch": batch, "mode": mode, "argmax": argmax, "tok_per_s": round(batch * new / t, 1), "ms_per_step": round(ms, 3),
            "floor_ms": round(floor_ms, 3), "roofline_fraction": round(floor_ms / ms, 3),
            "graph_capture_s": round(t_cap, 2),
            "gemv": {f"{c.prologue}{c.shape[0]}x{c.shape[1]}": [round(c.baseline_us, 1), round(c.best_us, 1),

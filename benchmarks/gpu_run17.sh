@@ -10,6 +10,9 @@
 #             and the code before run 17) side by side in one process, ROUNDS rounds
 #   ttsab     benchmarks/tts_tuning_ab.py --variants tuned,run16: Qwen3-TTS with run 17's tuning against run 16's
 #   prologue  benchmarks/gemv_prologue_ab.py: per projection, the op's kernel + the chosen matmul against the fused GEMV
+#   argmax    benchmarks/argmax_ab.py: the argmax kernel against torch.argmax over bf16 logits, ROUNDS rounds
+#   nano      benchmarks/nano_protocol.py (bf16 cache, a fresh process each): this tree against tmp/wt_old (the tree
+#             before run 17), ROUNDS rounds alternating
 #   profile   benchmarks/gpu_profile.py: the kernel table of batch-1 decode steps (8B and Qwen3-0.6B shapes, hybrid)
 #   startup   benchmarks/serve_startup.py, 8B shape: this tree against tmp/wt_old (the tree before run 17), 3 rounds
 # Everything lands under $OUT.
@@ -68,4 +71,21 @@ if phase prologue; then
   timeout 300 python3 benchmarks/gemv_prologue_ab.py --rounds "$ROUNDS" --shapes "${SHAPES:-8b,0.6b}" 2> "$OUTDIR/gemv_prologue_ab.err" \
     | tee "$OUTDIR/gemv_prologue_ab.jsonl" | cut -c1-300
   tail -3 "$OUTDIR/gemv_prologue_ab.err"
+fi
+if phase argmax; then
+  timeout 120 python3 benchmarks/argmax_ab.py --rounds "$ROUNDS" 2> "$OUTDIR/argmax_ab.err" | tee "$OUTDIR/argmax_ab.jsonl"
+  tail -2 "$OUTDIR/argmax_ab.err"
+fi
+if phase nano; then
+  CKPT=/tmp/q06
+  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  for ((r = 0; r < ROUNDS; r++)); do
+    order="after before"; [ $((r % 2)) = 1 ] && order="before after"
+    for t in $order; do
+      tree=.; [ $t = before ] && tree=tmp/wt_old
+      PYTHONPATH=/tmp/site:$tree:tests timeout 150 python3 $tree/benchmarks/nano_protocol.py $CKPT 2>>"$OUTDIR/nano.err" \
+        | python3 -c "import json,sys; [print(json.dumps({**json.loads(l), 'tree': '$t', 'round': $r})) for l in sys.stdin]" \
+        | tee -a "$OUTDIR/nano.jsonl" | cut -c1-200
+    done
+  done
 fi

@@ -12,6 +12,7 @@ wrapper that validates shapes/strides/dtypes (ValueError saying what to change) 
   per-row split counts chosen in the kernel, combined by the last split program)
 - ``prefill_attention``: ``prefill_attention`` (varlen causal over block tables, cached prefixes)
 - ``gemv``: ``gemv`` (one-row matmul, optional split-K; used per weight shape where it beat cuBLAS at start-up)
+- ``argmax``: ``argmax_rows`` (the greedy token of each logits row, torch.argmax's index; two short launches)
 - ``skinny_gemm``: ``skinny_gemm`` (few-row matmul, optional split-K; measured, not used by the runner: cuBLAS
   wins most decode shapes, see its docstring)
 

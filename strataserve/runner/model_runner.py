@@ -208,7 +208,11 @@ class ModelRunner(ModelRunnerBase):
         # makes only for the rows that need it; plus every row's argmax (the greedy token), read while the logits
         # are fresh in L2, so an all-greedy step needs nothing after the replay but a gather
         logits = model.logits(model(input_ids, positions, meta))
-        return (logits, logits.argmax(dim=-1)) if self._graph_argmax else logits
+        if not self._graph_argmax:
+            return logits
+        from strataserve.kernels.argmax import greedy_tokens
+
+        return logits, greedy_tokens(logits)
 
     def _capture_graphs(self):  # -> CudaGraphDecoder
         from strataserve.runner.cuda_graph import CudaGraphDecoder
