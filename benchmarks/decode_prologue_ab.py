@@ -4,11 +4,11 @@ in one process, alternating which goes first.
 ``gpu_model_bench.decode_bench`` in hybrid mode (CUDA graphs, start-up tuning as the runner does it): 512-token
 prompt, 128 greedy steps. ``prologue`` (the default) lets the tuning fuse the RMSNorm (+ add) / SiLU-mul into the
 following GEMV where that measured faster; ``separate`` is ``STRATA_GEMV_PROLOGUE=0``; ``before`` is the code
-before run 16 (no prologues, run 15's GEMV candidates: no evict-first loads, no 32-row blocks); ``run16`` is the code
-before run 17 (prologues, run 16's candidates, the K loop not pipelined, torch's argmax). The greedy token is taken inside the
-replayed step by the runner's ``greedy_tokens`` (run 17's argmax kernel); ``torch-argmax`` takes it there with
-``torch.argmax`` (the runner before run 17), ``eager-argmax`` after the step from float32 logits (this benchmark
-before run 17). One JSON line per
+before run 16 (no prologues, run 15's GEMV candidates: no evict-first loads, no 32-row blocks); ``run16`` is the
+code before run 17 (prologues, run 16's candidates, the K loop not pipelined, torch's argmax). The greedy token is
+taken inside the replayed step by the runner's ``greedy_tokens`` (run 17's argmax kernel); ``torch-argmax`` takes
+it there with ``torch.argmax`` (the runner before run 17), ``eager-argmax`` after the step from float32 logits (this
+benchmark before run 17). One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
     python benchmarks/decode_prologue_ab.py --shapes 8b,0.6b --rounds 3

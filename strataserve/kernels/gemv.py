@@ -3,9 +3,10 @@
 At batch 1 a decode step is a chain of GEMVs whose time is the weight bytes over memory bandwidth; the kernel is
 a plain stream over W: each program owns BLOCK_N rows, walks K in BLOCK_K tiles (each row segment a contiguous,
 coalesced read), multiplies by the matching slice of x and accumulates in float32 in a [BLOCK_N, BLOCK_K] tile
-that is reduced once at the end (no cross-thread reduction inside the loop). Triton's software pipelining keeps
-several tiles in flight. (The standard memory-bound GEMV; see e.g. Williams, Waterman, Patterson, "Roofline",
-CACM 2009, for why bytes, not FLOPs, set its time.)
+that is reduced once at the end (no cross-thread reduction inside the loop). ``num_stages`` tiles are in flight
+(cp.async; the loop is a ``tl.range`` that asks for it: run 17 found that a plain ``range`` left every load
+waiting). (The standard memory-bound GEMV; see e.g. Williams, Waterman, Patterson, "Roofline", CACM 2009, for why
+bytes, not FLOPs, set its time.)
 
 Split-K: with few rows (e.g. a 4096 x 4096 projection) N / BLOCK_N programs are too few to keep every SM's
 memory pipeline full for the whole kernel; ``split_k`` programs per row block each stream one K range and write
