@@ -15,10 +15,19 @@ STRATA_ASYNC_SCHEDULING: bool = os.environ.get("STRATA_ASYNC_SCHEDULING", "1") !
 # (the benchmarks' before/after switch, and an escape hatch):
 #: (q/k norm,) rotary and the KV store in one Triton kernel per layer.
 STRATA_FUSED_ROPE_KV: bool = os.environ.get("STRATA_FUSED_ROPE_KV", "1") != "0"
+#: in decode-only steps with a float cache, that rotary and KV store run inside the decode-attention kernel (run 18).
+STRATA_DECODE_ROPE_IN_ATTENTION: bool = os.environ.get("STRATA_DECODE_ROPE_IN_ATTENTION", "1") != "0"
 #: at start-up, time cuBLAS against the Triton GEMV per weight shape for batch-1 matmuls and keep the faster.
 STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
 #: the same tuning also times each RMSNorm / SiLU-mul + matmul pair against one GEMV with the op as its prologue.
 STRATA_GEMV_PROLOGUE: bool = os.environ.get("STRATA_GEMV_PROLOGUE", "1") != "0"
+#: Triton kernels on Hopper+ launch with programmatic dependent launch (``kernels/_common.py``, ``pdl_args``): each
+#: kernel's programs are scheduled while the previous kernel drains and wait in-kernel for its results, instead of
+#: the launch starting only once it has finished. Issue 12, docs/gpu_notes.md run 18.
+STRATA_PDL: bool = os.environ.get("STRATA_PDL", "1") != "0"
+#: with PDL, a batch-1 GEMV's first programs ask L2 for their first weight tiles, and batch-1 decode attention (with
+#: the rotary inside) for its first key tile, before they wait for the previous kernel (run 18).
+STRATA_PDL_PREFETCH: bool = os.environ.get("STRATA_PDL_PREFETCH", "1") != "0"
 #: decode attention launches the longest rows first, with ~16 programs per SM (more KV splits) instead of ~2.
 STRATA_DECODE_LONG_FIRST: bool = os.environ.get("STRATA_DECODE_LONG_FIRST", "1") != "0"
 #: decode attention chooses each row's KV split count in the kernel from its own length against the step's total,

@@ -2,6 +2,8 @@
 change), and small device helpers."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -70,3 +72,58 @@ def dot(a, b, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, input_precision="ieee")
     return tl.dot(a, b)
+
+
+# ----------------------------------------------------------------------------- programmatic dependent launch
+@functools.lru_cache(maxsize=None)
+def _hopper_or_newer(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+# PDL only for launches over at most this many rows (tokens, sequences): batch-1 decode, where every matmul is
+# our GEMV and PDL was measured to pay (run 18: -5.3% per 8B step, -12% at the Qwen3-0.6B shape). With up to 64
+# rows, nano-vllm's throughput workload (cuBLAS GEMMs between the PDL kernels) ran 3.1-3.7% slower in every round
+# (18f), as run 13 found for batch 1 when cuBLAS still did its matmuls: a PDL kernel placed early waits on SMs the
+# running kernel could use.
+PDL_MAX_ROWS = 1
+
+
+def pdl_args(t: torch.Tensor, rows: int) -> dict:
+    """The launch keywords for programmatic dependent launch (PDL) of a kernel whose data lives with ``t``, over
+    ``rows`` rows: ``PDL=True`` plus Triton's ``launch_pdl`` on a Hopper-or-newer GPU with ``STRATA_PDL`` on and
+    ``rows`` <= ``PDL_MAX_ROWS``, else ``PDL=False``.
+
+    Why: at batch 1 a decode step is ~230 short kernels in a row, and each one normally starts only after the
+    previous has finished and its launch has gone through. With PDL the next kernel's programs are placed on the
+    SMs while the previous one drains (its last programs triggered the launch) and block in ``pdl_wait`` until
+    its results are visible, so the launch latency and the programs' start overlap the previous kernel's tail.
+    Every kernel launched so must call ``pdl_wait`` before it reads or writes anything another kernel writes."""
+    from strataserve import envs
+
+    on = envs.STRATA_PDL and rows <= PDL_MAX_ROWS and t.is_cuda and _hopper_or_newer(t.device.index or 0)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@triton.jit
+def prefetch_l2(ptrs, mask):
+    """Ask L2 for the lines holding ``ptrs`` (where ``mask``) without waiting for them (PTX ``prefetch.global.L2``).
+    A PDL kernel calls it on data no kernel writes (weights) before its ``pdl_wait``: the bytes then stream in
+    while the previous kernel drains, and its first loads hit L2 instead of waiting on DRAM."""
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                              "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """With PDL: wait until the previous kernel in the stream has finished and its memory is visible, then let the
+    next kernel launch (its programs then wait here in turn). Called first, before any early return: a kernel that
+    finished without waiting would let the next one run ahead of the one before (the wait is not transitive then).
+    Without PDL: nothing."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

@@ -14,13 +14,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from strataserve.kernels._common import check, check_float, check_last_dim_contiguous
+from strataserve.kernels._common import check, check_float, check_last_dim_contiguous, pdl_args, pdl_wait
 
 _BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, D, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, D, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < D
@@ -45,7 +46,8 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     o2 = out if out.dim() == 2 else out.view(-1, d)
     if x2.shape[0]:
         grid = (x2.shape[0], triton.cdiv(d, _BLOCK))
-        _silu_and_mul_kernel[grid](x2, o2, x2.stride(0), o2.stride(0), d, BLOCK=_BLOCK, num_warps=4)
+        _silu_and_mul_kernel[grid](x2, o2, x2.stride(0), o2.stride(0), d, BLOCK=_BLOCK, num_warps=4,
+                                   **pdl_args(x, x2.shape[0]))
     return out
 
 

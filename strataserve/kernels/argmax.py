@@ -13,14 +13,15 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._common import check, check_float
+from strataserve.kernels._common import check, check_float, pdl_args, pdl_wait
 
 _BIG = tl.constexpr(2**31 - 1)  # (a jitted function reads only constexpr globals)
 
 
 @triton.jit
-def _chunk_argmax_kernel(x_ptr, pv_ptr, pi_ptr, V, x_sr, chunks, BLOCK: tl.constexpr):
+def _chunk_argmax_kernel(x_ptr, pv_ptr, pi_ptr, V, x_sr, chunks, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Chunk pid1 of row pid0: its largest value (NaN if it holds one) and that value's first index."""
+    pdl_wait(PDL)
     row, chunk = tl.program_id(0), tl.program_id(1)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row.to(tl.int64) * x_sr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
@@ -34,8 +35,9 @@ def _chunk_argmax_kernel(x_ptr, pv_ptr, pi_ptr, V, x_sr, chunks, BLOCK: tl.const
 
 
 @triton.jit
-def _row_argmax_kernel(pv_ptr, pi_ptr, out_ptr, chunks, BLOCK_C: tl.constexpr):
+def _row_argmax_kernel(pv_ptr, pi_ptr, out_ptr, chunks, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
     """The best of row pid0's chunk results (the first NaN chunk, else the first chunk holding the maximum)."""
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_C)
     cmask = offs < chunks
@@ -63,8 +65,10 @@ def argmax_rows(x: torch.Tensor, block: int = 4096) -> torch.Tensor:
         return out
     pv = torch.empty(B, chunks, dtype=torch.float32, device=x.device)
     pi = torch.empty(B, chunks, dtype=torch.int32, device=x.device)
-    _chunk_argmax_kernel[(B, chunks)](x, pv, pi, V, x.stride(0), chunks, BLOCK=block, num_warps=8)
-    _row_argmax_kernel[(B,)](pv, pi, out, chunks, BLOCK_C=max(16, triton.next_power_of_2(chunks)), num_warps=1)
+    pdl = pdl_args(x, B)
+    _chunk_argmax_kernel[(B, chunks)](x, pv, pi, V, x.stride(0), chunks, BLOCK=block, num_warps=8, **pdl)
+    _row_argmax_kernel[(B,)](pv, pi, out, chunks, BLOCK_C=max(16, triton.next_power_of_2(chunks)), num_warps=1,
+                             **pdl)
     return out
 
 

@@ -35,6 +35,15 @@ in-kernel combine's fence, ticket and reload cost ~3 us more than the reduce lau
 An fp8/int8 cache (``kv_quant.py``) is read as int32 words and unpacked to float16 (``kv_quant.load_tile``); q
 is then scaled by ``scale`` and cast to float16 (float32 for a float32 model), the per-head K scale multiplies
 the logits and the V scale the output.
+
+With ``rope`` (``DecodeRope``: a decode-only step, a float cache) the step's new token arrives unrotated and not yet
+stored: every program rotates its q heads itself (Qwen3's q/k norm first, ``rotary.rope_tile``), the program whose
+range holds the new position loads that token's k and v before its loop (which stops short of it), then rotates k,
+adds the token to its online softmax and writes k and v into their slot, so the separate rotary + KV-store launch
+before attention goes away (run 18). Under PDL with fixed splits (batch-1-sized launches) such a program also asks L2
+for its first key tile's K and V lines before it waits for the previous kernel: none of what it reads before the
+wait (lengths, block table, cached rows before the new token) is written by the kernel just before it (the qkv
+projection), only at the step's start.
 """
 from __future__ import annotations
 
@@ -42,9 +51,12 @@ import torch
 import triton
 import triton.language as tl
 
+from strataserve import envs
 from strataserve.kernels._common import dot as _dot
-from strataserve.kernels._common import (check, check_index, check_ndim, check_paged_qkv, check_same_device, next_pow2)
+from strataserve.kernels._common import (check, check_index, check_ndim, check_paged_qkv, check_same_device, next_pow2,
+                                        pdl_args, pdl_wait, prefetch_l2)
 from strataserve.kernels.kv_quant import dequantize_ref, load_tile, word_view
+from strataserve.kernels.rotary import DecodeRope, decode_rope_args, rope_apply, rope_operands, rope_tile
 
 
 # the block-table width changes from step to step on the eager path: not specialised on, so a width that
@@ -52,11 +64,15 @@ from strataserve.kernels.kv_quant import dequantize_ref, load_tile, word_view
 @triton.jit(do_not_specialize=["bt_sb"])
 def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr, o_ptr, sem_ptr, ks_ptr, vs_ptr,
                          q_sb, q_sh, c_sb, c_ss, c_sh, bt_sb, po_sb, po_sh, po_ss, pl_sb, pl_sh, o_sb, o_sh,
-                         scale, D, slots, few, G: tl.constexpr, PAGE: tl.constexpr,
+                         scale, D, slots, few, pos_ptr, kn_ptr, vn_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr,
+                         kn_sb, kn_sh, vn_sb, vn_sh, cs_stride, eps, HALF, G: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr,
                          INT: tl.constexpr, ASM: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_B: tl.constexpr,
-                         BLOCK_S: tl.constexpr):
+                         BLOCK_S: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
+                         EARLY: tl.constexpr, BLOCK_L: tl.constexpr, LINE: tl.constexpr):
+    if not EARLY:
+        pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     if REVERSE:  # the GPU starts programs in id order: with rows sorted by length, the longest go first
         b = tl.num_programs(0) - 1 - b
@@ -86,8 +102,34 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
     hmask = offs_h < G
     dmask = offs_d < D
     heads = kvh * G + offs_h
-    q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + offs_d[None, :],
-                mask=hmask[:, None] & dmask[None, :], other=0.0)
+    last = ctx - 1  # the position of the token being decoded
+    mine = (start <= last) & (last < end)  # this program's range holds it
+    loop_end = end
+    if EARLY:  # (PDL, rope, fixed splits) the first key tile's K and V lines to L2 while the previous kernel runs
+        offs_n = start + tl.arange(0, BLOCK_N)
+        nmask = offs_n < tl.where(mine, last, end)
+        blk = tl.load(bt_ptr + b * bt_sb + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+        offs_l = tl.arange(0, BLOCK_L) * LINE
+        lines = (blk * c_sb + (offs_n % PAGE) * c_ss + kvh * c_sh)[:, None] + offs_l[None, :]
+        lmask = nmask[:, None] & (offs_l[None, :] < D)
+        prefetch_l2(kc_ptr + lines, lmask)
+        prefetch_l2(vc_ptr + lines, lmask)
+        pdl_wait(PDL)
+    if ROPE:  # q rotated here, rounded as the in-place rotary rounds it
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        q = rope_tile(q_ptr + b * q_sb, q_sh, heads, hmask, offs_d, pos, cs_ptr, cs_stride, qw_ptr, eps, D, HALF,
+                      HAS_NORM).to(q_ptr.dtype.element_ty)
+        # the new token is not in the cache yet: its k / v are loaded now (the loop hides their latency), and the
+        # loop stops before it; after the loop it is rotated, attended to and stored
+        one = kvh + tl.zeros([1], tl.int32)
+        lim = tl.where(mine, D, 0)  # (masks as comparisons: a block & a scalar bool is not a mask everywhere)
+        kx, kxp, kcos, ksin, kw, kwp = rope_operands(kn_ptr + b * kn_sb, kn_sh, one, one * 0 < lim, offs_d, pos,
+                                                     cs_ptr, cs_stride, kw_ptr, D, HALF, HAS_NORM)
+        v_new = tl.load(vn_ptr + b * vn_sb + kvh * vn_sh + offs_d[None, :], mask=offs_d[None, :] < lim, other=0.0)
+        loop_end = tl.where(mine, last, end)
+    else:
+        q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + offs_d[None, :],
+                    mask=hmask[:, None] & dmask[None, :], other=0.0)
 
     qk_scale = scale
     v_scale = 1.0
@@ -101,9 +143,9 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(start, loop_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < end
+        nmask = offs_n < loop_end
         # PAGE is a compile-time constant: the page lookup is a shift and a mask (powers of two), not a division
         blk = tl.load(bt_ptr + b * bt_sb + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
         row = blk * c_sb + (offs_n % PAGE) * c_ss + kvh * c_sh  # in words for a quantised cache
@@ -126,6 +168,22 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
         acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v, IEEE)
         m_i = m_new
 
+    if ROPE:
+        if mine:  # the new token: one more key in the online softmax, then its k and v into their slot
+            k_new = rope_apply(kx, kxp, kcos, ksin, kw, kwp, eps, D, kn_ptr.dtype.element_ty, HAS_NORM)
+            k_new = k_new.to(kc_ptr.dtype.element_ty)
+            s = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * qk_scale
+            m_new = tl.maximum(m_i, s)
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + p
+            acc = acc * alpha[:, None] + p[:, None] * v_new.to(tl.float32)
+            m_i = m_new
+            slot = tl.load(slot_ptr + b).to(tl.int64)
+            if slot >= 0:
+                dst = (slot // PAGE) * c_sb + (slot % PAGE) * c_ss + kvh * c_sh + offs_d[None, :]
+                tl.store(kc_ptr + dst, k_new, mask=dmask[None, :])
+                tl.store(vc_ptr + dst, v_new, mask=dmask[None, :])
     nonempty = l_i > 0
     out = acc * (v_scale / tl.where(nonempty, l_i, 1.0))[:, None]
     lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
@@ -177,7 +235,8 @@ def _store_partial_and_combine(out, lse, po_ptr, pl_ptr, o_ptr, sem, b, heads, o
 
 @triton.jit
 def _paged_decode_reduce_kernel(po_ptr, pl_ptr, o_ptr, po_sb, po_sh, po_ss, pl_sb, pl_sh, o_sb, o_sh,
-                                num_splits, D, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                                num_splits, D, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -210,7 +269,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
                            reverse: bool = True, k_scale: torch.Tensor | None = None,
                            v_scale: torch.Tensor | None = None, split_target: int = 0, num_sms: int = 132,
-                           semaphores: torch.Tensor | None = None, split_all_below: int = 2) -> torch.Tensor:
+                           semaphores: torch.Tensor | None = None, split_all_below: int = 2,
+                           rope: DecodeRope | None = None) -> torch.Tensor:
     """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B];
     ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache.
 
@@ -221,6 +281,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``num_splits`` being the most any row takes, when B * Hkv >= ``num_sms``; ``semaphores``: int32 zeros,
     >= B * Hkv, which the kernel leaves zeroed (a caller that keeps one buffer saves a memset per launch; None
     allocates one); ``split_all_below``: programs per SM under which adaptive splits cut equal rows too (0: never).
+    ``rope``: q is not rotated yet, and the new tokens' k/v (``DecodeRope``) are rotated, stored and attended to in
+    this launch (module docstring).
     """
     quant = check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]", k_scale, v_scale)
     B, Hq, D = q.shape
@@ -235,6 +297,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if out is None:
         out = torch.empty_like(q)
     check(out.shape == q.shape and out.dtype == q.dtype and out.stride(2) == 1, "out: must match q")
+    rope_args, has_norm = decode_rope_args(rope, q, k_cache, quant)
     if B == 0:
         return out
     G = Hq // Hkv
@@ -261,22 +324,28 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     is_int = asm = False
     if quant:
         (k_cache, is_int, asm), v_cache = word_view(k_cache), word_view(v_cache)[0]
+    pdl = pdl_args(q, B)
+    line = 128 // k_cache.element_size()  # cache elements per 128-byte line
     _paged_decode_kernel[(B, Hkv, splits)](
         q, k_cache, v_cache, block_tables, context_lens, partial, lse, out, sems, k_scale if quant else q,
         v_scale if quant else q,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *po_strides, *pl_strides, out.stride(0), out.stride(1), scale, D, max(1, split_target * num_sms),
-        split_all_below * num_sms,
+        split_all_below * num_sms, *rope_args,
         G=G, PAGE=block_size, BLOCK_H=max(16, next_pow2(G)), BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32,
         DIRECT=direct, REVERSE=reverse, QUANT=quant, INT=is_int, ASM=asm, ADAPTIVE=adaptive,
         BLOCK_B=next_pow2(B) if adaptive else 1,
-        BLOCK_S=max(2, next_pow2(splits)), num_warps=num_warps, num_stages=num_stages)
+        BLOCK_S=max(2, next_pow2(splits)), ROPE=rope is not None, HAS_NORM=has_norm,
+        EARLY=rope is not None and pdl["PDL"] and not adaptive and envs.STRATA_PDL_PREFETCH,
+        BLOCK_L=next_pow2(triton.cdiv(D, line)), LINE=line,
+        num_warps=num_warps, num_stages=num_stages, **pdl)
     if direct or adaptive:
         return out
     _paged_decode_reduce_kernel[(B, Hq)](
         partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1), splits, D, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_d, num_warps=4)
+        out.stride(0), out.stride(1), splits, D, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_d, num_warps=4,
+        **pdl)
     return out
 
 

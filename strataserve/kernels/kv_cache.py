@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._common import check, check_index, check_ndim, check_same_device, next_pow2
+from strataserve.kernels._common import (check, check_index, check_ndim, check_same_device, next_pow2, pdl_args,
+                                        pdl_wait)
 from strataserve.kernels.kv_quant import check_kv_scales, quantize_ref, store_value
 
 
@@ -24,7 +25,8 @@ from strataserve.kernels.kv_quant import check_kv_scales, quantize_ref, store_va
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr,
                      k_st, k_sh, v_st, v_sh, c_sb, c_ss, c_sh,
                      H, D, block_size, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                     QUANT: tl.constexpr, INT: tl.constexpr):
+                     QUANT: tl.constexpr, INT: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot >= 0:
@@ -81,7 +83,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                            H, D, k_cache.shape[1], BLOCK_H=next_pow2(H), BLOCK_D=next_pow2(D),
-                           QUANT=quant, INT=k_cache.dtype == torch.int8, num_warps=4)
+                           QUANT=quant, INT=k_cache.dtype == torch.int8, num_warps=4, **pdl_args(k, T))
 
 
 def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -17,11 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._common import check, check_float, check_last_dim_contiguous, check_same_device, next_pow2
+from strataserve.kernels._common import (check, check_float, check_last_dim_contiguous, check_same_device, next_pow2,
+                                        pdl_args, pdl_wait)
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_stride, out_stride, H, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_stride, out_stride, H, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -34,7 +36,9 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_stride, out_stride, H, eps, BLOCK:
 
 
 @triton.jit
-def _fused_add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, x_stride, r_stride, H, eps, BLOCK: tl.constexpr):
+def _fused_add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, x_stride, r_stride, H, eps, BLOCK: tl.constexpr,
+                               PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -82,7 +86,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     H = x.shape[-1]
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, weight, o2, x2.stride(0), o2.stride(0), H, eps,
-                                         BLOCK=next_pow2(H), num_warps=_warps(H))
+                                         BLOCK=next_pow2(H), num_warps=_warps(H), **pdl_args(x, x2.shape[0]))
     return out
 
 
@@ -101,7 +105,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     if x2.shape[0]:
         _fused_add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, x2.stride(0), r2.stride(0), H, eps,
                                                    BLOCK=next_pow2(H),
-                                                   num_warps=num_warps or _warps(H, x2.shape[0]))
+                                                   num_warps=num_warps or _warps(H, x2.shape[0]),
+                                                   **pdl_args(x, x2.shape[0]))
     return x, residual
 
 

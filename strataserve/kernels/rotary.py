@@ -19,12 +19,14 @@ One program per token; it loops over that token's heads.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from strataserve.kernels._common import (check, check_float, check_index, check_ndim, check_same_device,
-                                         next_pow2)
+                                         next_pow2, pdl_args, pdl_wait)
 from strataserve.kernels.kv_quant import store_value
 
 
@@ -60,6 +62,52 @@ def rope_heads(x_ptr, x_off, x_sh, o_ptr, o_off, o_sh, h_start, h_end, cos, sin,
 
 
 @triton.jit
+def rope_operands(x_ptr, x_sh, heads, hmask, offs_d, pos, cache_ptr, cache_stride, w_ptr, D, HALF,
+                  HAS_NORM: tl.constexpr):
+    """The loads of ``rope_tile`` (float32): heads ``heads`` of one token [heads, BLOCK_D], each feature's partner
+    d +- HALF (a second, cached load), cos and signed sin at ``pos``, the norm weight and its partner. Apart from
+    ``rope_apply`` so a kernel can issue them early and rotate later."""
+    low = offs_d < HALF
+    partner = tl.where(low, offs_d + HALF, offs_d - HALF)
+    j = tl.where(low, offs_d, offs_d - HALF)
+    dmask = offs_d < D
+    cos = tl.load(cache_ptr + pos * cache_stride + j, mask=dmask, other=0.0)[None, :]
+    sin = tl.load(cache_ptr + pos * cache_stride + HALF + j, mask=dmask, other=0.0)
+    sin = tl.where(low, -sin, sin)[None, :]  # x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin
+    m = hmask[:, None] & dmask[None, :]
+    src = x_ptr + heads[:, None] * x_sh
+    x = tl.load(src + offs_d[None, :], mask=m, other=0.0).to(tl.float32)
+    xp = tl.load(src + partner[None, :], mask=m, other=0.0).to(tl.float32)
+    w = cos  # placeholders without the norm (never read)
+    wp = cos
+    if HAS_NORM:
+        w = tl.load(w_ptr + offs_d, mask=dmask, other=0.0).to(tl.float32)[None, :]
+        wp = tl.load(w_ptr + partner, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    return x, xp, cos, sin, w, wp
+
+
+@triton.jit
+def rope_apply(x, xp, cos, sin, w, wp, eps, D, dt: tl.constexpr, HAS_NORM: tl.constexpr):
+    """(Norm and) rotate ``rope_operands``' heads, rounding to ``dt`` as ``rope_heads`` does; float32 out."""
+    if HAS_NORM:
+        inv = (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps))[:, None]
+        x = ((x * inv).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
+        xp = ((xp * inv).to(dt).to(tl.float32) * wp).to(dt).to(tl.float32)
+    return x * cos + xp * sin
+
+
+@triton.jit
+def rope_tile(x_ptr, x_sh, heads, hmask, offs_d, pos, cache_ptr, cache_stride, w_ptr, eps, D, HALF,
+              HAS_NORM: tl.constexpr):
+    """Heads ``heads`` of one token, whole (rot_dim == head_dim), as a float32 [heads, BLOCK_D] tile: (norm,)
+    rotated at position ``pos``, rounded as ``rope_heads`` rounds them, not stored: for a kernel that goes on to
+    use the rotated heads (decode attention). The tile keeps the head's layout (no split into halves)."""
+    x, xp, cos, sin, w, wp = rope_operands(x_ptr, x_sh, heads, hmask, offs_d, pos, cache_ptr, cache_stride, w_ptr,
+                                           D, HALF, HAS_NORM)
+    return rope_apply(x, xp, cos, sin, w, wp, eps, D, x_ptr.dtype.element_ty, HAS_NORM)
+
+
+@triton.jit
 def rope_constants(pos_ptr, cache_ptr, qw_ptr, kw_ptr, tok, cache_stride, HALF, offs_r, HAS_NORM: tl.constexpr):
     """Token ``tok``'s cos and sin halves, and the two halves of the q and k norm weights (float32)."""
     pos = tl.load(pos_ptr + tok).to(tl.int64)
@@ -83,7 +131,8 @@ def rope_constants(pos_ptr, cache_ptr, qw_ptr, kw_ptr, tok, cache_stride, HALF, 
 def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr,
                    q_stride_t, q_stride_h, k_stride_t, k_stride_h, cache_stride,
                    n_q_heads, n_k_heads, D, HALF, eps,
-                   HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+                   HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     offs_h = tl.arange(0, BLOCK_H)
@@ -161,8 +210,48 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_
     _rotary_kernel[(T,)](q3, k3, positions, cos_sin_cache, qw, kw,
                          q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), cos_sin_cache.stride(0),
                          q3.shape[1], k3.shape[1], D, half, eps,
-                         HAS_NORM=has_norm, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=4)
+                         HAS_NORM=has_norm, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=4,
+                         **pdl_args(q3, T))
     return q, k
+
+
+@dataclass(frozen=True)
+class DecodeRope:
+    """The step's new tokens for ``paged_decode_attention(rope=...)``: ``k``/``v`` [B, Hkv, D] (views with a
+    contiguous head_dim), unrotated and not yet in the cache, at ``positions`` [B] (each row's context length - 1),
+    going to ``slot_mapping`` [B] (< 0: store nothing, a padding row); rotary over the whole head from
+    ``cos_sin_cache`` [max_pos, D], Qwen3's q/k RMSNorm first when both weights are given."""
+
+    positions: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    q_norm_weight: torch.Tensor | None = None
+    k_norm_weight: torch.Tensor | None = None
+    eps: float = 1e-6
+
+
+def decode_rope_args(rope: DecodeRope | None, q: torch.Tensor, k_cache: torch.Tensor,
+                     quant: bool) -> tuple[list, bool]:
+    """The decode-attention kernel's rope arguments for ``q`` [B, Hq, D] over ``k_cache`` (placeholders without
+    ``rope``), checked, and whether the q/k norm is fused."""
+    if rope is None:
+        return [q, q, q, q, q, q, q, 0, 0, 0, 0, 0, 0.0, 0], False
+    check(not quant, "rope: a quantised cache takes rotary_store_kv before attention (the fused store is float only)")
+    B, _, D = q.shape
+    _, k3, has_norm = check_rotary_args(q, rope.k, rope.positions, rope.cos_sin_cache, D, rope.q_norm_weight,
+                                        rope.k_norm_weight)
+    check(rope.cos_sin_cache.shape[1] == D, f"rope: rot_dim {rope.cos_sin_cache.shape[1]} must equal head_dim {D}")
+    check(k3.shape == (B, k_cache.shape[2], D) and rope.v.shape == k3.shape and rope.v.stride(2) == 1,
+          f"rope: k and v must be [{B}, {k_cache.shape[2]}, {D}] with a contiguous head_dim")
+    check(rope.v.dtype == k_cache.dtype == k3.dtype, "rope: k, v and the caches must share one dtype")
+    check_index("slot_mapping", rope.slot_mapping)
+    check(rope.slot_mapping.shape == (B,), f"rope: slot_mapping must have shape ({B},)")
+    qw = rope.q_norm_weight if has_norm else rope.cos_sin_cache
+    kw = rope.k_norm_weight if has_norm else rope.cos_sin_cache
+    return [rope.positions, k3, rope.v, rope.cos_sin_cache, qw, kw, rope.slot_mapping, k3.stride(0), k3.stride(1),
+            rope.v.stride(0), rope.v.stride(1), rope.cos_sin_cache.stride(0), rope.eps, D // 2], has_norm
 
 
 # ----------------------------------------------------------------------------- PyTorch reference

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._common import check
+from strataserve.kernels._common import check, pdl_args, pdl_wait
 from strataserve.kernels.kv_cache import check_store_kv_args, store_kv_ref
 from strataserve.kernels.kv_quant import store_value
 from strataserve.kernels.rotary import (apply_rotary_ref, as_heads, check_rotary_args, rope_constants,
@@ -35,9 +35,10 @@ def _rotary_store_kv_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cache_ptr, qw_ptr, kw_
                             q_st, q_sh, k_st, k_sh, v_st, v_sh, cache_stride, c_sb, c_ss, c_sh,
                             n_q_heads, n_k_heads, D, HALF, eps, block_size,
                             HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
-                            BLOCK_D: tl.constexpr, QUANT: tl.constexpr, INT: tl.constexpr):
+                            BLOCK_D: tl.constexpr, QUANT: tl.constexpr, INT: tl.constexpr, PDL: tl.constexpr):
     """Program (t, g): token t's group g of BLOCK_H heads; the first cdiv(Hq, BLOCK_H) groups are q heads, the
     rest k heads (rotated into the cache, with the same heads of v copied beside them)."""
+    pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     n_qg = tl.cdiv(n_q_heads, BLOCK_H)
@@ -103,7 +104,7 @@ def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         q3.shape[1], k3.shape[1], D, half, eps, k_cache.shape[1],
         HAS_NORM=has_norm, BLOCK_R=block_r, BLOCK_H=block_h, BLOCK_D=triton.next_power_of_2(D), QUANT=quant,
-        INT=k_cache.dtype == torch.int8, num_warps=4)
+        INT=k_cache.dtype == torch.int8, num_warps=4, **pdl_args(q3, T))
     return q
 
 

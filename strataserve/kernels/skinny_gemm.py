@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._common import check, check_float, check_same_device
+from strataserve.kernels._common import check, check_float, check_same_device, pdl_args, pdl_wait
 from strataserve.kernels.gemv import gemv_ref
 
 
@@ -30,10 +30,11 @@ from strataserve.kernels.gemv import gemv_ref
 def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_sm, w_sn, y_sm, k_per_split,
                         splits, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr,
                         EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """Tile (pid1 rows, pid0 columns) over split pid2's K range. Not SPLIT: y (+ bias) in y's dtype. SPLIT:
     float32 partials into p_ptr [splits, M, N]; with COMBINE the tile's last program to finish adds them (an
     atomic ticket per tile in sem_ptr, left at zero), else ``_split_reduce_kernel`` does."""
+    pdl_wait(PDL)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -83,8 +84,10 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_s
 
 
 @triton.jit
-def _split_reduce_kernel(p_ptr, b_ptr, y_ptr, M, N, y_sm, splits, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _split_reduce_kernel(p_ptr, b_ptr, y_ptr, M, N, y_sm, splits, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
     """y[m, n] = sum over s of partial[s, m, n] (+ bias[n]), in a fixed order."""
+    pdl_wait(PDL)
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < M * N
     acc = tl.zeros([BLOCK], tl.float32)
@@ -144,15 +147,18 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if combine:
         check(tickets.dtype == torch.int32 and tickets.numel() >= grid[0] * grid[1] and tickets.device == x.device,
               f"tickets: expected int32 zeros on {x.device} with >= {grid[0] * grid[1]} elements")
+    pdl = pdl_args(x, M)
     _skinny_gemm_kernel[grid](x, weight, b, y, part, tickets if combine else part, M, N, K, x.stride(0),
                               weight.stride(0), y.stride(0), k_per_split, splits, HAS_BIAS=bias is not None,
                               SPLIT=splits > 1, COMBINE=combine, EVEN_K=K % c.block_k == 0,
                               IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
-                              BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
+                              BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages,
+                              **pdl)
     if splits > 1 and not combine:
         block = 1024
         _split_reduce_kernel[(triton.cdiv(M * N, block),)](part, b, y, M, N, y.stride(0), splits,
-                                                           HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+                                                           HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+                                                           **pdl)
     return y
 
 

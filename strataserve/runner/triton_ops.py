@@ -8,8 +8,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from strataserve import envs
+from strataserve.kernels._common import PDL_MAX_ROWS
 from strataserve.kernels.activation import silu_and_mul
-from strataserve.kernels.decode_attention import default_num_splits, paged_decode_attention
+from strataserve.kernels.decode_attention import DecodeRope, default_num_splits, paged_decode_attention
 from strataserve.kernels.gemv import GemvConfig, gemv, gemv_rms_norm, gemv_silu_mul
 from strataserve.kernels.kv_cache import store_kv
 from strataserve.kernels.prefill_attention import prefill_attention
@@ -85,6 +87,15 @@ class TritonAttention:
             return {}
         return {"k_scale": self.kv_scales[layer_idx, 0], "v_scale": self.kv_scales[layer_idx, 1]}
 
+    def rope_in_kernel(self, decode_rows: int) -> bool:
+        """Whether a decode-only step of this many rows should rotate and store inside decode attention: launches
+        with fixed splits (fewer programs than SMs) that also launch with PDL (``PDL_MAX_ROWS``: batch 1), where the
+        kernel prefetches its first key tile before the wait. Run 18, batch 1: -0.4% per 8B step, -1.2% at the
+        Qwen3-0.6B shape (without PDL: a tie); at batch 64 (adaptive splits) the separate kernel was faster (+0.8% /
+        +2.6% when fused)."""
+        return self.kv_scales is None and decode_rows <= PDL_MAX_ROWS and decode_launch(
+            decode_rows, self.num_kv_heads, self.num_sms, self.programs_per_sm, self.split_target)[1] == 0
+
     def _tickets(self, n: int, device: torch.device) -> torch.Tensor | None:
         if not self.split_target:
             return None
@@ -94,8 +105,10 @@ class TritonAttention:
         return self._semaphores
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata | None, kv_stored: bool = False) -> torch.Tensor:
-        """``kv_stored``: this step's k/v are already in their slots (``rotary_store_kv`` wrote them)."""
+                meta: AttentionMetadata | None, kv_stored: bool = False,
+                rope: DecodeRope | None = None) -> torch.Tensor:
+        """``kv_stored``: this step's k/v are already in their slots (``rotary_store_kv`` wrote them). ``rope``
+        (a decode-only step): q and k are not rotated yet, and the decode kernel rotates, stores and attends."""
         if meta is None:
             return self._no_cache.forward(layer_idx, q, k, v, None)
         t = q.shape[0]
@@ -103,7 +116,7 @@ class TritonAttention:
         q3, k3, v3 = q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
         k_cache, v_cache = self.kv_caches[layer_idx]
         sc = self.layer_scales(layer_idx)
-        if not kv_stored:
+        if not kv_stored and rope is None:
             store_kv(k3, v3, k_cache, v_cache, meta.slot_mapping, **sc)
         out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
         nd = meta.num_decode_tokens
@@ -113,7 +126,8 @@ class TritonAttention:
             paged_decode_attention(q3[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                                    self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse,
                                    split_target=target, num_sms=self.num_sms,
-                                   semaphores=self._tickets(nd * hkv, q.device) if target else None, **sc)
+                                   semaphores=self._tickets(nd * hkv, q.device) if target else None, rope=rope,
+                                   **sc)
         if meta.prefills or meta.prefill_tiles is not None:
             assert meta.prefill_seq_lens is not None, "build_input_batch sets prefill_seq_lens once per step"
             max_q = max((seg.query_len for seg in meta.prefills), default=0)
@@ -136,15 +150,20 @@ class TritonOps:
     ``("silu", shape)`` to the GEMV configuration that, with the RMSNorm (+ residual add) / SiLU-and-mul before
     the projection as its prologue, beat that op's own launch + the plain matmul (measured at start-up too).
     ``fused_rope_kv`` (default on): (q/k norm,) rotary and the KV store in one kernel; off, the unfused sequence
-    (the before/after switch of the benchmarks).
+    (the before/after switch of the benchmarks). ``rope_in_attention`` (default ``STRATA_DECODE_ROPE_IN_ATTENTION``):
+    in a small decode-only step over a float cache (``TritonAttention.rope_in_kernel``), that kernel's work runs
+    inside decode attention instead.
     """
 
     name = "triton"
 
     def __init__(self, attention: TritonAttention, use_gemv: bool = False,
                  gemv_plan: dict[tuple[int, int], GemvConfig] | None = None, fused_rope_kv: bool = True,
-                 prologue_plan: dict[tuple[str, tuple[int, int]], GemvConfig] | None = None) -> None:
+                 prologue_plan: dict[tuple[str, tuple[int, int]], GemvConfig] | None = None,
+                 rope_in_attention: bool | None = None) -> None:
         self.attention = attention
+        self.rope_in_attention = (envs.STRATA_DECODE_ROPE_IN_ATTENTION if rope_in_attention is None
+                                  else rope_in_attention)
         self.use_gemv = use_gemv
         self.gemv_plan = dict(gemv_plan or {})
         self.prologue_plan = dict(prologue_plan or {})
@@ -202,6 +221,13 @@ class TritonOps:
         if meta is None or cos_sin_cache.shape[1] != head_dim:  # no cache to store into / partial rotary
             q, k = self.rotate_qk(positions, q, k, head_dim, cos_sin_cache, q_norm, k_norm, eps)
             return att.forward(layer_idx, q, k, v, meta)
+        t = q.shape[0]
+        if (self.rope_in_attention and meta.num_decode_tokens == t and not meta.prefills
+                and meta.prefill_tiles is None and att.rope_in_kernel(t)):  # rotary and store inside attention
+            hkv = att.num_kv_heads
+            rope = DecodeRope(positions, k.view(t, hkv, head_dim), v.view(t, hkv, head_dim), cos_sin_cache,
+                              meta.slot_mapping, q_norm, k_norm, eps)
+            return att.forward(layer_idx, q, k, v, meta, rope=rope)
         k_cache, v_cache = att.kv_caches[layer_idx]
         # one launch: (q/k norm,) rotary of q in place, rotated k and v straight into their cache slots
         rotary_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, head_dim,

@@ -5,9 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from strataserve.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from strataserve.kernels.decode_attention import DecodeRope, paged_decode_attention, paged_decode_attention_ref
 from strataserve.kernels.prefill_attention import prefill_attention, prefill_attention_ref
 from strataserve.kernels.prefill_tiles import build_prefill_tiles
+from strataserve.kernels.rotary_kv import rotary_store_kv_ref
+from strataserve.models.hf_config import RopeScaling
+from strataserve.models.rope import build_cos_sin_cache
 from ._helpers import ATTN_TOL, DTYPES, assert_close
 
 
@@ -42,6 +45,46 @@ def test_paged_decode(device, dtype, lens, Hq, Hkv, D, bs, splits, reverse):
     scale = D ** -0.5
     out = paged_decode_attention(q, kc, vc, tables, ctx, scale, num_splits=splits, block_n=16, reverse=reverse)
     assert_close(out, paged_decode_attention_ref(q, kc, vc, tables, ctx, scale), ATTN_TOL[dtype], "decode")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lens,Hq,Hkv,D,bs,splits,target,norm", [
+    ([5, 123, 1, 40], 4, 2, 32, 16, None, 0, False),   # GQA, default splits, the new token in each row's last split
+    ([77, 0], 6, 1, 64, 8, 3, 0, True),                 # MQA, Qwen3 q/k norm, a padding row (slot -1)
+    ([0, 9, 130], 4, 1, 32, 16, 1, 0, True),            # one split: direct
+    ([200, 200, 3, 0], 8, 2, 32, 16, 4, 4, False),      # adaptive splits (in-kernel combine)
+])
+def test_paged_decode_with_rotary_and_store(device, dtype, lens, Hq, Hkv, D, bs, splits, target, norm):
+    """``rope=``: q and the new k unrotated, the new k/v not yet stored; the kernel must give what rotary_store_kv
+    followed by attention gives: the same output and the same caches (the new slot written, nothing else)."""
+    kc, vc, tables = _paged_cache(device, dtype, lens, Hkv, D, bs)
+    B = len(lens)
+    qkv = torch.randn(B, Hq + 2 * Hkv, D, device=device, dtype=dtype)
+    q, k, v = qkv[:, :Hq], qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:]  # strided views of one projection
+    ctx = torch.tensor(lens, dtype=torch.int32, device=device)
+    pos = (ctx - 1).clamp(min=0).long()
+    last = pos.view(-1, 1)
+    slots = (tables.long().gather(1, last // bs).view(-1) * bs + pos % bs).masked_fill(ctx == 0, -1)
+    cos_sin = build_cos_sin_cache(D, 512, 1e6, RopeScaling(), device=device)
+    qw = torch.rand(D, device=device, dtype=dtype) + 0.5 if norm else None
+    kw = torch.rand(D, device=device, dtype=dtype) + 0.5 if norm else None
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    rq = rotary_store_kv_ref(q, k, v, pos, cos_sin, kc_ref, vc_ref, slots, qw, kw, 1e-6)
+    want = paged_decode_attention_ref(rq, kc_ref, vc_ref, tables, ctx, D ** -0.5)
+    q_before = q.clone()
+    rope = DecodeRope(pos, k, v, cos_sin, slots, qw, kw, 1e-6)
+    sems = torch.zeros(B * Hkv, dtype=torch.int32, device=device)
+    out = paged_decode_attention(q, kc, vc, tables, ctx, D ** -0.5, num_splits=splits, block_n=16, rope=rope,
+                                 split_target=target, num_sms=2, semaphores=sems)
+    tol = 2 * ATTN_TOL[dtype] if norm else ATTN_TOL[dtype]  # (the norm rounds twice before the rotation)
+    assert_close(out, want, tol, "decode with rope")
+    assert_close(kc, kc_ref, 2 * tol, "k cache")
+    assert torch.equal(vc, vc_ref), "v cache: the new v in its slot, nothing else"
+    assert torch.equal(q, q_before), "q is rotated in registers, not in memory"
+    with pytest.raises(ValueError, match="rot_dim"):
+        paged_decode_attention(q, kc, vc, tables, ctx, 0.3, rope=DecodeRope(pos, k, v, cos_sin[:, :D // 2], slots))
+    with pytest.raises(ValueError, match="slot_mapping"):
+        paged_decode_attention(q, kc, vc, tables, ctx, 0.3, rope=DecodeRope(pos, k, v, cos_sin, slots[:1]))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -187,3 +187,15 @@ def test_canvas_attend_triton_matches_torch(device, qk_norm):
         outs.append(ops.attend(0, pos, q, k, v, 16, cos_sin, qn, kn, 1e-6, meta))
     assert outs[0].shape == (rows, 64)
     assert_close(outs[0], outs[1], 1e-5, "canvas attention output")
+
+
+def test_rope_runs_inside_decode_attention_only_for_fixed_split_launches():
+    """Run 18: the rotary + KV store inside decode attention pays at batch 1 (fixed splits, PDL), not at batch 64
+    (adaptive splits, where the separate kernel is faster), and never with a quantised cache."""
+    att = TritonAttention(32, 8, 128, num_sms=132, split_target=6)
+    assert att.rope_in_kernel(1)
+    assert not att.rope_in_kernel(2)  # fixed splits too, but no PDL (PDL_MAX_ROWS): the separate kernel as before
+    assert not att.rope_in_kernel(17) and not att.rope_in_kernel(64)  # adaptive splits
+    assert not TritonAttention(160, 160, 128, num_sms=132, split_target=6).rope_in_kernel(1)  # adaptive at batch 1
+    att.bind_kv_cache([], torch.ones(1, 2, 8))
+    assert not att.rope_in_kernel(1)
