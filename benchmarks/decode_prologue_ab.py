@@ -8,7 +8,11 @@ before run 16 (no prologues, run 15's GEMV candidates: no evict-first loads, no 
 code before run 17 (prologues, run 16's candidates, the K loop not pipelined, torch's argmax). The greedy token is
 taken inside the replayed step by the runner's ``greedy_tokens`` (run 17's argmax kernel); ``torch-argmax`` takes
 it there with ``torch.argmax`` (the runner before run 17), ``eager-argmax`` after the step from float32 logits (this
-benchmark before run 17). One JSON line per
+benchmark before run 17). Run 18's switches: ``nopdl`` is the default path with ``STRATA_PDL=0`` (every kernel
+launched only after the previous one has finished), ``noprefetch`` with ``STRATA_PDL_PREFETCH=0`` (PDL without the
+L2 prefetches before the wait: the GEMV's weights, decode attention's first key tile), ``ropesep`` with
+``STRATA_DECODE_ROPE_IN_ATTENTION=0`` (the rotary + KV-store launch before decode attention), and ``run17`` all three
+off (the code before run 18). One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
     python benchmarks/decode_prologue_ab.py --shapes 8b,0.6b --rounds 3
@@ -16,6 +20,7 @@ benchmark before run 17). One JSON line per
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -28,7 +33,9 @@ from strataserve import envs  # noqa: E402
 from strataserve.kernels.gemv import GemvConfig  # noqa: E402
 from strataserve.runner import gemv_tuning  # noqa: E402
 
-CONFIGS = {"8b": mb.llama31_8b, "0.6b": mb.qwen3_06b}
+CONFIGS = {"8b": mb.llama31_8b, "0.6b": mb.qwen3_06b,
+           # the Qwen3-0.6B shape without the q/k norm (run 18: is the norm what the fused decode kernel pays for?)
+           "0.6b-nonorm": lambda: dataclasses.replace(mb.qwen3_06b(), qk_norm=False)}
 # run 15's candidates (the "before" variant): no evict-first loads, no 32-row blocks. Before run 17 the kernel's K
 # loop was never pipelined whatever num_stages said, so these and run 16's (the "run16" variant) run unpipelined.
 CANDIDATES_R15 = tuple(GemvConfig(*c, num_stages=1) for c in ((16, 512, 1, 4), (16, 512, 2, 4), (4, 512, 1, 4),
@@ -54,6 +61,10 @@ def main() -> None:
             for variant in (order if rnd % 2 == 0 else order[::-1]):
                 # read by apply_tuning / tune_gemv when the model is set up
                 envs.STRATA_GEMV_PROLOGUE = variant not in ("separate", "before")
+                # read at every kernel launch (so at graph capture) / when the ops are built
+                envs.STRATA_PDL = variant not in ("nopdl", "run17")
+                envs.STRATA_PDL_PREFETCH = variant not in ("noprefetch", "run17")
+                envs.STRATA_DECODE_ROPE_IN_ATTENTION = variant not in ("ropesep", "run17")
                 gemv_tuning.CANDIDATES = {"before": CANDIDATES_R15, "run16": CANDIDATES_R16}.get(variant, final)
                 argmax = {"torch-argmax": "graph-torch", "run16": "graph-torch", "eager-argmax": "eager"}.get(variant,
                                                                                                       "graph")

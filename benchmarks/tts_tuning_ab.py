@@ -4,7 +4,9 @@ engines side by side in one process, rounds alternating which runs first.
 ``tts_bench.py``'s random talkers in the released shapes, greedy, no eos, FRAMES frames per clip, at batch 1 and
 8. ``tuned`` is ``load_tts_model``'s default; ``untuned`` is ``STRATA_GEMV_TUNE=0``, the code before run 16 (every
 matmul through cuBLAS, every norm its own launch); ``run16`` tunes over run 16's candidates with the K loop not
-pipelined (the code before run 17). One JSON line per (shape, round, batch, variant):
+pipelined (the code before run 17); ``run17`` is ``tuned`` with run 18's switches off (``STRATA_PDL=0``,
+``STRATA_DECODE_ROPE_IN_ATTENTION=0``: no programmatic dependent launch, rotary + KV store before attention).
+One JSON line per (shape, round, batch, variant):
 
     FRAMES=64 python benchmarks/tts_tuning_ab.py --shapes 0.6B,1.7B --rounds 4 [--variants tuned,run16]
 """
@@ -31,7 +33,7 @@ def main() -> None:
     p.add_argument("--shapes", default="0.6B,1.7B")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--batches", default="1,8")
-    p.add_argument("--variants", default="tuned,untuned", help="two of tuned, untuned, run16")
+    p.add_argument("--variants", default="tuned,untuned", help="two of tuned, untuned, run16, run17")
     args = p.parse_args()
     first, second = args.variants.split(",")
     final = gemv_tuning.CANDIDATES
@@ -45,6 +47,8 @@ def main() -> None:
         engines = {}
         for variant in (first, second):
             envs.STRATA_GEMV_TUNE = variant != "untuned"  # read by tune_talker while the model is built
+            envs.STRATA_PDL = variant != "run17"  # read at every kernel launch: set again before each timed run
+            envs.STRATA_DECODE_ROPE_IN_ATTENTION = variant != "run17"
             gemv_tuning.CANDIDATES = CANDIDATES_R16 if variant == "run16" else final
             model = tb.our_model(raw, codec_raw)
             core, runner = build_core(model, max_num_seqs=max(batches), max_num_batched_tokens=4096,
@@ -55,6 +59,7 @@ def main() -> None:
         for rnd in range(args.rounds):
             for variant in ((first, second) if rnd % 2 == 0 else (second, first)):
                 core, runner, model = engines[variant]
+                envs.STRATA_PDL = variant != "run17"
                 for b in batches:
                     n, dt = tb.run_ours(core, runner, model, texts[:b], f"r{rnd}{variant}{b}")
                     print(json.dumps({"bench": "tts_tuning_ab", "shape": name, "round": rnd, "batch": b,
