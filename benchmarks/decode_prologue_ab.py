@@ -9,7 +9,8 @@ code before run 17 (prologues, run 16's candidates, the K loop not pipelined, to
 taken inside the replayed step by the runner's ``greedy_tokens`` (run 17's argmax kernel); ``torch-argmax`` takes
 it there with ``torch.argmax`` (the runner before run 17), ``eager-argmax`` after the step from float32 logits (this
 benchmark before run 17). Run 18's switches: ``nopdl`` is the default path with ``STRATA_PDL=0`` (every kernel
-launched only after the previous one has finished), ``noprefetch`` with ``STRATA_PDL_PREFETCH=0`` (PDL without the
+launched only after the previous one has finished; since 18f this also keeps the rotary out of attention),
+``noprefetch`` with ``STRATA_PDL_PREFETCH=0`` (PDL without the
 L2 prefetches before the wait: the GEMV's weights, decode attention's first key tile), ``ropesep`` with
 ``STRATA_DECODE_ROPE_IN_ATTENTION=0`` (the rotary + KV-store launch before decode attention), and ``run17`` all three
 off (the code before run 18). One JSON line per

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from strataserve import envs
 from strataserve.kernels.kv_quant_ref import check_kv_scales
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -93,20 +94,23 @@ def sm_count(index: int) -> int:
 PDL_MAX_ROWS = 1
 
 
+def pdl_enabled(device: torch.device, rows: int) -> bool:
+    """Whether a launch over ``rows`` rows on ``device`` uses PDL: a Hopper-or-newer GPU, ``STRATA_PDL`` on, and
+    ``rows`` <= ``PDL_MAX_ROWS``."""
+    return (envs.STRATA_PDL and rows <= PDL_MAX_ROWS and device.type == "cuda"
+            and _hopper_or_newer(device.index or 0))
+
+
 def pdl_args(t: torch.Tensor, rows: int) -> dict:
     """The launch keywords for programmatic dependent launch (PDL) of a kernel whose data lives with ``t``, over
-    ``rows`` rows: ``PDL=True`` plus Triton's ``launch_pdl`` on a Hopper-or-newer GPU with ``STRATA_PDL`` on and
-    ``rows`` <= ``PDL_MAX_ROWS``, else ``PDL=False``.
+    ``rows`` rows: ``PDL=True`` plus Triton's ``launch_pdl`` where ``pdl_enabled``, else ``PDL=False``.
 
     Why: at batch 1 a decode step is ~230 short kernels in a row, and each one normally starts only after the
     previous has finished and its launch has gone through. With PDL the next kernel's programs are placed on the
     SMs while the previous one drains (its last programs triggered the launch) and block in ``pdl_wait`` until
     its results are visible, so the launch latency and the programs' start overlap the previous kernel's tail.
     Every kernel launched so must call ``pdl_wait`` before it reads or writes anything another kernel writes."""
-    from strataserve import envs
-
-    on = envs.STRATA_PDL and rows <= PDL_MAX_ROWS and t.is_cuda and _hopper_or_newer(t.device.index or 0)
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(t.device, rows) else {"PDL": False}
 
 
 @triton.jit

@@ -105,9 +105,11 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
     last = ctx - 1  # the position of the token being decoded
     mine = (start <= last) & (last < end)  # this program's range holds it
     loop_end = end
+    if ROPE:  # the new token is not in the cache yet: the loop stops short of it (it is added after the loop)
+        loop_end = tl.where(mine, last, end)
     if EARLY:  # (PDL, rope, fixed splits) the first key tile's K and V lines to L2 while the previous kernel runs
         offs_n = start + tl.arange(0, BLOCK_N)
-        nmask = offs_n < tl.where(mine, last, end)
+        nmask = offs_n < loop_end
         blk = tl.load(bt_ptr + b * bt_sb + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
         offs_l = tl.arange(0, BLOCK_L) * LINE
         lines = (blk * c_sb + (offs_n % PAGE) * c_ss + kvh * c_sh)[:, None] + offs_l[None, :]
@@ -119,14 +121,13 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
         pos = tl.load(pos_ptr + b).to(tl.int64)
         q = rope_tile(q_ptr + b * q_sb, q_sh, heads, hmask, offs_d, pos, cs_ptr, cs_stride, qw_ptr, eps, D, HALF,
                       HAS_NORM).to(q_ptr.dtype.element_ty)
-        # the new token is not in the cache yet: its k / v are loaded now (the loop hides their latency), and the
-        # loop stops before it; after the loop it is rotated, attended to and stored
+        # the new token's k / v are loaded now (the loop hides their latency); after the loop it is rotated,
+        # attended to and stored
         one = kvh + tl.zeros([1], tl.int32)
         lim = tl.where(mine, D, 0)  # (masks as comparisons: a block & a scalar bool is not a mask everywhere)
         kx, kxp, kcos, ksin, kw, kwp = rope_operands(kn_ptr + b * kn_sb, kn_sh, one, one * 0 < lim, offs_d, pos,
                                                      cs_ptr, cs_stride, kw_ptr, D, HALF, HAS_NORM)
         v_new = tl.load(vn_ptr + b * vn_sb + kvh * vn_sh + offs_d[None, :], mask=offs_d[None, :] < lim, other=0.0)
-        loop_end = tl.where(mine, last, end)
     else:
         q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + offs_d[None, :],
                     mask=hmask[:, None] & dmask[None, :], other=0.0)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from strataserve import envs
-from strataserve.kernels._common import PDL_MAX_ROWS
+from strataserve.kernels._common import pdl_enabled
 from strataserve.kernels.activation import silu_and_mul
 from strataserve.kernels.decode_attention import DecodeRope, default_num_splits, paged_decode_attention
 from strataserve.kernels.gemv import GemvConfig, gemv, gemv_rms_norm, gemv_silu_mul
@@ -87,13 +87,13 @@ class TritonAttention:
             return {}
         return {"k_scale": self.kv_scales[layer_idx, 0], "v_scale": self.kv_scales[layer_idx, 1]}
 
-    def rope_in_kernel(self, decode_rows: int) -> bool:
+    def rope_in_kernel(self, decode_rows: int, device: torch.device) -> bool:
         """Whether a decode-only step of this many rows should rotate and store inside decode attention: launches
-        with fixed splits (fewer programs than SMs) that also launch with PDL (``PDL_MAX_ROWS``: batch 1), where the
-        kernel prefetches its first key tile before the wait. Run 18, batch 1: -0.4% per 8B step, -1.2% at the
-        Qwen3-0.6B shape (without PDL: a tie); at batch 64 (adaptive splits) the separate kernel was faster (+0.8% /
-        +2.6% when fused)."""
-        return self.kv_scales is None and decode_rows <= PDL_MAX_ROWS and decode_launch(
+        with fixed splits (fewer programs than SMs) that also launch with PDL (``pdl_enabled``: batch 1 on Hopper),
+        where the kernel prefetches its first key tile before the wait. Run 18, batch 1: -0.4% per 8B step, -1.2%
+        at the Qwen3-0.6B shape (without the prefetch it lost ~1% there); at batch 64 (adaptive splits) the
+        separate kernel was faster (+0.8% / +2.6% when fused)."""
+        return self.kv_scales is None and pdl_enabled(device, decode_rows) and decode_launch(
             decode_rows, self.num_kv_heads, self.num_sms, self.programs_per_sm, self.split_target)[1] == 0
 
     def _tickets(self, n: int, device: torch.device) -> torch.Tensor | None:
@@ -223,7 +223,7 @@ class TritonOps:
             return att.forward(layer_idx, q, k, v, meta)
         t = q.shape[0]
         if (self.rope_in_attention and meta.num_decode_tokens == t and not meta.prefills
-                and meta.prefill_tiles is None and att.rope_in_kernel(t)):  # rotary and store inside attention
+                and meta.prefill_tiles is None and att.rope_in_kernel(t, q.device)):  # rotary + store inside
             hkv = att.num_kv_heads
             rope = DecodeRope(positions, k.view(t, hkv, head_dim), v.view(t, hkv, head_dim), cos_sin_cache,
                               meta.slot_mapping, q_norm, k_norm, eps)

@@ -8,6 +8,9 @@ import dataclasses
 import pytest
 import torch
 
+from strataserve import envs
+from strataserve.kernels import _common
+from strataserve.kernels._common import PDL_MAX_ROWS
 from strataserve.kernels.gemv import GemvConfig
 from strataserve.models.hf_config import DecoderConfig, RopeScaling
 from strataserve.models.loader import build_random_model
@@ -16,6 +19,7 @@ from strataserve.runner.cuda_graph import decode_metadata, graph_batch_sizes
 from strataserve.runner.gemv_tuning import one_row_weights
 from strataserve.runner.ops import TorchOps
 from strataserve.kernels.decode_attention import default_num_splits
+from strataserve.runner import triton_ops as triton_ops_module
 from strataserve.runner.triton_ops import ADAPTIVE_MIN_CAP, TritonAttention, TritonOps, decode_launch
 
 from ._helpers import assert_close
@@ -78,10 +82,12 @@ _SPLIT_K = GemvConfig(block_n=8, block_k=32, split_k=2)
                                          (_cfg(num_kv_heads=1, qk_norm=True, head_dim=32), "unfused"),
                                          (_cfg(), "adaptive")],
                          ids=["llama3", "qwen3", "qwen3-unfused-run5", "llama3-adaptive-splits"])
-def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant):
+def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant, monkeypatch):
     """fused: (q/k norm +) rotary + KV store in one kernel, the batch-1 step's matmuls through a split-K GEMV plan
-    (as the start-up tuning would install) and the default GEMV, the norms and SiLU-mul as GEMV prologues;
-    unfused: the run-5 sequence of kernels."""
+    (as the start-up tuning would install) and the default GEMV, the norms and SiLU-mul as GEMV prologues, the
+    batch-1 step's rotary + store inside decode attention; unfused: the run-5 sequence of kernels."""
+    if device == "cpu":  # the interpreter has no PDL: let the batch-1 step take the rotary-in-attention path anyway
+        monkeypatch.setattr(triton_ops_module, "pdl_enabled", lambda dev, rows: rows <= PDL_MAX_ROWS)
     dt = torch.float32
     models, caches = {}, {}
     qkv, h, i = (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size), cfg.hidden_size, cfg.intermediate_size
@@ -189,13 +195,20 @@ def test_canvas_attend_triton_matches_torch(device, qk_norm):
     assert_close(outs[0], outs[1], 1e-5, "canvas attention output")
 
 
-def test_rope_runs_inside_decode_attention_only_for_fixed_split_launches():
+def test_rope_runs_inside_decode_attention_only_for_fixed_split_pdl_launches(monkeypatch):
     """Run 18: the rotary + KV store inside decode attention pays at batch 1 (fixed splits, PDL), not at batch 64
-    (adaptive splits, where the separate kernel is faster), and never with a quantised cache."""
+    (adaptive splits, where the separate kernel is faster), and never with a quantised cache or without PDL."""
+    cuda = torch.device("cuda")
     att = TritonAttention(32, 8, 128, num_sms=132, split_target=6)
-    assert att.rope_in_kernel(1)
-    assert not att.rope_in_kernel(2)  # fixed splits too, but no PDL (PDL_MAX_ROWS): the separate kernel as before
-    assert not att.rope_in_kernel(17) and not att.rope_in_kernel(64)  # adaptive splits
-    assert not TritonAttention(160, 160, 128, num_sms=132, split_target=6).rope_in_kernel(1)  # adaptive at batch 1
+    assert not att.rope_in_kernel(1, torch.device("cpu"))  # no PDL off a GPU
+    monkeypatch.setattr(envs, "STRATA_PDL", True)
+    monkeypatch.setattr(_common, "_hopper_or_newer", lambda index: True)  # as on an H200
+    assert att.rope_in_kernel(1, cuda)
+    assert not att.rope_in_kernel(2, cuda)  # fixed splits too, but no PDL (PDL_MAX_ROWS): the separate kernel
+    assert not att.rope_in_kernel(17, cuda) and not att.rope_in_kernel(64, cuda)  # adaptive splits
+    assert not TritonAttention(160, 160, 128, num_sms=132, split_target=6).rope_in_kernel(1, cuda)  # adaptive
+    monkeypatch.setattr(envs, "STRATA_PDL", False)
+    assert not att.rope_in_kernel(1, cuda)
+    monkeypatch.setattr(envs, "STRATA_PDL", True)
     att.bind_kv_cache([], torch.ones(1, 2, 8))
-    assert not att.rope_in_kernel(1)
+    assert not att.rope_in_kernel(1, cuda)
