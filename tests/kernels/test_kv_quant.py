@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strataserve.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from strataserve.kernels.decode_attention import DecodeRope, paged_decode_attention, paged_decode_attention_ref
 from strataserve.kernels.kv_cache import store_kv, store_kv_ref
 from strataserve.kernels.kv_quant import FP8, dequantize_ref, quantize_ref
 from strataserve.kernels.prefill_attention import prefill_attention, prefill_attention_ref
@@ -152,3 +152,18 @@ def test_quantized_cache_bad_inputs(device):
         paged_decode_attention(torch.randn(1, 2, 6, device=device), odd, odd.clone(),
                                torch.zeros(1, 1, dtype=torch.int32, device=device),
                                torch.ones(1, dtype=torch.int32, device=device), 1.0, k_scale=ones, v_scale=ones)
+
+
+@pytest.mark.parametrize("qdtype", QDTYPES)
+def test_decode_rope_refuses_a_quantised_cache(device, qdtype):
+    """The rotary + store inside decode attention writes float k / v: with an fp8 / int8 cache the caller must store
+    through ``rotary_store_kv`` first (TritonOps does), and the kernel says so instead of writing unquantised bytes."""
+    lens, Hq, Hkv, D, bs = [9], 4, 2, 32, 16
+    kc, vc, tables, ks, vs = _quant_cache(device, qdtype, lens, Hkv, D, bs)
+    qkv = torch.randn(1, Hq + 2 * Hkv, D, device=device)
+    cos_sin = build_cos_sin_cache(D, 64, 1e4, RopeScaling(), device=device)
+    rope = DecodeRope(torch.tensor([8], device=device), qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:], cos_sin,
+                      torch.tensor([8], device=device))
+    with pytest.raises(ValueError, match="quantised cache takes rotary_store_kv"):
+        paged_decode_attention(qkv[:, :Hq], kc, vc, tables, torch.tensor(lens, dtype=torch.int32, device=device),
+                               D ** -0.5, k_scale=ks, v_scale=vs, rope=rope)
