@@ -13,8 +13,8 @@ wrapper that validates shapes/strides/dtypes (ValueError saying what to change) 
 - ``prefill_attention``: ``prefill_attention`` (varlen causal over block tables, cached prefixes)
 - ``gemv``: ``gemv`` (one-row matmul, optional split-K; used per weight shape where it beat cuBLAS at start-up)
 - ``argmax``: ``argmax_rows`` (the greedy token of each logits row, torch.argmax's index; two short launches)
-- ``skinny_gemm``: ``skinny_gemm`` (few-row matmul, optional split-K; measured, not used by the runner: cuBLAS
-  wins most decode shapes, see its docstring)
+- ``skinny_gemm``: ``skinny_gemm`` (few-row matmul, optional split-K; used per weight shape for decode steps of 2-64
+  rows where it beat cuBLAS at start-up)
 
 Kernels are pure functions over tensors; ``runner/triton_ops.py`` wires them into the runner's ``OpSet``.
 """

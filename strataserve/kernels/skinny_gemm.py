@@ -5,14 +5,12 @@ little arithmetic per byte. This kernel tiles (M, N) and optionally cuts K into 
 SM streams a share of W; a split launch writes float32 partial sums that are added in a fixed order (deterministic,
 unlike atomics), by a second launch or, given ``tickets``, by the last program of each tile.
 
-Not used by the runner. Measured against cuBLAS on the H200 (run 13, ``benchmarks/skinny_gemm_sweep.py``, 44 to
-203 launches per projection and batch; docs/performance.md, "Decode matmuls, tile-aligned steps, nano-vllm's
-protocol again"): it wins only the down projection (8B shape at batch 64: 1.07x; 0.6B shape at batch 16-128:
-1.09-1.24x) and the 8B o projection at batch 16 (1.14x), and loses up to 22% elsewhere. At these sizes both run
-near a fixed ~5-8 us per launch, so the ~2% a per-bucket choice would save at batch 64 did not pay for start-up
-tuning. Kept, with its
-tests, as the measured baseline for fusing the neighbouring elementwise kernels into a matmul's prologue or
-epilogue, the lever that remains (docs/gpu_notes.md, run 13).
+Used by the runner for decode matmuls of 2-64 rows, per weight shape, where it measured faster than cuBLAS at
+start-up (``runner/gemm_tuning.py``). Run 13 timed it alone per projection (``benchmarks/skinny_gemm_sweep.py``),
+and it won only the down projection. Run 19 timed a whole step's matmuls in their order
+(``benchmarks/skinny_chain_ab.py``). With the pipelined cp.async / wgmma loop, evict-first weight loads and the
+first tiles prefetched to L2 before the PDL wait, it took gate_up, down and lm_head at the Llama-3.1-8B shape and
+64 rows: 0.837 of the weights' floor against cuBLAS's 0.803; qkv and o stay cuBLAS (docs/gpu_notes.md, run 19).
 """
 from __future__ import annotations
 
@@ -22,19 +20,23 @@ import torch
 import triton
 import triton.language as tl
 
-from strataserve.kernels._common import check, check_float, check_same_device, pdl_args, pdl_wait
+from strataserve import envs
+from strataserve.kernels._common import (check, check_float, check_same_device, pdl_args, pdl_wait, prefetch_l2,
+                                        sm_count)
 from strataserve.kernels.gemv import gemv_ref
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every decode batch size (graph capture would compile each)
 def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_sm, w_sn, y_sm, k_per_split,
-                        splits, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr,
+                        splits, first_wave, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr,
                         EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
+                        PREFETCH: tl.constexpr, LINE: tl.constexpr):
     """Tile (pid1 rows, pid0 columns) over split pid2's K range. Not SPLIT: y (+ bias) in y's dtype. SPLIT:
     float32 partials into p_ptr [splits, M, N]; with COMBINE the tile's last program to finish adds them (an
-    atomic ticket per tile in sem_ptr, left at zero), else ``_split_reduce_kernel`` does."""
-    pdl_wait(PDL)
+    atomic ticket per tile in sem_ptr, left at zero), else ``_split_reduce_kernel`` does. PREFETCH (a PDL
+    launch): the programs of the first wave send their first PREFETCH lines of each weight row to L2 before the
+    wait, as the GEMV does (``gemv.py``)."""
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -43,17 +45,24 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_s
     nmask = rn < N
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    if PREFETCH:  # (weights: no kernel writes them, so before the wait is safe)
+        pid = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * split)
+        if pid < first_wave:
+            lines = k_start + tl.arange(0, PREFETCH) * LINE
+            prefetch_l2(w_ptr + rn.to(tl.int64)[:, None] * w_sn + lines[None, :],
+                        nmask[:, None] & (lines[None, :] < k_end))
+    pdl_wait(PDL)
     xp = x_ptr + rm.to(tl.int64)[:, None] * x_sm + (k_start + rk)[None, :]
     wp = w_ptr + rn.to(tl.int64)[None, :] * w_sn + (k_start + rk)[:, None]  # the [BLOCK_K, BLOCK_N] tile of W^T
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
             x = tl.load(xp, mask=mmask[:, None], other=0.0)
-            w = tl.load(wp, mask=nmask[None, :], other=0.0)
+            w = tl.load(wp, mask=nmask[None, :], other=0.0, eviction_policy=EVICT)
         else:
             kmask = (k0 + rk) < k_end
             x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
-            w = tl.load(wp, mask=nmask[None, :] & kmask[:, None], other=0.0)
+            w = tl.load(wp, mask=nmask[None, :] & kmask[:, None], other=0.0, eviction_policy=EVICT)
         if IEEE:  # float32 stays float32 (tl.dot's float32 default is tf32 on GPUs; see _common.dot)
             acc = tl.dot(x, w, acc, input_precision="ieee")
         else:
@@ -109,10 +118,11 @@ class GemmConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    evict_first: bool = False  # stream W past L2 (read once per step), so x and the partials stay cached
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/w{self.num_warps}"
-                f"/st{self.num_stages}")
+                f"/st{self.num_stages}" + ("/ef" if self.evict_first else ""))
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -148,12 +158,17 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         check(tickets.dtype == torch.int32 and tickets.numel() >= grid[0] * grid[1] and tickets.device == x.device,
               f"tickets: expected int32 zeros on {x.device} with >= {grid[0] * grid[1]} elements")
     pdl = pdl_args(x, M)
+    line = 128 // weight.element_size()  # elements per 128-byte line
+    # lines of the first tiles in flight (num_stages - 1 ahead, plus the one consumed) to prefetch under PDL
+    prefetch = triton.next_power_of_2(triton.cdiv(min(c.num_stages * c.block_k, k_per_split), line)) \
+        if pdl["PDL"] and envs.STRATA_PDL_PREFETCH else 0
     _skinny_gemm_kernel[grid](x, weight, b, y, part, tickets if combine else part, M, N, K, x.stride(0),
-                              weight.stride(0), y.stride(0), k_per_split, splits, HAS_BIAS=bias is not None,
+                              weight.stride(0), y.stride(0), k_per_split, splits,
+                              sm_count(x.device.index or 0) if prefetch else 0, HAS_BIAS=bias is not None,
                               SPLIT=splits > 1, COMBINE=combine, EVEN_K=K % c.block_k == 0,
                               IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
-                              BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages,
-                              **pdl)
+                              BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "",
+                              PREFETCH=prefetch, LINE=line, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
     if splits > 1 and not combine:
         block = 1024
         _split_reduce_kernel[(triton.cdiv(M * N, block),)](part, b, y, M, N, y.stride(0), splits,
