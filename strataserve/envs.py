@@ -19,12 +19,19 @@ STRATA_FUSED_ROPE_KV: bool = os.environ.get("STRATA_FUSED_ROPE_KV", "1") != "0"
 STRATA_DECODE_ROPE_IN_ATTENTION: bool = os.environ.get("STRATA_DECODE_ROPE_IN_ATTENTION", "1") != "0"
 #: at start-up, time cuBLAS against the Triton GEMV per weight shape for batch-1 matmuls and keep the faster.
 STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
+#: at start-up, time cuBLAS against the few-rows Triton GEMM per weight shape for decode matmuls of 2-64 rows (run 19).
+STRATA_GEMM_TUNE: bool = os.environ.get("STRATA_GEMM_TUNE", "1") != "0"
 #: the same tuning also times each RMSNorm / SiLU-mul + matmul pair against one GEMV with the op as its prologue.
 STRATA_GEMV_PROLOGUE: bool = os.environ.get("STRATA_GEMV_PROLOGUE", "1") != "0"
 #: Triton kernels on Hopper+ launch with programmatic dependent launch (``kernels/_common.py``, ``pdl_args``): each
 #: kernel's programs are scheduled while the previous kernel drains and wait in-kernel for its results, instead of
 #: the launch starting only once it has finished. Issue 12, docs/gpu_notes.md run 18.
 STRATA_PDL: bool = os.environ.get("STRATA_PDL", "1") != "0"
+#: PDL only for launches over at most this many rows (tokens): decode steps of up to 64 sequences, whose matmuls are
+#: our kernels where they were faster (``kernels/_common.py``, run 19); 1 = batch-1 decode only (run 18).
+STRATA_PDL_MAX_ROWS: int = int(os.environ.get("STRATA_PDL_MAX_ROWS", "64"))
+if STRATA_PDL_MAX_ROWS < 1:
+    raise ValueError(f"STRATA_PDL_MAX_ROWS={STRATA_PDL_MAX_ROWS}: must be >= 1 (STRATA_PDL=0 turns PDL off)")
 #: with PDL, a batch-1 GEMV's first programs ask L2 for their first weight tiles, and batch-1 decode attention (with
 #: the rotary inside) for its first key tile, before they wait for the previous kernel (run 18).
 STRATA_PDL_PREFETCH: bool = os.environ.get("STRATA_PDL_PREFETCH", "1") != "0"

@@ -86,12 +86,12 @@ def sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-# PDL only for launches over at most this many rows (tokens, sequences): batch-1 decode, where every matmul is
-# our GEMV and PDL was measured to pay (run 18: -5.3% per 8B step, -12% at the Qwen3-0.6B shape). With up to 64
-# rows, nano-vllm's throughput workload (cuBLAS GEMMs between the PDL kernels) ran 3.1-3.7% slower in every round
-# (18f), as run 13 found for batch 1 when cuBLAS still did its matmuls: a PDL kernel placed early waits on SMs the
-# running kernel could use.
-PDL_MAX_ROWS = 1
+# PDL only for launches over at most this many rows (tokens, sequences; ``STRATA_PDL_MAX_ROWS``, default 64). At
+# batch 1 every matmul is our GEMV and PDL paid (run 18: -5.3% per 8B step, -12% at the Qwen3-0.6B shape). Run 18
+# limited it to batch 1: with up to 64 rows, while cuBLAS did every multi-row matmul, nano-vllm's workload ran
+# 3.1-3.7% slower (18f). Since run 19 the few-rows Triton GEMM does most of those steps' matmuls (gate_up, down,
+# lm_head at the 8B shape), and PDL up to 64 rows gave the 8B batch-64 step -0.4% to -1.9% (19b, 19c).
+PDL_MAX_ROWS = envs.STRATA_PDL_MAX_ROWS
 
 
 def pdl_enabled(device: torch.device, rows: int) -> bool:

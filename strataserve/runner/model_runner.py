@@ -191,10 +191,13 @@ class ModelRunner(ModelRunnerBase):
 
     def _tune_gemv(self) -> list:
         """Batch-1 matmuls: cuBLAS or the Triton GEMV per weight shape, then the norms / SiLU-mul before them as
-        GEMV prologues where that is faster, measured now (before graph capture)."""
+        GEMV prologues where that is faster; then cuBLAS or the few-rows Triton GEMM for 2-64 rows. Measured now
+        (before graph capture)."""
+        from strataserve.runner.gemm_tuning import apply_gemm_tuning
         from strataserve.runner.gemv_tuning import apply_tuning
 
-        return apply_tuning(self.model, self.plan.ops) if envs.STRATA_GEMV_TUNE else []
+        choices = apply_tuning(self.model, self.plan.ops) if envs.STRATA_GEMV_TUNE else []
+        return choices + (apply_gemm_tuning(self.model, self.plan.ops) if envs.STRATA_GEMM_TUNE else [])
 
     def _graph_step(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                     block_tables: torch.Tensor, context_lens: torch.Tensor):

@@ -19,7 +19,9 @@ from strataserve.kernels.prefill_tiles import PREFILL_BLOCK_M
 from strataserve.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from strataserve.kernels.rotary import apply_rotary
 from strataserve.kernels.rotary_kv import rotary_store_kv
+from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm
 from strataserve.runner.attention import AttentionMetadata, TorchAttention
+from strataserve.runner.gemm_tuning import plan_rows
 from strataserve.runner.ops import unfused_attend, unfused_norm_linear, unfused_silu_mul_linear
 
 
@@ -89,11 +91,12 @@ class TritonAttention:
 
     def rope_in_kernel(self, decode_rows: int, device: torch.device) -> bool:
         """Whether a decode-only step of this many rows should rotate and store inside decode attention: launches
-        with fixed splits (fewer programs than SMs) that also launch with PDL (``pdl_enabled``: batch 1 on Hopper),
+        with fixed splits (fewer programs than SMs) that also launch with PDL (``pdl_enabled``), at batch 1 (the only
+        size measured),
         where the kernel prefetches its first key tile before the wait. Run 18, batch 1: -0.4% per 8B step, -1.2%
         at the Qwen3-0.6B shape (without the prefetch it lost ~1% there); at batch 64 (adaptive splits) the
         separate kernel was faster (+0.8% / +2.6% when fused)."""
-        return self.kv_scales is None and pdl_enabled(device, decode_rows) and decode_launch(
+        return self.kv_scales is None and decode_rows == 1 and pdl_enabled(device, decode_rows) and decode_launch(
             decode_rows, self.num_kv_heads, self.num_sms, self.programs_per_sm, self.split_target)[1] == 0
 
     def _tickets(self, n: int, device: torch.device) -> torch.Tensor | None:
@@ -152,7 +155,8 @@ class TritonOps:
     ``fused_rope_kv`` (default on): (q/k norm,) rotary and the KV store in one kernel; off, the unfused sequence
     (the before/after switch of the benchmarks). ``rope_in_attention`` (default ``STRATA_DECODE_ROPE_IN_ATTENTION``):
     in a small decode-only step over a float cache (``TritonAttention.rope_in_kernel``), that kernel's work runs
-    inside decode attention instead.
+    inside decode attention instead. ``gemm_plan`` maps ``(row class, shape)`` to the few-rows Triton GEMM
+    configuration that beat cuBLAS for matmuls of 2-64 rows (``runner/gemm_tuning.py``, also at start-up).
     """
 
     name = "triton"
@@ -160,8 +164,11 @@ class TritonOps:
     def __init__(self, attention: TritonAttention, use_gemv: bool = False,
                  gemv_plan: dict[tuple[int, int], GemvConfig] | None = None, fused_rope_kv: bool = True,
                  prologue_plan: dict[tuple[str, tuple[int, int]], GemvConfig] | None = None,
-                 rope_in_attention: bool | None = None) -> None:
+                 rope_in_attention: bool | None = None,
+                 gemm_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None) -> None:
         self.attention = attention
+        self.gemm_plan = dict(gemm_plan or {})
+        self._tickets: torch.Tensor | None = None  # the split GEMMs' in-kernel combine (each launch leaves zeros)
         self.rope_in_attention = (envs.STRATA_DECODE_ROPE_IN_ATTENTION if rope_in_attention is None
                                   else rope_in_attention)
         self.use_gemv = use_gemv
@@ -174,7 +181,16 @@ class TritonOps:
             config = self.gemv_plan.get(tuple(weight.shape)) or (GemvConfig() if self.use_gemv else None)
             if config is not None:
                 return gemv(x, weight, bias, config)
+        elif self.gemm_plan and x.dim() == 2 and x.stride(1) == 1:
+            config = self.gemm_plan.get((plan_rows(x.shape[0]), tuple(weight.shape)))
+            if config is not None:
+                return skinny_gemm(x, weight, bias, config, tickets=self._gemm_tickets(x.device))
         return F.linear(x, weight, bias)
+
+    def _gemm_tickets(self, device: torch.device) -> torch.Tensor:
+        if self._tickets is None or self._tickets.device != device:
+            self._tickets = torch.zeros(1 << 16, dtype=torch.int32, device=device)
+        return self._tickets
 
     def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                     weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,7 +48,8 @@ def test_pdl_is_on_for_this_gpu(pdl):
     x = torch.zeros(1, device="cuda")
     pdl(True)
     assert pdl_args(x, 1) == {"PDL": True, "launch_pdl": True}
-    assert pdl_args(x, 2) == {"PDL": False}  # (batch-1 launches only: PDL_MAX_ROWS)
+    assert pdl_args(x, PDL_MAX_ROWS) == {"PDL": True, "launch_pdl": True}
+    assert pdl_args(x, PDL_MAX_ROWS + 1) == {"PDL": False}  # (small launches only: PDL_MAX_ROWS)
     pdl(False)
     assert pdl_args(x, 1) == {"PDL": False}
     assert pdl_args(x.cpu(), 1) == {"PDL": False}

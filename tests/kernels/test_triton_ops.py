@@ -12,6 +12,7 @@ from strataserve import envs
 from strataserve.kernels import _common
 from strataserve.kernels._common import PDL_MAX_ROWS
 from strataserve.kernels.gemv import GemvConfig
+from strataserve.kernels.skinny_gemm import GemmConfig
 from strataserve.models.hf_config import DecoderConfig, RopeScaling
 from strataserve.models.loader import build_random_model
 from strataserve.runner.attention import AttentionMetadata, PrefillSegment, TorchAttention, allocate_kv_cache
@@ -85,13 +86,17 @@ _SPLIT_K = GemvConfig(block_n=8, block_k=32, split_k=2)
 def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant, monkeypatch):
     """fused: (q/k norm +) rotary + KV store in one kernel, the batch-1 step's matmuls through a split-K GEMV plan
     (as the start-up tuning would install) and the default GEMV, the norms and SiLU-mul as GEMV prologues, the
-    batch-1 step's rotary + store inside decode attention; unfused: the run-5 sequence of kernels."""
+    batch-1 step's rotary + store inside decode attention, the 2-64-row matmuls through the few-rows GEMM where a
+    plan names them (split with the in-kernel combine, plain); unfused: the run-5 sequence of kernels."""
     if device == "cpu":  # the interpreter has no PDL: let the batch-1 step take the rotary-in-attention path anyway
         monkeypatch.setattr(triton_ops_module, "pdl_enabled", lambda dev, rows: rows <= PDL_MAX_ROWS)
     dt = torch.float32
     models, caches = {}, {}
     qkv, h, i = (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size), cfg.hidden_size, cfg.intermediate_size
     plan = {qkv: _SPLIT_K, (h, cfg.q_size): _SPLIT_K}
+    # steps of 2 and 10 rows take the 16-row class's plan, the 19-token prompt step the 64-row one
+    gemm = {(16, qkv): GemmConfig(16, 16, 32, split_k=2), (16, (h, i)): GemmConfig(32, 32, 32),
+            (64, (2 * i, h)): GemmConfig(16, 32, 16), (64, (cfg.vocab_size, h)): GemmConfig(32, 16, 32, split_k=2)}
     prologues = {("norm", qkv): _SPLIT_K, ("norm", (2 * i, h)): GemvConfig(block_n=16, block_k=32),
                  ("silu", (h, i)): _SPLIT_K}
     # num_sms=1 keeps the interpreter's program count small: 4 splits per decode row (fused), 1 (run-5 launch)
@@ -100,7 +105,8 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant, monkeypatch
     triton_ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, num_sms=1,
                                            long_first=fused, split_target=6 if variant == "adaptive" else 0),
                            use_gemv=True, gemv_plan=plan if fused else None, fused_rope_kv=fused,
-                           prologue_plan=prologues if variant == "fused" else None)
+                           prologue_plan=prologues if variant == "fused" else None,
+                           gemm_plan=gemm if variant == "fused" else None)
     for name, ops in (("torch", TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))),
                       ("triton", triton_ops)):
         models[name] = build_random_model(cfg, dt, device, ops=ops, seed=3)
@@ -204,7 +210,7 @@ def test_rope_runs_inside_decode_attention_only_for_fixed_split_pdl_launches(mon
     monkeypatch.setattr(envs, "STRATA_PDL", True)
     monkeypatch.setattr(_common, "_hopper_or_newer", lambda index: True)  # as on an H200
     assert att.rope_in_kernel(1, cuda)
-    assert not att.rope_in_kernel(2, cuda)  # fixed splits too, but no PDL (PDL_MAX_ROWS): the separate kernel
+    assert not att.rope_in_kernel(2, cuda)  # fixed splits and PDL too, but only batch 1 was measured to pay
     assert not att.rope_in_kernel(17, cuda) and not att.rope_in_kernel(64, cuda)  # adaptive splits
     assert not TritonAttention(160, 160, 128, num_sms=132, split_target=6).rope_in_kernel(1, cuda)  # adaptive
     monkeypatch.setattr(envs, "STRATA_PDL", False)

@@ -1,0 +1,127 @@
+"""Decode matmuls over 2-64 rows: cuBLAS or the few-rows Triton GEMM (``kernels/skinny_gemm.py``), chosen per weight
+shape once at start-up by measuring both, as ``gemv_tuning.py`` does for one row.
+
+Run 13 timed the Triton GEMM alone against cuBLAS and it won only the down projection. Run 19 timed a whole decode
+step's matmuls in their order (``benchmarks/skinny_chain_ab.py``, Llama-3.1-8B shape, 64 rows): with each shape's
+faster of the two, 0.837 of the weights' floor against cuBLAS's 0.803, and the full batch-64 step 0.787 of the
+roofline against 0.760 (gate_up, down and lm_head go to the Triton GEMM; qkv and o stay cuBLAS). Two row counts are
+timed, 16 (for steps of 2-16 rows) and 64 (17-64); with ``BLOCK_M`` = 64 the weights are read once either way, and
+fewer rows only leave some of each tile's rows masked. Larger steps keep cuBLAS. The choices are kept on disk
+beside the batch-1 ones.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm
+from strataserve.runner.gemv_tuning import _graph_seconds, one_row_weights, rank_configs
+
+log = logging.getLogger(__name__)
+
+#: (largest row count a plan applies to, the row count it is timed at): steps of 2-16 rows, then 17-64
+ROW_CLASSES = ((16, 16), (64, 64))
+MAX_ROWS = ROW_CLASSES[-1][0]
+# Run 19's fastest per 8B projection at 64 rows out of 16 (skinny_chain_ab.CANDIDATES): gate_up 64x256x64, down
+# 64x32x256, lm_head 64x128x128 / 64x256x64, qkv 64x64x128, o 64x32x256 (evict-first: within 1%), plus a split one
+# (down with PDL). Each candidate is a compile on an empty Triton cache, so the list stays short: three split-4
+# configurations (64x128x128, 64x64x128, 64x256x64) were tried in 19c-19d and chosen for no shape.
+CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 32, 256, 1, 4, 4),
+              GemmConfig(64, 256, 64, 1, 4, 4), GemmConfig(64, 128, 128, 1, 8, 4),
+              GemmConfig(64, 32, 256, 1, 4, 4, evict_first=True), GemmConfig(64, 64, 128, 2, 4, 4, evict_first=True))
+
+
+@dataclass(frozen=True)
+class GemmChoice:
+    shape: tuple[int, int]
+    rows: int  # the row class's largest row count (the plan's key)
+    cublas_us: float
+    best_us: float
+    config: GemmConfig | None  # None: cuBLAS stays
+
+
+def plan_rows(rows: int) -> int | None:
+    """The row class (its largest row count) a matmul over ``rows`` rows takes its plan from; None: cuBLAS."""
+    if rows < 2:
+        return None
+    return next((top for top, _ in ROW_CLASSES if rows <= top), None)
+
+
+@torch.inference_mode()
+def tune_gemm(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=CANDIDATES, min_gain: float = 0.005,
+              reps: int = 5) -> list[GemmChoice]:
+    """Per shape and row class: cuBLAS against every candidate over all that shape's weights (CUDA only). The
+    margin is small: timed alone, the Triton gate_up at the 8B shape was 1.9-6% faster than cuBLAS (19a-19c), and
+    inside the step it paid more (19a: the batch-64 step 0.787 of the roofline with it, 19c: 0.770 without)."""
+    choices = []
+    t0 = time.perf_counter()
+    tickets = None
+    for shape, ws in weights.items():
+        dev, n = ws[0].device, len(ws)
+        tickets = torch.zeros(1 << 16, dtype=torch.int32, device=dev) if tickets is None else tickets
+        for top, m in ROW_CLASSES:
+            x = torch.randn(m, shape[1], dtype=ws[0].dtype, device=dev)
+            t_cublas = _graph_seconds(lambda: [F.linear(x, w) for w in ws], reps) / n
+            timed = rank_configs(lambda c: lambda: [skinny_gemm(x, w, config=c, tickets=tickets) for w in ws],
+                                 candidates, reps, n)
+            best_t, best_c = timed[0] if timed else (float("inf"), None)
+            choices.append(GemmChoice(shape, top, t_cublas * 1e6, best_t * 1e6,
+                                      best_c if best_t < t_cublas * (1 - min_gain) else None))
+    log.info("decode GEMM tuning (%.1f s): %s", time.perf_counter() - t0,
+             "; ".join(f"{c.shape} <= {c.rows} rows: cuBLAS {c.cublas_us:.1f} us, Triton {c.best_us:.1f} us -> "
+                       f"{c.config or 'cuBLAS'}" for c in choices))
+    return choices
+
+
+def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
+    """Tune ``model``'s decode matmuls of 2-``MAX_ROWS`` rows (or read the choices from disk) and install the
+    winners in its ``TritonOps`` (``gemm_plan``); returns every choice."""
+    from strataserve.runner import tuning_cache
+
+    weights = one_row_weights(model)
+    key = _record_key(weights)
+    path = tuning_cache.record_path("gemm", key)
+    record = tuning_cache.load(path)
+    choices = _from_record(record) if record is not None else None
+    if choices is None:
+        choices = tune_gemm(weights)
+        tuning_cache.save(path, key, [_to_record(c) for c in choices])
+    else:
+        log.info("decode GEMM choices from %s: %d Triton", path, sum(1 for c in choices if c.config))
+    ops.gemm_plan = {(c.rows, c.shape): c.config for c in choices if c.config is not None}
+    return choices
+
+
+def _record_key(weights: dict) -> dict:
+    import triton
+
+    from strataserve.kernels import skinny_gemm as gemm_module
+
+    w = next(iter(weights.values()))[0]
+    cuda = w.device.type == "cuda"
+    return {"gpu": torch.cuda.get_device_name(w.device) if cuda else str(w.device),
+            "capability": torch.cuda.get_device_capability(w.device) if cuda else None,
+            "dtype": str(w.dtype), "torch": torch.__version__, "triton": triton.__version__,
+            "kernel": hashlib.sha256(Path(gemm_module.__file__).read_bytes()).hexdigest()[:16],
+            "shapes": sorted([list(s), len(ws)] for s, ws in weights.items()), "rows": ROW_CLASSES,
+            "candidates": [asdict(c) for c in CANDIDATES]}
+
+
+def _to_record(c: GemmChoice) -> dict:
+    return {"shape": list(c.shape), "rows": c.rows, "cublas_us": c.cublas_us, "best_us": c.best_us,
+            "config": asdict(c.config) if c.config is not None else None}
+
+
+def _from_record(rows) -> list[GemmChoice] | None:
+    try:
+        return [GemmChoice(tuple(r["shape"]), int(r["rows"]), float(r["cublas_us"]), float(r["best_us"]),
+                           GemmConfig(**r["config"]) if r["config"] is not None else None) for r in rows]
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("ignoring a malformed GEMM tuning record (%s): measuring again", exc)
+        return None
