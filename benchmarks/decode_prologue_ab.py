@@ -13,7 +13,9 @@ launched only after the previous one has finished; since 18f this also keeps the
 ``noprefetch`` with ``STRATA_PDL_PREFETCH=0`` (PDL without the
 L2 prefetches before the wait: the GEMV's weights, decode attention's first key tile), ``ropesep`` with
 ``STRATA_DECODE_ROPE_IN_ATTENTION=0`` (the rotary + KV-store launch before decode attention), and ``run17`` all three
-off (the code before run 18). One JSON line per
+off (the code before run 18). Run 19's (for batch > 1): ``run18`` is ``STRATA_GEMM_TUNE=0`` with PDL for batch 1
+only (cuBLAS for every multi-row matmul: the code before run 19), ``pdl1`` the default with PDL for batch 1 only,
+``pdlall`` the default with PDL for launches of every row count. One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
     python benchmarks/decode_prologue_ab.py --shapes 8b,0.6b --rounds 3
@@ -33,6 +35,7 @@ import gpu_model_bench as mb  # noqa: E402
 from strataserve import envs  # noqa: E402
 from strataserve.kernels.gemv import GemvConfig  # noqa: E402
 from strataserve.runner import gemv_tuning  # noqa: E402
+import skinny_chain_ab  # noqa: E402
 
 CONFIGS = {"8b": mb.llama31_8b, "0.6b": mb.qwen3_06b,
            # the Qwen3-0.6B shape without the q/k norm (run 18: is the norm what the fused decode kernel pays for?)
@@ -67,6 +70,9 @@ def main() -> None:
                 envs.STRATA_PDL_PREFETCH = variant not in ("noprefetch", "run17")
                 envs.STRATA_DECODE_ROPE_IN_ATTENTION = variant not in ("ropesep", "run17")
                 gemv_tuning.CANDIDATES = {"before": CANDIDATES_R15, "run16": CANDIDATES_R16}.get(variant, final)
+                envs.STRATA_GEMM_TUNE = variant != "run18"
+                skinny_chain_ab.set_pdl(True if variant.startswith("pdlall") else False if variant in ("run18", "pdl1")
+                                        else None, envs.STRATA_PDL_PREFETCH)
                 argmax = {"torch-argmax": "graph-torch", "run16": "graph-torch", "eager-argmax": "eager"}.get(variant,
                                                                                                       "graph")
                 r = mb.decode_bench(cfg, "hybrid", args.batch, bw, argmax=argmax)

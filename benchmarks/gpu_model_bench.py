@@ -16,11 +16,13 @@ import time
 
 import torch
 
+from strataserve import envs
 from strataserve.kernels.argmax import greedy_tokens
 from strataserve.models.hf_config import DecoderConfig, RopeScaling
 from strataserve.models.loader import build_random_model
 from strataserve.runner.attention import TorchAttention, allocate_kv_cache
 from strataserve.runner.cuda_graph import CudaGraphDecoder, decode_metadata
+from strataserve.runner.gemm_tuning import apply_gemm_tuning, plan_rows
 from strataserve.runner.gemv_tuning import apply_tuning
 from strataserve.runner.ops import TorchOps
 from strataserve.runner.triton_ops import TritonAttention, TritonOps
@@ -84,7 +86,6 @@ def split_target(mode: str) -> int:
         return 0
     if mode.startswith("hybrid-t"):
         return int(mode.removeprefix("hybrid-t"))
-    from strataserve import envs
     return envs.STRATA_DECODE_SPLIT_TARGET
 
 
@@ -124,8 +125,11 @@ class _Setup:
         self.block_size = block_size
         self.graphs = None
         self.gemv_choices = []
+        self.gemm_choices = []
         if is_hybrid(mode) and mode != "hybrid-r5" and DEV == "cuda":
             self.gemv_choices = apply_tuning(self.model, self.model.ops)  # the runner's: matmuls, then prologues
+            if envs.STRATA_GEMM_TUNE:  # then the 2-64-row matmuls (run 19)
+                self.gemm_choices = apply_gemm_tuning(self.model, self.model.ops)
         if mode in ("graph", "hybrid-gemv") or is_hybrid(mode):
             pad = -1 if mode.startswith("hybrid") else (num_blocks - 1) * block_size
             self.graphs = CudaGraphDecoder(self._step, max_bs_graph or batch, self.bps, dev, pad_slot=pad)
@@ -175,7 +179,10 @@ def decode_bench(cfg: DecoderConfig, mode: str, batch: int, bw: float, prompt: i
            "graph_capture_s": round(t_cap, 2),
            "gemv": {f"{c.prologue}{c.shape[0]}x{c.shape[1]}": [round(c.baseline_us, 1), round(c.best_us, 1),
                                                                str(c.config) if c.config else "baseline"]
-                    for c in s.gemv_choices}}
+                    for c in s.gemv_choices},
+           "gemm": {f"{c.rows}:{c.shape[0]}x{c.shape[1]}": [round(c.cublas_us, 1), round(c.best_us, 1),
+                                                            str(c.config) if c.config else "cuBLAS"]
+                    for c in s.gemm_choices if c.rows == plan_rows(batch)}}
     del s
     _empty_cache()
     return out

@@ -5,8 +5,9 @@ engines side by side in one process, rounds alternating which runs first.
 8. ``tuned`` is ``load_tts_model``'s default; ``untuned`` is ``STRATA_GEMV_TUNE=0``, the code before run 16 (every
 matmul through cuBLAS, every norm its own launch); ``run16`` tunes over run 16's candidates with the K loop not
 pipelined (the code before run 17); ``run17`` is ``tuned`` with run 18's switches off (``STRATA_PDL=0``,
-``STRATA_DECODE_ROPE_IN_ATTENTION=0``: no programmatic dependent launch, rotary + KV store before attention).
-One JSON line per (shape, round, batch, variant):
+``STRATA_DECODE_ROPE_IN_ATTENTION=0``: no programmatic dependent launch, rotary + KV store before attention);
+``pdl1`` is ``tuned`` with PDL for batch-1 launches only (``STRATA_PDL_MAX_ROWS=1``, run 18's limit; run 19 raised
+it to 64 rows). One JSON line per (shape, round, batch, variant):
 
     FRAMES=64 python benchmarks/tts_tuning_ab.py --shapes 0.6B,1.7B --rounds 4 [--variants tuned,run16]
 """
@@ -24,6 +25,7 @@ sys.path.insert(0, str(HERE))
 import tts_bench as tb  # noqa: E402
 from strataserve import envs  # noqa: E402
 from strataserve.engine.tts_engine import build_core  # noqa: E402
+from strataserve.kernels import _common  # noqa: E402
 from strataserve.runner import gemv_tuning  # noqa: E402
 from decode_prologue_ab import CANDIDATES_R16  # noqa: E402
 
@@ -48,6 +50,7 @@ def main() -> None:
         for variant in (first, second):
             envs.STRATA_GEMV_TUNE = variant != "untuned"  # read by tune_talker while the model is built
             envs.STRATA_PDL = variant != "run17"  # read at every kernel launch: set again before each timed run
+            _common.PDL_MAX_ROWS = 1 if variant == "pdl1" else envs.STRATA_PDL_MAX_ROWS
             envs.STRATA_DECODE_ROPE_IN_ATTENTION = variant != "run17"
             gemv_tuning.CANDIDATES = CANDIDATES_R16 if variant == "run16" else final
             model = tb.our_model(raw, codec_raw)
@@ -60,6 +63,7 @@ def main() -> None:
             for variant in ((first, second) if rnd % 2 == 0 else (second, first)):
                 core, runner, model = engines[variant]
                 envs.STRATA_PDL = variant != "run17"
+                _common.PDL_MAX_ROWS = 1 if variant == "pdl1" else envs.STRATA_PDL_MAX_ROWS
                 for b in batches:
                     n, dt = tb.run_ours(core, runner, model, texts[:b], f"r{rnd}{variant}{b}")
                     print(json.dumps({"bench": "tts_tuning_ab", "shape": name, "round": rnd, "batch": b,
