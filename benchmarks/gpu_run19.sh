@@ -7,6 +7,8 @@
 #             cuBLAS against the Triton GEMM without / with PDL (+ prefetch), ROUNDS rounds
 #   decode    benchmarks/decode_prologue_ab.py at BATCHES: VARIANTS (default prologue,run18,pdlall)
 #   profile   benchmarks/gpu_profile.py: the kernel table of 8B decode steps at PROFILE_BATCH (default 64)
+#   startup   benchmarks/serve_startup.py, 8B shape, this tree, ROUNDS starts (the first on an empty tuning record);
+#             needs the API's wheels in .whl too (fastapi, starlette, uvicorn, pydantic, aiohttp and their needs)
 #   ttsab     benchmarks/tts_tuning_ab.py --variants tuned,pdl1: Qwen3-TTS frames/s with PDL up to 64 rows and batch 1 only
 #   nano      benchmarks/nano_protocol.py (bf16 cache, a fresh process each): NANO_VAR (default STRATA_GEMM_TUNE) at
 #             each of NANO_VALUES (default "1 0"), the order reversed every other round
@@ -64,4 +66,9 @@ if phase ttsab; then
     2> "$OUTDIR/tts_pdl_ab.err" | tee "$OUTDIR/tts_pdl_ab.jsonl" \
     | python3 -c 'import json,sys; [print(r["shape"], r["round"], r["batch"], r["variant"], r["fps"]) for r in map(json.loads, sys.stdin)]'
   tail -2 "$OUTDIR/tts_pdl_ab.err"
+fi
+if phase startup; then
+  mkdir -p "$OUTDIR/startup"
+  OUT=$OUTDIR/startup timeout "${STARTUP_TIMEOUT:-400}" python3 benchmarks/serve_startup.py --model /tmp/ckpt8b \
+    --write-8b --tree final=. --rounds "$ROUNDS" 2>&1 | tail -8
 fi
