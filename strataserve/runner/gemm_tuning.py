@@ -11,11 +11,9 @@ beside the batch-1 ones.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -99,18 +97,14 @@ def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
 
 
 def _record_key(weights: dict) -> dict:
-    import triton
-
+    from strataserve.kernels import _common
     from strataserve.kernels import skinny_gemm as gemm_module
+    from strataserve.runner.tuning_cache import environment_key
 
-    w = next(iter(weights.values()))[0]
-    cuda = w.device.type == "cuda"
-    return {"gpu": torch.cuda.get_device_name(w.device) if cuda else str(w.device),
-            "capability": torch.cuda.get_device_capability(w.device) if cuda else None,
-            "dtype": str(w.dtype), "torch": torch.__version__, "triton": triton.__version__,
-            "kernel": hashlib.sha256(Path(gemm_module.__file__).read_bytes()).hexdigest()[:16],
+    # PDL changes the timings (the tuned launches use it up to PDL_MAX_ROWS rows)
+    return {**environment_key(next(iter(weights.values()))[0], gemm_module.__file__),
             "shapes": sorted([list(s), len(ws)] for s, ws in weights.items()), "rows": ROW_CLASSES,
-            "candidates": [asdict(c) for c in CANDIDATES]}
+            "candidates": [asdict(c) for c in CANDIDATES], "pdl_max_rows": _common.PDL_MAX_ROWS}
 
 
 def _to_record(c: GemmChoice) -> dict:

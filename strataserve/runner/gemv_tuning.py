@@ -13,11 +13,9 @@ disk for the next start (``apply_tuning``).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -202,16 +200,10 @@ def apply_tuning(model: torch.nn.Module, ops) -> list[ShapeChoice]:
 
 def _record_key(plain: dict, fused: dict) -> dict:
     """Everything the measured choice depends on."""
-    import triton
-
     from strataserve.kernels import gemv as gemv_module
+    from strataserve.runner.tuning_cache import environment_key
 
-    w = next(iter(plain.values()))[0]
-    dev = w.device
-    return {"gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
-            "capability": torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None,
-            "dtype": str(w.dtype), "torch": torch.__version__, "triton": triton.__version__,
-            "kernel": hashlib.sha256(Path(gemv_module.__file__).read_bytes()).hexdigest()[:16],
+    return {**environment_key(next(iter(plain.values()))[0], gemv_module.__file__),
             "plain": sorted([list(s), len(ws)] for s, ws in plain.items()),
             "prologue": sorted([k, list(s), len(ws)] for (k, s), ws in fused.items()),
             "candidates": [asdict(c) for c in CANDIDATES], "prologue_candidates": [asdict(c) for c in

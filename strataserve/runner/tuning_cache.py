@@ -20,6 +20,20 @@ from strataserve import envs
 log = logging.getLogger(__name__)
 
 
+def environment_key(weight, kernel_file: str) -> dict[str, Any]:
+    """What every timing depends on besides the shapes and candidates: the GPU, ``weight``'s dtype, the torch and
+    Triton versions and the kernel's source (a hash of ``kernel_file``)."""
+    import torch
+    import triton
+
+    dev = weight.device
+    cuda = dev.type == "cuda"
+    return {"gpu": torch.cuda.get_device_name(dev) if cuda else str(dev),
+            "capability": torch.cuda.get_device_capability(dev) if cuda else None,
+            "dtype": str(weight.dtype), "torch": torch.__version__, "triton": triton.__version__,
+            "kernel": hashlib.sha256(Path(kernel_file).read_bytes()).hexdigest()[:16]}
+
+
 def record_path(kind: str, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Path(envs.STRATA_KERNEL_CACHE) / f"{kind}-{digest}.json"

@@ -8,6 +8,7 @@ import types
 import torch
 
 from strataserve import envs
+from strataserve.kernels import _common
 from strataserve.kernels.skinny_gemm import GemmConfig
 from strataserve.models.hf_config import DecoderConfig, RopeScaling
 from strataserve.models.loader import build_random_model
@@ -54,3 +55,6 @@ def test_gemm_choices_are_kept_and_reused(tmp_path, monkeypatch):
     monkeypatch.setattr(gemm_tuning, "CANDIDATES", gemm_tuning.CANDIDATES[:2])  # another input: measured again
     gemm_tuning.apply_gemm_tuning(model, types.SimpleNamespace())
     assert len(calls) == 2 and len(list(tmp_path.glob("gemm-*.json"))) == 2
+    monkeypatch.setattr(_common, "PDL_MAX_ROWS", 1)  # PDL changes the timings too
+    gemm_tuning.apply_gemm_tuning(model, types.SimpleNamespace())
+    assert len(calls) == 3 and len(list(tmp_path.glob("gemm-*.json"))) == 3
