@@ -12,8 +12,9 @@ step's matmuls run in their order (per layer qkv, o, gate_up, down; then lm_head
 - ``skinny-pdl-nopf``: the same configurations with PDL, without the prefetch;
 - ``mixed-pdl``: per projection whichever of cuBLAS and the PDL Triton GEMM was faster alone.
 
-One JSON line per (batch, round, variant): microseconds per step, the weights' floor (bytes at the measured copy
-bandwidth) over it, the configurations. ``tune`` is also what ``decode_prologue_ab.py``'s ``skinny*`` variants use.
+First one line per PDL mode with each shape's timings alone (µs per launch; run 19a's file has them summed over
+the shape's layers, from this script's first form). Then one JSON line per (batch, round, variant): microseconds
+per step, the weights' floor (bytes at the measured copy bandwidth) over it, the configurations.
 
     python benchmarks/skinny_chain_ab.py --batches 64 --rounds 3
 """
@@ -34,6 +35,7 @@ import gpu_model_bench as mb  # noqa: E402
 from strataserve import envs  # noqa: E402
 from strataserve.kernels import _common  # noqa: E402
 from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm  # noqa: E402
+from strataserve.runner.gemm_tuning import tune_gemm  # noqa: E402
 from strataserve.runner.gemv_tuning import _graph_seconds  # noqa: E402
 
 # run 13's best few at batch 64 per projection (skinny_gemm_sweep), their evict-first versions, and split ones
@@ -66,21 +68,11 @@ def mm(x: torch.Tensor, w: torch.Tensor, c: GemmConfig | None) -> torch.Tensor:
 
 def tune(weights: dict[tuple[int, int], list[torch.Tensor]], m: int, pdl: bool, reps: int = 7,
          candidates=CANDIDATES) -> dict[tuple[int, int], tuple[float, float, GemmConfig]]:
-    """Per weight shape: (cuBLAS us, best Triton us, best configuration), each over all that shape's weights."""
+    """Per weight shape: (cuBLAS us, best Triton us, best configuration), per layer, at ``m`` rows (the runner's
+    start-up timing, ``gemm_tuning.tune_gemm``, over this wider candidate list)."""
     set_pdl(pdl)
-    out = {}
-    for shape, ws in weights.items():
-        x = torch.randn(m, shape[1], dtype=ws[0].dtype, device=ws[0].device)
-        t_cublas = _graph_seconds(lambda: [F.linear(x, w) for w in ws], reps)
-        timed = []
-        for c in candidates:
-            try:
-                timed.append((_graph_seconds(lambda c=c: [mm(x, w, c) for w in ws], reps), str(c), c))
-            except Exception as exc:  # noqa: BLE001 - out of resources: this configuration just loses
-                print(f"# {shape} {c}: {type(exc).__name__}", file=sys.stderr)
-        timed.sort(key=lambda t: t[0])
-        out[shape] = (t_cublas * 1e6, timed[0][0] * 1e6, timed[0][2])
-    return out
+    return {c.shape: (c.cublas_us, c.best_us, c.config)  # (no margin: the fastest configuration, whatever cuBLAS does)
+            for c in tune_gemm(weights, candidates, min_gain=-float("inf"), reps=reps, row_classes=((m, m),))}
 
 
 def main() -> None:

@@ -53,7 +53,7 @@ def plan_rows(rows: int) -> int | None:
 
 @torch.inference_mode()
 def tune_gemm(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=CANDIDATES, min_gain: float = 0.005,
-              reps: int = 5) -> list[GemmChoice]:
+              reps: int = 5, row_classes=ROW_CLASSES) -> list[GemmChoice]:
     """Per shape and row class: cuBLAS against every candidate over all that shape's weights (CUDA only). The
     margin is small: timed alone, the Triton gate_up at the 8B shape was 1.9-6% faster than cuBLAS (19a-19c), and
     inside the step it paid more (19a: the batch-64 step 0.787 of the roofline with it, 19c: 0.770 without)."""
@@ -63,7 +63,7 @@ def tune_gemm(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=CAN
     for shape, ws in weights.items():
         dev, n = ws[0].device, len(ws)
         tickets = torch.zeros(1 << 16, dtype=torch.int32, device=dev) if tickets is None else tickets
-        for top, m in ROW_CLASSES:
+        for top, m in row_classes:
             x = torch.randn(m, shape[1], dtype=ws[0].dtype, device=dev)
             t_cublas = _graph_seconds(lambda: [F.linear(x, w) for w in ws], reps) / n
             timed = rank_configs(lambda c: lambda: [skinny_gemm(x, w, config=c, tickets=tickets) for w in ws],
