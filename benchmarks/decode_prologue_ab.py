@@ -15,7 +15,10 @@ L2 prefetches before the wait: the GEMV's weights, decode attention's first key 
 ``STRATA_DECODE_ROPE_IN_ATTENTION=0`` (the rotary + KV-store launch before decode attention), and ``run17`` all three
 off (the code before run 18). Run 19's (for batch > 1): ``run18`` is ``STRATA_GEMM_TUNE=0`` with PDL for batch 1
 only (cuBLAS for every multi-row matmul: the code before run 19), ``pdl1`` the default with PDL for batch 1 only,
-``pdlall`` the default with PDL for launches of every row count. One JSON line per
+``pdlall`` the default with PDL for launches of every row count. Run 20's: ``nosilu`` is ``STRATA_GEMM_SILU=0``
+(gate_up's SiLU-and-mul in its own launch: the code before run 20), ``gemmall`` the default with every 2-64-row
+matmul on its fastest Triton configuration even where cuBLAS timed up to 10% faster alone (qkv and o at the 8B
+shape: does PDL's overlap pay inside the step?). One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
     python benchmarks/decode_prologue_ab.py --shapes 8b,0.6b --rounds 3
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -34,7 +38,7 @@ import gpu_kernels_bench as kb  # noqa: E402
 import gpu_model_bench as mb  # noqa: E402
 from strataserve import envs  # noqa: E402
 from strataserve.kernels.gemv import GemvConfig  # noqa: E402
-from strataserve.runner import gemv_tuning  # noqa: E402
+from strataserve.runner import gemm_tuning, gemv_tuning  # noqa: E402
 import skinny_chain_ab  # noqa: E402
 
 CONFIGS = {"8b": mb.llama31_8b, "0.6b": mb.qwen3_06b,
@@ -58,6 +62,7 @@ def main() -> None:
     args = p.parse_args()
     bw = kb.copy_bandwidth()
     final = gemv_tuning.CANDIDATES  # (read once: the variants below rebind it)
+    tune_gemm, cache = gemm_tuning.tune_gemm, envs.STRATA_KERNEL_CACHE
     for shape in args.shapes.split(","):
         cfg = CONFIGS[shape]()
         for rnd in range(args.rounds):
@@ -71,6 +76,11 @@ def main() -> None:
                 envs.STRATA_DECODE_ROPE_IN_ATTENTION = variant not in ("ropesep", "run17")
                 gemv_tuning.CANDIDATES = {"before": CANDIDATES_R15, "run16": CANDIDATES_R16}.get(variant, final)
                 envs.STRATA_GEMM_TUNE = variant != "run18"
+                envs.STRATA_GEMM_SILU = variant not in ("nosilu", "run18")
+                # gemmall: its own tuning record (the margin is not part of the record's key)
+                gemm_tuning.tune_gemm = functools.partial(tune_gemm, min_gain=-0.1) if variant == "gemmall" \
+                    else tune_gemm
+                envs.STRATA_KERNEL_CACHE = cache + ("-gemmall" if variant == "gemmall" else "")
                 skinny_chain_ab.set_pdl(True if variant.startswith("pdlall") else False if variant in ("run18", "pdl1")
                                         else None, envs.STRATA_PDL_PREFETCH)
                 argmax = {"torch-argmax": "graph-torch", "run16": "graph-torch", "eager-argmax": "eager"}.get(variant,

@@ -23,6 +23,7 @@ import triton.language as tl
 from strataserve import envs
 from strataserve.kernels._common import (check, check_float, check_same_device, pdl_args, pdl_wait, prefetch_l2,
                                         sm_count)
+from strataserve.kernels.activation import silu_and_mul_ref
 from strataserve.kernels.gemv import gemv_ref
 
 
@@ -31,12 +32,13 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_s
                         splits, first_wave, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr,
                         EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
-                        PREFETCH: tl.constexpr, LINE: tl.constexpr):
+                        PREFETCH: tl.constexpr, LINE: tl.constexpr, SILU: tl.constexpr = False):
     """Tile (pid1 rows, pid0 columns) over split pid2's K range. Not SPLIT: y (+ bias) in y's dtype. SPLIT:
     float32 partials into p_ptr [splits, M, N]; with COMBINE the tile's last program to finish adds them (an
     atomic ticket per tile in sem_ptr, left at zero), else ``_split_reduce_kernel`` does. PREFETCH (a PDL
     launch): the programs of the first wave send their first PREFETCH lines of each weight row to L2 before the
-    wait, as the GEMV does (``gemv.py``)."""
+    wait, as the GEMV does (``gemv.py``). SILU (not SPLIT): W is [gate; up] with 2N rows, and the tile keeps two
+    accumulators, gate rows n and up rows N + n over one x tile, for y = silu(gate) * up."""
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -49,27 +51,37 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_s
         pid = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * split)
         if pid < first_wave:
             lines = k_start + tl.arange(0, PREFETCH) * LINE
-            prefetch_l2(w_ptr + rn.to(tl.int64)[:, None] * w_sn + lines[None, :],
-                        nmask[:, None] & (lines[None, :] < k_end))
+            pmask = nmask[:, None] & (lines[None, :] < k_end)
+            prefetch_l2(w_ptr + rn.to(tl.int64)[:, None] * w_sn + lines[None, :], pmask)
+            if SILU:
+                prefetch_l2(w_ptr + (rn + N).to(tl.int64)[:, None] * w_sn + lines[None, :], pmask)
     pdl_wait(PDL)
     xp = x_ptr + rm.to(tl.int64)[:, None] * x_sm + (k_start + rk)[None, :]
     wp = w_ptr + rn.to(tl.int64)[None, :] * w_sn + (k_start + rk)[:, None]  # the [BLOCK_K, BLOCK_N] tile of W^T
+    up_off = 0
+    if SILU:
+        up_off = N * w_sn
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # SILU only (dead code otherwise)
     for k0 in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
+            wmask = nmask[None, :]
             x = tl.load(xp, mask=mmask[:, None], other=0.0)
-            w = tl.load(wp, mask=nmask[None, :], other=0.0, eviction_policy=EVICT)
         else:
             kmask = (k0 + rk) < k_end
+            wmask = nmask[None, :] & kmask[:, None]
             x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
-            w = tl.load(wp, mask=nmask[None, :] & kmask[:, None], other=0.0, eviction_policy=EVICT)
-        if IEEE:  # float32 stays float32 (tl.dot's float32 default is tf32 on GPUs; see _common.dot)
-            acc = tl.dot(x, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
+        w = tl.load(wp, mask=wmask, other=0.0, eviction_policy=EVICT)
+        acc = _dot(x, w, acc, IEEE)
+        if SILU:
+            acc_up = _dot(x, tl.load(wp + up_off, mask=wmask, other=0.0, eviction_policy=EVICT), acc_up, IEEE)
         xp += BLOCK_K
         wp += BLOCK_K
     omask = mmask[:, None] & nmask[None, :]
+    if SILU:  # the unfused model's roundings: gate and up in y's dtype, silu(gate) rounded before the product
+        dt = y_ptr.dtype.element_ty
+        g = acc.to(dt).to(tl.float32)
+        acc = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)
     if SPLIT:
         part = p_ptr + rm[:, None] * N + rn[None, :]
         tl.store(part + split * M * N, acc, mask=omask)
@@ -90,6 +102,13 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_s
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + rm.to(tl.int64)[:, None] * y_sm + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _dot(x, w, acc, IEEE: tl.constexpr):
+    if IEEE:  # float32 stays float32 (tl.dot's float32 default is tf32 on GPUs; see _common.dot)
+        return tl.dot(x, w, acc, input_precision="ieee")
+    return tl.dot(x, w, acc)
 
 
 @triton.jit
@@ -131,6 +150,21 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
     ``tickets``: int32 zeros with one per output tile, for a split launch to combine its partials itself (no
     reduce launch); every launch leaves them at zero, so a caller keeps one buffer for all its calls."""
+    return _launch(x, weight, bias, config, tickets, silu=False)
+
+
+def skinny_gemm_silu_mul(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = GemmConfig()) -> torch.Tensor:
+    """``silu_and_mul(x W^T)`` in one launch: ``weight`` is the fused [gate; up] projection [2I, K] -> [M, I].
+    The SiLU-and-mul runs on the accumulators (with the unfused ops' roundings), so the [M, 2I] gate_up output is
+    never written; ``config.split_k`` must be 1."""
+    check(weight.dim() == 2 and weight.shape[0] % 2 == 0,
+          f"weight: expected the [gate; up] rows [2I, K], got {tuple(weight.shape)}")
+    check(config.split_k == 1, f"config: the SiLU epilogue runs unsplit, got split_k={config.split_k}")
+    return _launch(x, weight, None, config, None, silu=True)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemmConfig,
+            tickets: torch.Tensor | None, silu: bool) -> torch.Tensor:
     check_float("x", x)
     check(x.dim() == 2, f"x: expected [M, K], got {tuple(x.shape)}")
     check(weight.dim() == 2 and weight.shape[1] == x.shape[1],
@@ -138,7 +172,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     check(weight.stride(1) == 1 and x.stride(1) == 1, "x and weight: rows must be contiguous")
     check(weight.dtype == x.dtype, f"weight dtype {weight.dtype} differs from x's {x.dtype}")
     M, K = x.shape
-    N = weight.shape[0]
+    N = weight.shape[0] // 2 if silu else weight.shape[0]
     if bias is not None:
         check(bias.shape == (N,) and bias.is_contiguous(), f"bias: expected contiguous shape ({N},)")
     check_same_device(x=x, weight=weight)
@@ -168,7 +202,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                               SPLIT=splits > 1, COMBINE=combine, EVEN_K=K % c.block_k == 0,
                               IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
                               BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "",
-                              PREFETCH=prefetch, LINE=line, num_warps=c.num_warps, num_stages=c.num_stages, **pdl)
+                              PREFETCH=prefetch, LINE=line, SILU=silu, num_warps=c.num_warps,
+                              num_stages=c.num_stages, **pdl)
     if splits > 1 and not combine:
         block = 1024
         _split_reduce_kernel[(triton.cdiv(M * N, block),)](part, b, y, M, N, y.stride(0), splits,
@@ -179,3 +214,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 #: the reference: a float32 matmul (+ bias) cast to x's dtype, the one-row GEMV's, which takes any number of rows
 skinny_gemm_ref = gemv_ref
+
+
+def skinny_gemm_silu_mul_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The unfused ops: the matmul in x's dtype, then SiLU-and-mul."""
+    return silu_and_mul_ref(skinny_gemm_ref(x, weight))

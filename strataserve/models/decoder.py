@@ -70,10 +70,12 @@ class MLP(nn.Module):
         self.gate_up_weight = new(2 * cfg.intermediate_size, cfg.hidden_size)  # [gate; up]
         self.down_weight = new(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """From the gate_up projection's output (run by the layer with the norm before it)."""
-        out = self.ops.silu_mul_linear(gate_up, self.down_weight)
-        return out if self.tp is None else self.tp.all_reduce(out)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """From the attention output and the residual stream, with the norm before gate_up (``OpSet.norm_mlp``);
+        returns (output, new residual)."""
+        out, residual = self.ops.norm_mlp(x, residual, norm_weight, eps, self.gate_up_weight, self.down_weight)
+        return (out if self.tp is None else self.tp.all_reduce(out)), residual
 
 
 class DecoderLayer(nn.Module):
@@ -93,8 +95,7 @@ class DecoderLayer(nn.Module):
         # residual None (first layer): no add, the residual stream starts as the embeddings
         qkv, residual = ops.norm_linear(hidden, residual, self.input_norm, self.eps, attn.qkv_weight, attn.qkv_bias)
         x = attn(positions, qkv, cos_sin, meta)
-        gate_up, residual = ops.norm_linear(x, residual, self.post_attn_norm, self.eps, mlp.gate_up_weight)
-        return mlp(gate_up), residual
+        return mlp(x, residual, self.post_attn_norm, self.eps)
 
 
 class DecoderModel(nn.Module):

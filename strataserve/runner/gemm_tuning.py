@@ -6,8 +6,9 @@ step's matmuls in their order (``benchmarks/skinny_chain_ab.py``, Llama-3.1-8B s
 faster of the two, 0.837 of the weights' floor against cuBLAS's 0.803, and the full batch-64 step 0.787 of the
 roofline against 0.760 (gate_up, down and lm_head go to the Triton GEMM; qkv and o stay cuBLAS). Two row counts are
 timed, 16 (for steps of 2-16 rows) and 64 (17-64); with ``BLOCK_M`` = 64 the weights are read once either way, and
-fewer rows only leave some of each tile's rows masked. Larger steps keep cuBLAS. The choices are kept on disk
-beside the batch-1 ones.
+fewer rows only leave some of each tile's rows masked. Larger steps keep cuBLAS. Then gate_up with the SiLU-and-mul
+as its epilogue (``skinny_gemm_silu_mul``) is timed against the pair it replaces (gate_up's choice + the
+activation's launch), run 20. The choices are kept on disk beside the batch-1 ones.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm
+from strataserve import envs
+from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_silu_mul
 from strataserve.runner.gemv_tuning import _graph_seconds, one_row_weights, rank_configs
 
 log = logging.getLogger(__name__)
@@ -35,13 +37,21 @@ CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 32, 256, 1, 4, 4)
               GemmConfig(64, 32, 256, 1, 4, 4, evict_first=True), GemmConfig(64, 64, 128, 2, 4, 4, evict_first=True))
 
 
+# The gate_up matmul with the SiLU-and-mul as its epilogue (``skinny_gemm_silu_mul``): two accumulators per tile
+# (gate and up columns over one x tile), so a BLOCK_N of 64 covers 128 of the weight's rows, as the plain GEMM's
+# best gate_up tiles (64x128x128, 64x256x64) do; shared memory holds x + two weight tiles per stage.
+SILU_CANDIDATES = (GemmConfig(64, 64, 128, 1, 8, 3), GemmConfig(64, 64, 64, 1, 4, 5),
+                   GemmConfig(64, 128, 64, 1, 8, 3), GemmConfig(64, 32, 128, 1, 4, 4))
+
+
 @dataclass(frozen=True)
 class GemmChoice:
     shape: tuple[int, int]
     rows: int  # the row class's largest row count (the plan's key)
-    cublas_us: float
+    cublas_us: float  # "silu": the plain matmul's choice + the activation's launch
     best_us: float
-    config: GemmConfig | None  # None: cuBLAS stays
+    config: GemmConfig | None  # None: cuBLAS (or, "silu", the unfused pair) stays
+    kind: str = "plain"  # "plain": x W^T; "silu": gate_up with the SiLU-and-mul epilogue
 
 
 def plan_rows(rows: int) -> int | None:
@@ -77,9 +87,48 @@ def tune_gemm(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=CAN
     return choices
 
 
+@torch.inference_mode()
+def tune_gate_up_silu(weights: dict[tuple[int, int], list[torch.Tensor]], plain: list[GemmChoice],
+                      candidates=SILU_CANDIDATES, min_gain: float = 0.005, reps: int = 5,
+                      row_classes=ROW_CLASSES) -> list[GemmChoice]:
+    """Per gate_up shape and row class: the SiLU-and-mul epilogue against the unfused pair it replaces, the
+    matmul ``plain`` chose (cuBLAS or a Triton configuration) then ``silu_and_mul`` (CUDA only)."""
+    from strataserve.kernels.activation import silu_and_mul
+
+    chosen = {(c.rows, c.shape): c.config for c in plain}
+    choices = []
+    for shape, ws in weights.items():
+        dev, n = ws[0].device, len(ws)
+        tickets = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
+        for top, m in row_classes:
+            x = torch.randn(m, shape[1], dtype=ws[0].dtype, device=dev)
+            c0 = chosen.get((top, shape))
+            mm = (lambda w: F.linear(x, w)) if c0 is None else (lambda w: skinny_gemm(x, w, config=c0,
+                                                                                          tickets=tickets))
+            t_base = _graph_seconds(lambda: [silu_and_mul(mm(w)) for w in ws], reps) / n
+            timed = rank_configs(lambda c: lambda: [skinny_gemm_silu_mul(x, w, config=c) for w in ws], candidates,
+                                 reps, n)
+            best_t, best_c = timed[0] if timed else (float("inf"), None)
+            choices.append(GemmChoice(shape, top, t_base * 1e6, best_t * 1e6,
+                                      best_c if best_t < t_base * (1 - min_gain) else None, "silu"))
+    log.info("gate_up + SiLU epilogue tuning: %s", "; ".join(
+        f"{c.shape} <= {c.rows} rows: unfused {c.cublas_us:.1f} us, fused {c.best_us:.1f} us -> "
+        f"{c.config or 'unfused'}" for c in choices))
+    return choices
+
+
+def gate_up_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.Tensor]]:
+    """The decoder's fused [gate; up] weights by shape."""
+    groups: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for layer in model.layers:
+        groups.setdefault(tuple(layer.mlp.gate_up_weight.shape), []).append(layer.mlp.gate_up_weight)
+    return groups
+
+
 def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
-    """Tune ``model``'s decode matmuls of 2-``MAX_ROWS`` rows (or read the choices from disk) and install the
-    winners in its ``TritonOps`` (``gemm_plan``); returns every choice."""
+    """Tune ``model``'s decode matmuls of 2-``MAX_ROWS`` rows and its gate_up + SiLU pairs (or read the choices
+    from disk) and install the winners in its ``TritonOps`` (``gemm_plan``, ``silu_plan``: the latter unless
+    ``STRATA_GEMM_SILU=0``); returns every choice."""
     from strataserve.runner import tuning_cache
 
     weights = one_row_weights(model)
@@ -89,10 +138,13 @@ def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
     choices = _from_record(record) if record is not None else None
     if choices is None:
         choices = tune_gemm(weights)
+        choices += tune_gate_up_silu(gate_up_weights(model), choices)
         tuning_cache.save(path, key, [_to_record(c) for c in choices])
     else:
         log.info("decode GEMM choices from %s: %d Triton", path, sum(1 for c in choices if c.config))
-    ops.gemm_plan = {(c.rows, c.shape): c.config for c in choices if c.config is not None}
+    ops.gemm_plan = {(c.rows, c.shape): c.config for c in choices if c.config is not None and c.kind == "plain"}
+    ops.silu_plan = {(c.rows, c.shape): c.config for c in choices
+                     if c.config is not None and c.kind == "silu" and envs.STRATA_GEMM_SILU}
     return choices
 
 
@@ -104,18 +156,20 @@ def _record_key(weights: dict) -> dict:
     # PDL changes the timings (the tuned launches use it up to PDL_MAX_ROWS rows)
     return {**environment_key(next(iter(weights.values()))[0], gemm_module.__file__),
             "shapes": sorted([list(s), len(ws)] for s, ws in weights.items()), "rows": ROW_CLASSES,
-            "candidates": [asdict(c) for c in CANDIDATES], "pdl_max_rows": _common.PDL_MAX_ROWS}
+            "candidates": [asdict(c) for c in CANDIDATES], "silu_candidates": [asdict(c) for c in SILU_CANDIDATES],
+            "pdl_max_rows": _common.PDL_MAX_ROWS}
 
 
 def _to_record(c: GemmChoice) -> dict:
     return {"shape": list(c.shape), "rows": c.rows, "cublas_us": c.cublas_us, "best_us": c.best_us,
-            "config": asdict(c.config) if c.config is not None else None}
+            "config": asdict(c.config) if c.config is not None else None, "kind": c.kind}
 
 
 def _from_record(rows) -> list[GemmChoice] | None:
     try:
         return [GemmChoice(tuple(r["shape"]), int(r["rows"]), float(r["cublas_us"]), float(r["best_us"]),
-                           GemmConfig(**r["config"]) if r["config"] is not None else None) for r in rows]
+                           GemmConfig(**r["config"]) if r["config"] is not None else None,
+                           str(r.get("kind", "plain"))) for r in rows]
     except (KeyError, TypeError, ValueError) as exc:
         log.warning("ignoring a malformed GEMM tuning record (%s): measuring again", exc)
         return None

@@ -102,6 +102,10 @@ class CanvasOps:
     def silu_mul_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return self.base.silu_mul_linear(x, weight)
 
+    def norm_mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                 gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base.norm_mlp(x, residual, norm_weight, eps, gate_up_weight, down_weight)
+
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                      cos_sin_cache: torch.Tensor) -> None:
         self.base.apply_rotary(positions, q, k, head_dim, cos_sin_cache)

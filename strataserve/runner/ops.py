@@ -70,6 +70,13 @@ class OpSet(Protocol):
         """``linear(silu_and_mul(x), weight)``, one call, so a backend can fuse the activation into the matmul."""
         ...
 
+    def norm_mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                 gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The SwiGLU MLP block from its input: ``silu_mul_linear(norm_linear(x, residual, norm_weight, eps,
+        gate_up_weight)[0], down_weight)``; returns ``(output, new residual)``. One call, so a backend can choose
+        where the activation goes (the gate_up epilogue or the down prologue)."""
+        ...
+
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                      cos_sin_cache: torch.Tensor) -> None:
         """Neox-style rotary, in place on q ``[T, Hq*D]`` and k ``[T, Hkv*D]`` (strided views of the qkv output).
@@ -131,6 +138,14 @@ def unfused_silu_mul_linear(ops: OpSet, x: torch.Tensor, weight: torch.Tensor) -
     return ops.linear(ops.silu_and_mul(x), weight)
 
 
+def unfused_norm_mlp(ops: OpSet, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                     eps: float, gate_up_weight: torch.Tensor,
+                     down_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``OpSet.norm_mlp`` as the backend's ``norm_linear`` and ``silu_mul_linear``."""
+    gate_up, residual = ops.norm_linear(x, residual, norm_weight, eps, gate_up_weight)
+    return ops.silu_mul_linear(gate_up, down_weight), residual
+
+
 def unfused_attend(ops: OpSet, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None,
                    k_norm: torch.Tensor | None, eps: float, meta: AttentionMetadata | None) -> torch.Tensor:
@@ -180,6 +195,10 @@ class TorchOps:
 
     def silu_mul_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return unfused_silu_mul_linear(self, x, weight)
+
+    def norm_mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                 gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return unfused_norm_mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight)
 
     def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,

@@ -19,10 +19,10 @@ from strataserve.kernels.prefill_tiles import PREFILL_BLOCK_M
 from strataserve.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from strataserve.kernels.rotary import apply_rotary
 from strataserve.kernels.rotary_kv import rotary_store_kv
-from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm
+from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_silu_mul
 from strataserve.runner.attention import AttentionMetadata, TorchAttention
 from strataserve.runner.gemm_tuning import plan_rows
-from strataserve.runner.ops import unfused_attend, unfused_norm_linear, unfused_silu_mul_linear
+from strataserve.runner.ops import unfused_attend, unfused_norm_linear, unfused_norm_mlp, unfused_silu_mul_linear
 
 
 # Adaptive decode splits (run 8, docs/gpu_notes.md) pay between one and four programs per SM: 64 rows of 576
@@ -156,7 +156,9 @@ class TritonOps:
     (the before/after switch of the benchmarks). ``rope_in_attention`` (default ``STRATA_DECODE_ROPE_IN_ATTENTION``):
     in a small decode-only step over a float cache (``TritonAttention.rope_in_kernel``), that kernel's work runs
     inside decode attention instead. ``gemm_plan`` maps ``(row class, shape)`` to the few-rows Triton GEMM
-    configuration that beat cuBLAS for matmuls of 2-64 rows (``runner/gemm_tuning.py``, also at start-up).
+    configuration that beat cuBLAS for matmuls of 2-64 rows (``runner/gemm_tuning.py``, also at start-up);
+    ``silu_plan`` maps ``(row class, gate_up shape)`` to the configuration whose SiLU-and-mul epilogue beat that
+    matmul's own choice + the activation's launch.
     """
 
     name = "triton"
@@ -165,9 +167,11 @@ class TritonOps:
                  gemv_plan: dict[tuple[int, int], GemvConfig] | None = None, fused_rope_kv: bool = True,
                  prologue_plan: dict[tuple[str, tuple[int, int]], GemvConfig] | None = None,
                  rope_in_attention: bool | None = None,
-                 gemm_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None) -> None:
+                 gemm_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None,
+                 silu_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None) -> None:
         self.attention = attention
         self.gemm_plan = dict(gemm_plan or {})
+        self.silu_plan = dict(silu_plan or {})
         self._tickets: torch.Tensor | None = None  # the split GEMMs' in-kernel combine (each launch leaves zeros)
         self.rope_in_attention = (envs.STRATA_DECODE_ROPE_IN_ATTENTION if rope_in_attention is None
                                   else rope_in_attention)
@@ -205,6 +209,18 @@ class TritonOps:
         if config is not None and _one_row(x):
             return gemv_silu_mul(x, weight, config=config)
         return unfused_silu_mul_linear(self, x, weight)
+
+    def norm_mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                 gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        config = (self.silu_plan.get((plan_rows(x.shape[0]), tuple(gate_up_weight.shape)))
+                  if self.silu_plan and x.dim() == 2 and x.stride(1) == 1 else None)
+        if config is None:  # batch 1 fuses the activation into down's prologue instead (silu_mul_linear)
+            return unfused_norm_mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight)
+        if residual is None:
+            h, residual = self.rms_norm(x, norm_weight, eps), x
+        else:
+            h, residual = self.fused_add_rms_norm(x, residual, norm_weight, eps)
+        return self.linear(skinny_gemm_silu_mul(h, gate_up_weight, config), down_weight), residual
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)

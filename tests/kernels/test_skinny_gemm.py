@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_ref
+from strataserve.kernels.activation import silu_and_mul
+from strataserve.kernels.skinny_gemm import (GemmConfig, skinny_gemm, skinny_gemm_ref, skinny_gemm_silu_mul,
+                                             skinny_gemm_silu_mul_ref)
 
 from ._helpers import DTYPES, assert_close
 
@@ -41,6 +43,30 @@ def test_skinny_gemm_strided_rows_and_empty(device):
     w = torch.randn(24, 64, device=device)
     assert_close(skinny_gemm(x, w, config=GemmConfig(16, 16, 32)), x @ w.t(), 1e-3, "strided x")
     assert skinny_gemm(x[:0], w).shape == (0, 24)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,inter,K", [(16, 32, 256), (7, 37, 200), (40, 48, 96)])
+def test_skinny_gemm_silu_mul(device, dtype, M, inter, K):
+    """The SiLU-and-mul epilogue over the fused [gate; up] weight: equal to the matmul then the activation (ragged
+    rows, columns and K included); gate and up scaled apart, so a swapped or shifted half fails."""
+    x = torch.randn(M, K, device=device, dtype=dtype)
+    w = torch.cat([torch.randn(inter, K, device=device, dtype=dtype),
+                   0.25 * torch.randn(inter, K, device=device, dtype=dtype) + 0.5])
+    cfg = GemmConfig(block_m=16, block_n=16, block_k=32)
+    got = skinny_gemm_silu_mul(x, w, cfg)
+    assert got.shape == (M, inter) and got.dtype == dtype
+    assert_close(got, skinny_gemm_silu_mul_ref(x, w), TOL[dtype], f"gate_up + silu {M}x{inter}x{K}")
+    # the same launch configuration unfused: the same accumulators, so only the epilogue's arithmetic differs
+    assert_close(got, silu_and_mul(skinny_gemm(x, w, config=cfg)), TOL[dtype] / 10, "fused vs unfused")
+
+
+def test_skinny_gemm_silu_mul_bad_inputs(device):
+    x = torch.randn(2, 8, device=device)
+    with pytest.raises(ValueError, match=r"the \[gate; up\] rows \[2I, K\]"):
+        skinny_gemm_silu_mul(x, torch.randn(5, 8, device=device))
+    with pytest.raises(ValueError, match="runs unsplit"):
+        skinny_gemm_silu_mul(x, torch.randn(4, 8, device=device), GemmConfig(split_k=2))
 
 
 def test_skinny_gemm_bad_inputs(device):

@@ -83,22 +83,26 @@ print("compiled rope attention")
 # Hopper's warpgroup MMA
 from strataserve.kernels import skinny_gemm
 fn = skinny_gemm._skinny_gemm_kernel
-const = dict(HAS_BIAS=False, SPLIT=True, COMBINE=True, EVEN_K=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128,
-             EVICT="evict_first", PDL=True, PREFETCH=8, LINE=64)
-sig = {n: "constexpr" if n in const else "*i32" if n == "sem_ptr" else "*fp32" if n == "p_ptr" else
-       "*bf16" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
-# the JIT marks pointers and integers divisible by 16 at the runner's shapes; without the hints no load vectorises
-div = {"M", "N", "K", "x_sm", "w_sn", "y_sm", "k_per_split"}
-attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr") or n in div}
-src = ASTSource(fn=fn, signature=sig, attrs=attrs,
-                constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4,
-                                                                        "launch_pdl": True})
-ptx = kernel.asm["ptx"]
-wait = ptx.index("griddepcontrol.wait")
-assert ptx.index("prefetch.global.L2") < wait < ptx.index("cp.async"), "prefetch, then the wait, then the loads"
-assert "wgmma.mma_async" in ptx, "the K loop's dot is not Hopper's warpgroup MMA"
-print("compiled skinny gemm")
+base = dict(HAS_BIAS=False, SPLIT=True, COMBINE=True, EVEN_K=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128,
+            EVICT="evict_first", PDL=True, PREFETCH=8, LINE=64, SILU=False)
+# split with the in-kernel combine; gate_up with the SiLU-and-mul epilogue (two accumulators, unsplit)
+for name, const in (("skinny gemm", base), ("skinny silu", {**base, "SPLIT": False, "COMBINE": False, "SILU": True})):
+    sig = {n: "constexpr" if n in const else "*i32" if n == "sem_ptr" else "*fp32" if n == "p_ptr" else
+           "*bf16" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+    # the JIT marks pointers and integers divisible by 16 at the runner's shapes; without the hints no load vectorises
+    div = {"M", "N", "K", "x_sm", "w_sn", "y_sm", "k_per_split"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr") or n in div}
+    src = ASTSource(fn=fn, signature=sig, attrs=attrs,
+                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3,
+                                                                            "launch_pdl": True})
+    ptx = kernel.asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("prefetch.global.L2") < wait < ptx.index("cp.async"), "prefetch, then the wait, then the loads"
+    assert "wgmma.mma_async" in ptx, "the K loop's dot is not Hopper's warpgroup MMA"
+    if const["SILU"]:  # the up rows are prefetched too, and the epilogue's sigmoid is there
+        assert ptx[:wait].count("prefetch.global.L2") >= 2 and "ex2.approx" in ptx, "SiLU epilogue"
+    print("compiled", name)
 """
 
 
@@ -108,4 +112,4 @@ def test_gemv_and_argmax_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ("compiled 0 2 compiled 1 1 compiled 2 1 compiled 2 2 compiled 3 2 "
                                    "compiled _chunk_argmax_kernel compiled _row_argmax_kernel compiled pdl "
-                                   "compiled rope attention compiled skinny gemm").split()
+                                   "compiled rope attention compiled skinny gemm compiled skinny silu").split()

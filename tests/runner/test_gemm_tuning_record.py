@@ -1,6 +1,6 @@
 """The decode GEMM tuning (2-64 rows): which row class a step's matmul takes its plan from, and the choices kept on
 disk like the batch-1 ones (measured once, reused by a restart, measured again when an input changes). The timing
-needs CUDA graphs, so ``tune_gemm`` is replaced by a recorder returning fixed choices."""
+needs CUDA graphs, so ``tune_gemm`` and ``tune_gate_up_silu`` are replaced by recorders returning fixed choices."""
 from __future__ import annotations
 
 import types
@@ -42,15 +42,28 @@ def test_gemm_choices_are_kept_and_reused(tmp_path, monkeypatch):
         return [gemm_tuning.GemmChoice(s, rows, 10.0, 8.0 if s == down else 12.0, win if s == down and rows == 64
                                        else None) for s in weights for rows, _ in gemm_tuning.ROW_CLASSES]
 
+    gate_up = tuple(model.layers[0].mlp.gate_up_weight.shape)
+    fused = GemmConfig(64, 64, 64, num_stages=5)
+
+    def fake_silu(weights, plain):  # sees the plain choices (its baseline is gate_up's choice + the activation)
+        assert len(plain) == 2 * len(calls[-1])
+        return [gemm_tuning.GemmChoice(s, rows, 10.0, 9.0, fused if rows == 16 else None, "silu")
+                for s in weights for rows, _ in gemm_tuning.ROW_CLASSES]
+
     monkeypatch.setattr(gemm_tuning, "tune_gemm", fake_tune)
+    monkeypatch.setattr(gemm_tuning, "tune_gate_up_silu", fake_silu)
     plans = []
     for _ in range(2):  # a start, then a restart
         ops = types.SimpleNamespace()
         choices = gemm_tuning.apply_gemm_tuning(model, ops)
-        plans.append(ops.gemm_plan)
+        plans.append((ops.gemm_plan, ops.silu_plan))
     assert len(calls) == 1 and down in calls[0]  # measured once
-    assert plans[0] == plans[1] == {(64, down): win}
-    assert len(choices) == 2 * len(calls[0]) and len(list(tmp_path.glob("gemm-*.json"))) == 1
+    assert plans[0] == plans[1] == ({(64, down): win}, {(16, gate_up): fused})  # the kinds kept apart on disk
+    assert len(choices) == 2 * len(calls[0]) + 2 and len(list(tmp_path.glob("gemm-*.json"))) == 1
+    monkeypatch.setattr(envs, "STRATA_GEMM_SILU", False)  # the switch: the record stays, the epilogue is not used
+    ops = types.SimpleNamespace()
+    gemm_tuning.apply_gemm_tuning(model, ops)
+    assert len(calls) == 1 and ops.gemm_plan == {(64, down): win} and ops.silu_plan == {}
 
     monkeypatch.setattr(gemm_tuning, "CANDIDATES", gemm_tuning.CANDIDATES[:2])  # another input: measured again
     gemm_tuning.apply_gemm_tuning(model, types.SimpleNamespace())
