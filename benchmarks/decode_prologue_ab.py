@@ -15,9 +15,8 @@ L2 prefetches before the wait: the GEMV's weights, decode attention's first key 
 ``STRATA_DECODE_ROPE_IN_ATTENTION=0`` (the rotary + KV-store launch before decode attention), and ``run17`` all three
 off (the code before run 18). Run 19's (for batch > 1): ``run18`` is ``STRATA_GEMM_TUNE=0`` with PDL for batch 1
 only (cuBLAS for every multi-row matmul: the code before run 19), ``pdl1`` the default with PDL for batch 1 only,
-``pdlall`` the default with PDL for launches of every row count. Run 20's: ``nosilu`` is ``STRATA_GEMM_SILU=0
-STRATA_GEMM_NORM=0`` (gate_up's SiLU-and-mul and the add + RMSNorm in their own launches: the code before run 20),
-``nonorm`` ``STRATA_GEMM_NORM=0`` alone (the SiLU epilogue without the norm prologue), ``gemmall`` the default with every 2-64-row
+``pdlall`` the default with PDL for launches of every row count. Run 20's: ``nosilu`` is ``STRATA_GEMM_SILU=0``
+(gate_up's SiLU-and-mul in its own launch: the code before run 20), ``gemmall`` the default with every 2-64-row
 matmul on its fastest Triton configuration even where cuBLAS timed up to 10% faster alone (qkv and o at the 8B
 shape: does PDL's overlap pay inside the step?). One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
@@ -78,7 +77,6 @@ def main() -> None:
                 gemv_tuning.CANDIDATES = {"before": CANDIDATES_R15, "run16": CANDIDATES_R16}.get(variant, final)
                 envs.STRATA_GEMM_TUNE = variant != "run18"
                 envs.STRATA_GEMM_SILU = variant not in ("nosilu", "run18")
-                envs.STRATA_GEMM_NORM = variant not in ("nonorm", "nosilu", "run18")
                 # gemmall: its own tuning record (the margin is not part of the record's key)
                 gemm_tuning.tune_gemm = functools.partial(tune_gemm, min_gain=-0.1) if variant == "gemmall" \
                     else tune_gemm

@@ -25,25 +25,20 @@ from strataserve.kernels._common import (check, check_float, check_same_device, 
                                         sm_count)
 from strataserve.kernels.activation import silu_and_mul_ref
 from strataserve.kernels.gemv import gemv_ref
-from strataserve.kernels.rms_norm import rms_norm_ref
 
 
 @triton.jit(do_not_specialize=["M"])  # one compile for every decode batch size (graph capture would compile each)
-def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_ptr, ro_ptr, M, N, K, x_sm, w_sn,
-                        y_sm, k_per_split, splits, first_wave, eps, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                        COMBINE: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_sm, w_sn, y_sm, k_per_split,
+                        splits, first_wave, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr,
+                        EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
-                        PREFETCH: tl.constexpr, LINE: tl.constexpr, SILU: tl.constexpr = False,
-                        NORM: tl.constexpr = 0):
+                        PREFETCH: tl.constexpr, LINE: tl.constexpr, SILU: tl.constexpr = False):
     """Tile (pid1 rows, pid0 columns) over split pid2's K range. Not SPLIT: y (+ bias) in y's dtype. SPLIT:
     float32 partials into p_ptr [splits, M, N]; with COMBINE the tile's last program to finish adds them (an
     atomic ticket per tile in sem_ptr, left at zero), else ``_split_reduce_kernel`` does. PREFETCH (a PDL
     launch): the programs of the first wave send their first PREFETCH lines of each weight row to L2 before the
     wait, as the GEMV does (``gemv.py``). SILU (not SPLIT): W is [gate; up] with 2N rows, and the tile keeps two
-    accumulators, gate rows n and up rows N + n over one x tile, for y = silu(gate) * up. NORM (not SPLIT: the
-    program sees all of K): the input is rms_norm(x) * nw (1) or rms_norm(x + r) * nw (2, the sum rounded to the
-    dtype and written to ro [M, K] by the programs of column tile 0), as the batch-1 GEMV's prologue: the squares
-    summed in the K loop, x * nw into the dot, the row sums scaled by 1 / rms at the end."""
+    accumulators, gate rows n and up rows N + n over one x tile, for y = silu(gate) * up."""
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -66,30 +61,16 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_pt
     up_off = 0
     if SILU:
         up_off = N * w_sn
-    dt = y_ptr.dtype.element_ty
-    row_k = rm.to(tl.int64)[:, None] * K  # r and ro: contiguous [M, K]
-    sq = tl.zeros([BLOCK_M], tl.float32)  # NORM only
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # SILU only (dead code otherwise)
     for k0 in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
             wmask = nmask[None, :]
-            xmask = mmask[:, None] & (rk < BLOCK_K)[None, :]
+            x = tl.load(xp, mask=mmask[:, None], other=0.0)
         else:
             kmask = (k0 + rk) < k_end
             wmask = nmask[None, :] & kmask[:, None]
-            xmask = mmask[:, None] & kmask[None, :]
-        x = tl.load(xp, mask=xmask, other=0.0)
-        if NORM:
-            xf = x.to(tl.float32)
-            if NORM == 2:  # the sum is rounded to the storage dtype, as the residual stream is
-                xs = (xf + tl.load(r_ptr + row_k + (k0 + rk)[None, :], mask=xmask, other=0.0).to(tl.float32)).to(dt)
-                if tl.program_id(0) == 0:
-                    tl.store(ro_ptr + row_k + (k0 + rk)[None, :], xs, mask=xmask)
-                xf = xs.to(tl.float32)
-            sq += tl.sum(xf * xf, axis=1)
-            nw = tl.load(nw_ptr + k0 + rk, mask=(k0 + rk) < k_end, other=0.0).to(tl.float32)
-            x = (xf * nw[None, :]).to(dt)
+            x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
         w = tl.load(wp, mask=wmask, other=0.0, eviction_policy=EVICT)
         acc = _dot(x, w, acc, IEEE)
         if SILU:
@@ -97,12 +78,8 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_pt
         xp += BLOCK_K
         wp += BLOCK_K
     omask = mmask[:, None] & nmask[None, :]
-    if NORM:
-        inv = 1.0 / tl.sqrt(sq / K + eps)
-        acc = acc * inv[:, None]
-        if SILU:
-            acc_up = acc_up * inv[:, None]
     if SILU:  # the unfused model's roundings: gate and up in y's dtype, silu(gate) rounded before the product
+        dt = y_ptr.dtype.element_ty
         g = acc.to(dt).to(tl.float32)
         acc = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)
     if SPLIT:
@@ -188,32 +165,8 @@ def skinny_gemm_silu_mul(x: torch.Tensor, weight: torch.Tensor, config: GemmConf
     return _launch(x, weight, None, config, None, silu=True)
 
 
-def skinny_gemm_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                         weight: torch.Tensor, bias: torch.Tensor | None = None, config: GemmConfig = GemmConfig(),
-                         silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``linear(rms_norm(x + residual) * norm_weight, weight, bias)`` over the rows of ``x`` in one launch, then
-    (``silu``: ``weight`` is [gate; up]) the SiLU-and-mul epilogue of ``skinny_gemm_silu_mul``. Returns ``(y, s)``
-    with ``s = x + residual`` (a new tensor; x and residual are left as they are), or ``s = x`` when ``residual``
-    is None (no add: the first layer). ``config.split_k`` must be 1 (the statistics need all of K)."""
-    K = x.shape[-1]
-    check(norm_weight.shape == (K,) and norm_weight.is_contiguous() and norm_weight.dtype == x.dtype,
-          f"norm_weight: expected contiguous ({K},) {x.dtype}, got {tuple(norm_weight.shape)} {norm_weight.dtype}")
-    check(config.split_k == 1, f"config: the norm prologue runs unsplit, got split_k={config.split_k}")
-    if silu:
-        check(weight.dim() == 2 and weight.shape[0] % 2 == 0,
-              f"weight: expected the [gate; up] rows [2I, K], got {tuple(weight.shape)}")
-    if residual is None:
-        return _launch(x, weight, bias, config, None, silu, nw=norm_weight, eps=eps), x
-    check(residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous(),
-          f"residual: expected contiguous {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
-    check_same_device(x=x, residual=residual, norm_weight=norm_weight)
-    s = torch.empty_like(residual)
-    return _launch(x, weight, bias, config, None, silu, r=residual, nw=norm_weight, ro=s, eps=eps), s
-
-
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemmConfig,
-            tickets: torch.Tensor | None, silu: bool, r: torch.Tensor | None = None,
-            nw: torch.Tensor | None = None, ro: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+            tickets: torch.Tensor | None, silu: bool) -> torch.Tensor:
     check_float("x", x)
     check(x.dim() == 2, f"x: expected [M, K], got {tuple(x.shape)}")
     check(weight.dim() == 2 and weight.shape[1] == x.shape[1],
@@ -245,15 +198,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     # lines of the first tiles in flight (num_stages - 1 ahead, plus the one consumed) to prefetch under PDL
     prefetch = triton.next_power_of_2(triton.cdiv(min(c.num_stages * c.block_k, k_per_split), line)) \
         if pdl["PDL"] and envs.STRATA_PDL_PREFETCH else 0
-    norm = 0 if nw is None else 1 if r is None else 2
-    _skinny_gemm_kernel[grid](x, weight, b, y, part, tickets if combine else part,
-                              r if r is not None else x, nw if nw is not None else x, ro if ro is not None else x,
-                              M, N, K, x.stride(0), weight.stride(0), y.stride(0), k_per_split, splits,
-                              sm_count(x.device.index or 0) if prefetch else 0, eps, HAS_BIAS=bias is not None,
+    _skinny_gemm_kernel[grid](x, weight, b, y, part, tickets if combine else part, M, N, K, x.stride(0),
+                              weight.stride(0), y.stride(0), k_per_split, splits,
+                              sm_count(x.device.index or 0) if prefetch else 0, HAS_BIAS=bias is not None,
                               SPLIT=splits > 1, COMBINE=combine, EVEN_K=K % c.block_k == 0,
                               IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
                               BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "",
-                              PREFETCH=prefetch, LINE=line, SILU=silu, NORM=norm, num_warps=c.num_warps,
+                              PREFETCH=prefetch, LINE=line, SILU=silu, num_warps=c.num_warps,
                               num_stages=c.num_stages, **pdl)
     if splits > 1 and not combine:
         block = 1024
@@ -270,12 +221,3 @@ skinny_gemm_ref = gemv_ref
 def skinny_gemm_silu_mul_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The unfused ops: the matmul in x's dtype, then SiLU-and-mul."""
     return silu_and_mul_ref(skinny_gemm_ref(x, weight))
-
-
-def skinny_gemm_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                             weight: torch.Tensor, bias: torch.Tensor | None = None,
-                             silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The unfused ops: (add,) RMSNorm, the matmul (, SiLU-and-mul)."""
-    s = x if residual is None else x + residual
-    y = skinny_gemm_ref(rms_norm_ref(s, norm_weight, eps), weight, bias)
-    return (silu_and_mul_ref(y) if silu else y), s

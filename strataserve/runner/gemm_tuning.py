@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from strataserve import envs
-from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_rms_norm, skinny_gemm_silu_mul
+from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_silu_mul
 from strataserve.runner.gemv_tuning import _graph_seconds, one_row_weights, rank_configs
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,6 @@ CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 32, 256, 1, 4, 4)
 # narrower shapes.
 SILU_CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 64, 128, 1, 8, 4, evict_first=True),
                    GemmConfig(64, 64, 64, 1, 4, 5), GemmConfig(64, 32, 128, 1, 4, 4))
-# The add + RMSNorm as the prologue of qkv and of gate_up + SiLU (``skinny_gemm_rms_norm``, run 20): the tiles that
-# won those two matmuls without it.
-NORM_CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 32, 256, 1, 4, 3),
-                   GemmConfig(64, 64, 128, 1, 8, 4, evict_first=True))
 
 
 @dataclass(frozen=True)
@@ -57,9 +53,7 @@ class GemmChoice:
     cublas_us: float  # "silu": the plain matmul's choice + the activation's launch
     best_us: float
     config: GemmConfig | None  # None: cuBLAS (or, "silu", the unfused pair) stays
-    # "plain": x W^T; "silu": gate_up with the SiLU-and-mul epilogue; "norm": qkv with the add + RMSNorm prologue;
-    # "norm_silu": gate_up with both
-    kind: str = "plain"
+    kind: str = "plain"  # "plain": x W^T; "silu": gate_up with the SiLU-and-mul epilogue
 
 
 def plan_rows(rows: int) -> int | None:
@@ -125,48 +119,6 @@ def tune_gate_up_silu(weights: dict[tuple[int, int], list[torch.Tensor]], plain:
     return choices
 
 
-@torch.inference_mode()
-def tune_norm_prologues(model: torch.nn.Module, chosen: list[GemmChoice], candidates=NORM_CANDIDATES,
-                        min_gain: float = 0.005, reps: int = 5, row_classes=ROW_CLASSES) -> list[GemmChoice]:
-    """Per row class: the add + RMSNorm as the prologue of qkv ("norm") and of gate_up with its SiLU epilogue
-    ("norm_silu"), against the norm kernel followed by what ``chosen`` picked for that matmul (cuBLAS, the plain
-    Triton GEMM, or for gate_up the SiLU epilogue or the unfused pair) (CUDA only)."""
-    from strataserve.kernels.activation import silu_and_mul
-    from strataserve.kernels.rms_norm import fused_add_rms_norm
-
-    plan = {(c.kind, c.rows, c.shape): c.config for c in chosen}
-    layers = list(model.layers)
-    eps, dev = layers[0].eps, layers[0].input_norm.device
-    tickets = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
-    groups = (("norm", [(la.self_attn.qkv_weight, la.input_norm) for la in layers]),
-              ("norm_silu", [(la.mlp.gate_up_weight, la.post_attn_norm) for la in layers]))
-    choices = []
-    for kind, pairs in groups:
-        shape, n, silu = tuple(pairs[0][0].shape), len(pairs), kind == "norm_silu"
-        for top, m in row_classes:
-            x = torch.randn(m, shape[1], dtype=pairs[0][0].dtype, device=dev)
-            r = torch.randn_like(x)
-            c_plain, c_silu = plan.get(("plain", top, shape)), plan.get(("silu", top, shape))
-
-            def after_norm(h, w):
-                if silu and c_silu is not None:
-                    return skinny_gemm_silu_mul(h, w, c_silu)
-                y = F.linear(h, w) if c_plain is None else skinny_gemm(h, w, config=c_plain, tickets=tickets)
-                return silu_and_mul(y) if silu else y
-
-            t_base = _graph_seconds(lambda: [after_norm(fused_add_rms_norm(x, r, nw, eps)[0], w)
-                                             for w, nw in pairs], reps) / n
-            timed = rank_configs(lambda c: lambda: [skinny_gemm_rms_norm(x, r, nw, eps, w, config=c, silu=silu)
-                                                    for w, nw in pairs], candidates, reps, n)
-            best_t, best_c = timed[0] if timed else (float("inf"), None)
-            choices.append(GemmChoice(shape, top, t_base * 1e6, best_t * 1e6,
-                                      best_c if best_t < t_base * (1 - min_gain) else None, kind))
-    log.info("add + RMSNorm prologue tuning: %s", "; ".join(
-        f"{c.kind} {c.shape} <= {c.rows} rows: norm kernel + matmul {c.cublas_us:.1f} us, prologue "
-        f"{c.best_us:.1f} us -> {c.config or 'separate'}" for c in choices))
-    return choices
-
-
 def gate_up_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.Tensor]]:
     """The decoder's fused [gate; up] weights by shape."""
     groups: dict[tuple[int, int], list[torch.Tensor]] = {}
@@ -176,10 +128,9 @@ def gate_up_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.
 
 
 def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
-    """Tune ``model``'s decode matmuls of 2-``MAX_ROWS`` rows, its gate_up + SiLU pairs and the add + RMSNorm
-    before qkv and gate_up (or read the choices from disk) and install the winners in its ``TritonOps``
-    (``gemm_plan``; ``silu_plan`` unless ``STRATA_GEMM_SILU=0``; ``norm_plan`` unless ``STRATA_GEMM_NORM=0``);
-    returns every choice."""
+    """Tune ``model``'s decode matmuls of 2-``MAX_ROWS`` rows and its gate_up + SiLU pairs (or read the choices
+    from disk) and install the winners in its ``TritonOps`` (``gemm_plan``, ``silu_plan``: the latter unless
+    ``STRATA_GEMM_SILU=0``); returns every choice."""
     from strataserve.runner import tuning_cache
 
     weights = one_row_weights(model)
@@ -190,16 +141,12 @@ def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
     if choices is None:
         choices = tune_gemm(weights)
         choices += tune_gate_up_silu(gate_up_weights(model), choices)
-        choices += tune_norm_prologues(model, choices)
         tuning_cache.save(path, key, [_to_record(c) for c in choices])
     else:
         log.info("decode GEMM choices from %s: %d Triton", path, sum(1 for c in choices if c.config))
     ops.gemm_plan = {(c.rows, c.shape): c.config for c in choices if c.config is not None and c.kind == "plain"}
     ops.silu_plan = {(c.rows, c.shape): c.config for c in choices
                      if c.config is not None and c.kind == "silu" and envs.STRATA_GEMM_SILU}
-    ops.norm_plan = {("mlp" if c.kind == "norm_silu" else "linear", c.rows, c.shape): c.config for c in choices
-                     if c.config is not None and c.kind in ("norm", "norm_silu") and envs.STRATA_GEMM_NORM
-                     and (c.kind == "norm" or envs.STRATA_GEMM_SILU)}
     return choices
 
 
@@ -212,7 +159,6 @@ def _record_key(weights: dict) -> dict:
     return {**environment_key(next(iter(weights.values()))[0], gemm_module.__file__),
             "shapes": sorted([list(s), len(ws)] for s, ws in weights.items()), "rows": ROW_CLASSES,
             "candidates": [asdict(c) for c in CANDIDATES], "silu_candidates": [asdict(c) for c in SILU_CANDIDATES],
-            "norm_candidates": [asdict(c) for c in NORM_CANDIDATES],
             "pdl_max_rows": _common.PDL_MAX_ROWS}
 
 

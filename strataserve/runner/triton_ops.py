@@ -19,7 +19,7 @@ from strataserve.kernels.prefill_tiles import PREFILL_BLOCK_M
 from strataserve.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from strataserve.kernels.rotary import apply_rotary
 from strataserve.kernels.rotary_kv import rotary_store_kv
-from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_rms_norm, skinny_gemm_silu_mul
+from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_silu_mul
 from strataserve.runner.attention import AttentionMetadata, TorchAttention
 from strataserve.runner.gemm_tuning import plan_rows
 from strataserve.runner.ops import unfused_attend, unfused_norm_linear, unfused_norm_mlp, unfused_silu_mul_linear
@@ -158,8 +158,7 @@ class TritonOps:
     inside decode attention instead. ``gemm_plan`` maps ``(row class, shape)`` to the few-rows Triton GEMM
     configuration that beat cuBLAS for matmuls of 2-64 rows (``runner/gemm_tuning.py``, also at start-up);
     ``silu_plan`` maps ``(row class, gate_up shape)`` to the configuration whose SiLU-and-mul epilogue beat that
-    matmul's own choice + the activation's launch; ``norm_plan`` maps ``("linear" | "mlp", row class, shape)`` to
-    the one whose add + RMSNorm prologue beat the norm's launch + what follows it (qkv; gate_up + SiLU).
+    matmul's own choice + the activation's launch.
     """
 
     name = "triton"
@@ -169,12 +168,10 @@ class TritonOps:
                  prologue_plan: dict[tuple[str, tuple[int, int]], GemvConfig] | None = None,
                  rope_in_attention: bool | None = None,
                  gemm_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None,
-                 silu_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None,
-                 norm_plan: dict[tuple[str, int, tuple[int, int]], GemmConfig] | None = None) -> None:
+                 silu_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None) -> None:
         self.attention = attention
         self.gemm_plan = dict(gemm_plan or {})
         self.silu_plan = dict(silu_plan or {})
-        self.norm_plan = dict(norm_plan or {})
         self._tickets: torch.Tensor | None = None  # the split GEMMs' in-kernel combine (each launch leaves zeros)
         self.rope_in_attention = (envs.STRATA_DECODE_ROPE_IN_ATTENTION if rope_in_attention is None
                                   else rope_in_attention)
@@ -205,19 +202,7 @@ class TritonOps:
         if (config is not None and _one_row(x) and norm_weight.dtype == x.dtype
                 and (residual is None or residual.is_contiguous())):
             return gemv_rms_norm(x, residual, norm_weight, eps, weight, bias, config)
-        config = self._norm_config("linear", x, residual, norm_weight, weight)
-        if config is not None:
-            return skinny_gemm_rms_norm(x, residual, norm_weight, eps, weight, bias, config)
         return unfused_norm_linear(self, x, residual, norm_weight, eps, weight, bias)
-
-    def _norm_config(self, kind: str, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                     weight: torch.Tensor) -> GemmConfig | None:
-        """The few-rows GEMM with the add + RMSNorm prologue, where the tuning chose it for this step's rows."""
-        if not self.norm_plan or x.dim() != 2 or x.stride(1) != 1 or norm_weight.dtype != x.dtype:
-            return None
-        if residual is not None and not residual.is_contiguous():
-            return None
-        return self.norm_plan.get((kind, plan_rows(x.shape[0]), tuple(weight.shape)))
 
     def silu_mul_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         config = self.prologue_plan.get(("silu", tuple(weight.shape)))
@@ -227,10 +212,6 @@ class TritonOps:
 
     def norm_mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                  gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        config = self._norm_config("mlp", x, residual, norm_weight, gate_up_weight)
-        if config is not None:  # add + RMSNorm, gate_up and the SiLU-and-mul in one launch
-            act, residual = skinny_gemm_rms_norm(x, residual, norm_weight, eps, gate_up_weight, None, config, True)
-            return self.linear(act, down_weight), residual
         config = (self.silu_plan.get((plan_rows(x.shape[0]), tuple(gate_up_weight.shape)))
                   if self.silu_plan and x.dim() == 2 and x.stride(1) == 1 else None)
         if config is None:  # batch 1 fuses the activation into down's prologue instead (silu_mul_linear)

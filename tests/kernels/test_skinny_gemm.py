@@ -5,9 +5,7 @@ import pytest
 import torch
 
 from strataserve.kernels.activation import silu_and_mul
-from strataserve.kernels.rms_norm import fused_add_rms_norm, rms_norm
-from strataserve.kernels.skinny_gemm import (GemmConfig, skinny_gemm, skinny_gemm_ref, skinny_gemm_rms_norm,
-                                             skinny_gemm_rms_norm_ref, skinny_gemm_silu_mul,
+from strataserve.kernels.skinny_gemm import (GemmConfig, skinny_gemm, skinny_gemm_ref, skinny_gemm_silu_mul,
                                              skinny_gemm_silu_mul_ref)
 
 from ._helpers import DTYPES, assert_close
@@ -64,43 +62,6 @@ def test_skinny_gemm_silu_mul(device, dtype, M, inter, K):
     assert_close(got, skinny_gemm_silu_mul_ref(x, w), TOL[dtype], f"gate_up + silu {M}x{inter}x{K}")
     # the same launch configuration unfused: the same accumulators, so only the epilogue's arithmetic differs
     assert_close(got, silu_and_mul(skinny_gemm(x, w, config=cfg)), TOL[dtype] / 10, "fused vs unfused")
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("add", [True, False], ids=["add", "first-layer"])
-@pytest.mark.parametrize("silu", [False, True], ids=["plain", "silu"])
-@pytest.mark.parametrize("M,N,K", [(16, 32, 256), (7, 37, 200), (40, 48, 96)])
-def test_skinny_gemm_rms_norm(device, dtype, add, silu, M, N, K):
-    """The (add +) RMSNorm prologue, statistics in the K loop: equal to the norm then the matmul (then the SiLU-and-
-    mul), the residual sum written out once (ragged rows, columns and K; rows of very different scale, so a wrong
-    per-row scale fails); x and residual left as they were."""
-    x = torch.randn(M, K, device=device, dtype=dtype) * torch.linspace(0.1, 8.0, M, device=device, dtype=dtype)[:, None]
-    res = torch.randn(M, K, device=device, dtype=dtype) if add else None
-    nw = 1.0 + 0.5 * torch.randn(K, device=device, dtype=dtype)
-    w = torch.randn(2 * N if silu else N, K, device=device, dtype=dtype)
-    b = torch.randn(N, device=device, dtype=dtype) if not silu else None
-    x0, r0 = x.clone(), None if res is None else res.clone()
-    cfg = GemmConfig(block_m=16, block_n=16, block_k=32)
-    y, s = skinny_gemm_rms_norm(x, res, nw, 1e-5, w, b, cfg, silu=silu)
-    y_ref, s_ref = skinny_gemm_rms_norm_ref(x, res, nw, 1e-5, w, b, silu=silu)
-    assert y.shape == (M, N) and y.dtype == dtype
-    assert_close(y, y_ref, TOL[dtype] * 2, f"norm prologue {M}x{N}x{K} add={add} silu={silu}")
-    assert_close(s, s_ref, TOL[dtype], "the residual sum")
-    assert torch.equal(x, x0) and (res is None or torch.equal(res, r0)), "inputs left as they were"
-    # against the Triton ops it replaces, same launch configuration
-    h = rms_norm(x, nw, 1e-5) if res is None else fused_add_rms_norm(x.clone(), res.clone(), nw, 1e-5)[0]
-    unfused = skinny_gemm_silu_mul(h, w, cfg) if silu else skinny_gemm(h, w, b, cfg)
-    assert_close(y, unfused, TOL[dtype] * 2, "fused vs the norm kernel + GEMM")
-
-
-def test_skinny_gemm_rms_norm_bad_inputs(device):
-    x, w = torch.randn(2, 8, device=device), torch.randn(4, 8, device=device)
-    with pytest.raises(ValueError, match="norm_weight: expected contiguous"):
-        skinny_gemm_rms_norm(x, None, torch.ones(7, device=device), 1e-5, w)
-    with pytest.raises(ValueError, match="residual: expected contiguous"):
-        skinny_gemm_rms_norm(x, torch.randn(3, 8, device=device), torch.ones(8, device=device), 1e-5, w)
-    with pytest.raises(ValueError, match="norm prologue runs unsplit"):
-        skinny_gemm_rms_norm(x, None, torch.ones(8, device=device), 1e-5, w, config=GemmConfig(split_k=2))
 
 
 def test_skinny_gemm_silu_mul_bad_inputs(device):

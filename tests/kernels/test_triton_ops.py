@@ -87,8 +87,8 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant, monkeypatch
     """fused: (q/k norm +) rotary + KV store in one kernel, the batch-1 step's matmuls through a split-K GEMV plan
     (as the start-up tuning would install) and the default GEMV, the norms and SiLU-mul as GEMV prologues, the
     batch-1 step's rotary + store inside decode attention, the 2-64-row matmuls through the few-rows GEMM where a
-    plan names them (split with the in-kernel combine, plain), gate_up with its SiLU-and-mul epilogue, and the
-    add + RMSNorm as the prologue of qkv and of gate_up + SiLU; unfused: the run-5 sequence of kernels."""
+    plan names them (split with the in-kernel combine, plain) and gate_up with its SiLU-and-mul epilogue; unfused:
+    the run-5 sequence of kernels."""
     if device == "cpu":  # the interpreter has no PDL: let the batch-1 step take the rotary-in-attention path anyway
         monkeypatch.setattr(triton_ops_module, "pdl_enabled", lambda dev, rows: rows <= PDL_MAX_ROWS)
     dt = torch.float32
@@ -99,8 +99,6 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant, monkeypatch
     gemm = {(16, qkv): GemmConfig(16, 16, 32, split_k=2), (16, (h, i)): GemmConfig(32, 32, 32),
             (64, (2 * i, h)): GemmConfig(16, 32, 16), (64, (cfg.vocab_size, h)): GemmConfig(32, 16, 32, split_k=2)}
     silu = {(16, (2 * i, h)): GemmConfig(16, 16, 32)}  # gate_up + SiLU epilogue in the 2- and 10-row steps
-    # the add + RMSNorm as qkv's prologue in the 2- and 10-row steps, and as gate_up + SiLU's in the 19-row one
-    norm = {("linear", 16, qkv): GemmConfig(16, 16, 32), ("mlp", 64, (2 * i, h)): GemmConfig(16, 32, 16)}
     prologues = {("norm", qkv): _SPLIT_K, ("norm", (2 * i, h)): GemvConfig(block_n=16, block_k=32),
                  ("silu", (h, i)): _SPLIT_K}
     # num_sms=1 keeps the interpreter's program count small: 4 splits per decode row (fused), 1 (run-5 launch)
@@ -111,8 +109,7 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant, monkeypatch
                            use_gemv=True, gemv_plan=plan if fused else None, fused_rope_kv=fused,
                            prologue_plan=prologues if variant == "fused" else None,
                            gemm_plan=gemm if variant == "fused" else None,
-                           silu_plan=silu if variant == "fused" else None,
-                           norm_plan=norm if variant == "fused" else None)
+                           silu_plan=silu if variant == "fused" else None)
     for name, ops in (("torch", TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))),
                       ("triton", triton_ops)):
         models[name] = build_random_model(cfg, dt, device, ops=ops, seed=3)
