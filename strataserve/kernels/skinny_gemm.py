@@ -138,11 +138,10 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     evict_first: bool = False  # stream W past L2 (read once per step), so x and the partials stay cached
-    reduce_launch: bool = False  # split: partials added by a second launch even where tickets would combine them
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/w{self.num_warps}"
-                f"/st{self.num_stages}" + ("/ef" if self.evict_first else "") + ("/r" if self.reduce_launch else ""))
+                f"/st{self.num_stages}" + ("/ef" if self.evict_first else ""))
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -150,8 +149,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """``x`` [M, K] times ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N]; like ``F.linear`` on 2-D input.
 
     ``tickets``: int32 zeros with one per output tile, for a split launch to combine its partials itself (no
-    reduce launch, unless ``config.reduce_launch``); every launch leaves them at zero, so a caller keeps one buffer
-    for all its calls."""
+    reduce launch); every launch leaves them at zero, so a caller keeps one buffer for all its calls."""
     return _launch(x, weight, bias, config, tickets, silu=False)
 
 
@@ -189,7 +187,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     b = bias if bias is not None else weight
     part = y if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(N, c.block_n), triton.cdiv(M, c.block_m), splits)
-    combine = splits > 1 and tickets is not None and not c.reduce_launch
+    combine = splits > 1 and tickets is not None
     if combine:
         check(tickets.dtype == torch.int32 and tickets.numel() >= grid[0] * grid[1] and tickets.device == x.device,
               f"tickets: expected int32 zeros on {x.device} with >= {grid[0] * grid[1]} elements")
