@@ -5,8 +5,9 @@ masked, so they are never loaded. If a shape's time falls from 64 to 16 rows, th
 (from L2: one [64, K-range] tile per program, twice its weight tile's bytes at ``BLOCK_N`` = 32) are what it waits
 on, and wider tiles over split K ranges are the fix. Per shape of the Llama-3.1-8B decoder (all 32 layers' weights
 in one CUDA graph, the start-up tuner's timing, PDL as the runner launches it), per configuration: µs per layer at
-each row count, split ones both with the in-kernel combine and with the reduce launch ("+reduce"); plus gate_up with its SiLU
-epilogue against gate_up's best plain configuration + ``silu_and_mul``. One JSON line per (shape, rows):
+each row count, split ones both with the in-kernel combine and with the reduce launch ("+reduce"); plus gate_up
+with its SiLU epilogue against gate_up's best plain configuration + ``silu_and_mul``. One JSON line per (shape,
+rows):
 
     python benchmarks/skinny_rows_probe.py [--rows 16,64]
 """
