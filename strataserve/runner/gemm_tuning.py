@@ -63,26 +63,38 @@ def plan_rows(rows: int) -> int | None:
     return next((top for top, _ in ROW_CLASSES if rows <= top), None)
 
 
+def _tune_shapes(weights: dict[tuple[int, int], list[torch.Tensor]], baseline, fused, candidates, min_gain: float,
+                 reps: int, row_classes, kind: str) -> list[GemmChoice]:
+    """The timing loop both tunings share: per shape and row class, ``baseline(x, w, top, shape)`` and every
+    candidate ``fused(x, w, c)`` over all that shape's weights in a CUDA graph; a candidate wins by ``min_gain``."""
+    choices = []
+    for shape, ws in weights.items():
+        n = len(ws)
+        for top, m in row_classes:
+            x = torch.randn(m, shape[1], dtype=ws[0].dtype, device=ws[0].device)
+            t_base = _graph_seconds(lambda: [baseline(x, w, top, shape) for w in ws], reps) / n
+            timed = rank_configs(lambda c: lambda: [fused(x, w, c) for w in ws], candidates, reps, n)
+            best_t, best_c = timed[0] if timed else (float("inf"), None)
+            choices.append(GemmChoice(shape, top, t_base * 1e6, best_t * 1e6,
+                                      best_c if best_t < t_base * (1 - min_gain) else None, kind))
+    return choices
+
+
+def _tickets(weights: dict[tuple[int, int], list[torch.Tensor]]) -> torch.Tensor:
+    return torch.zeros(1 << 16, dtype=torch.int32, device=next(iter(weights.values()))[0].device)
+
+
 @torch.inference_mode()
 def tune_gemm(weights: dict[tuple[int, int], list[torch.Tensor]], candidates=CANDIDATES, min_gain: float = 0.005,
               reps: int = 5, row_classes=ROW_CLASSES) -> list[GemmChoice]:
     """Per shape and row class: cuBLAS against every candidate over all that shape's weights (CUDA only). The
     margin is small: timed alone, the Triton gate_up at the 8B shape was 1.9-6% faster than cuBLAS (19a-19c), and
     inside the step it paid more (19a: the batch-64 step 0.787 of the roofline with it, 19c: 0.770 without)."""
-    choices = []
     t0 = time.perf_counter()
-    tickets = None
-    for shape, ws in weights.items():
-        dev, n = ws[0].device, len(ws)
-        tickets = torch.zeros(1 << 16, dtype=torch.int32, device=dev) if tickets is None else tickets
-        for top, m in row_classes:
-            x = torch.randn(m, shape[1], dtype=ws[0].dtype, device=dev)
-            t_cublas = _graph_seconds(lambda: [F.linear(x, w) for w in ws], reps) / n
-            timed = rank_configs(lambda c: lambda: [skinny_gemm(x, w, config=c, tickets=tickets) for w in ws],
-                                 candidates, reps, n)
-            best_t, best_c = timed[0] if timed else (float("inf"), None)
-            choices.append(GemmChoice(shape, top, t_cublas * 1e6, best_t * 1e6,
-                                      best_c if best_t < t_cublas * (1 - min_gain) else None))
+    tickets = _tickets(weights)
+    choices = _tune_shapes(weights, lambda x, w, top, shape: F.linear(x, w),
+                           lambda x, w, c: skinny_gemm(x, w, config=c, tickets=tickets), candidates, min_gain, reps,
+                           row_classes, "plain")
     log.info("decode GEMM tuning (%.1f s): %s", time.perf_counter() - t0,
              "; ".join(f"{c.shape} <= {c.rows} rows: cuBLAS {c.cublas_us:.1f} us, Triton {c.best_us:.1f} us -> "
                        f"{c.config or 'cuBLAS'}" for c in choices))
@@ -98,21 +110,14 @@ def tune_gate_up_silu(weights: dict[tuple[int, int], list[torch.Tensor]], plain:
     from strataserve.kernels.activation import silu_and_mul
 
     chosen = {(c.rows, c.shape): c.config for c in plain}
-    choices = []
-    for shape, ws in weights.items():
-        dev, n = ws[0].device, len(ws)
-        tickets = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
-        for top, m in row_classes:
-            x = torch.randn(m, shape[1], dtype=ws[0].dtype, device=dev)
-            c0 = chosen.get((top, shape))
-            mm = (lambda w: F.linear(x, w)) if c0 is None else (lambda w: skinny_gemm(x, w, config=c0,
-                                                                                          tickets=tickets))
-            t_base = _graph_seconds(lambda: [silu_and_mul(mm(w)) for w in ws], reps) / n
-            timed = rank_configs(lambda c: lambda: [skinny_gemm_silu_mul(x, w, config=c) for w in ws], candidates,
-                                 reps, n)
-            best_t, best_c = timed[0] if timed else (float("inf"), None)
-            choices.append(GemmChoice(shape, top, t_base * 1e6, best_t * 1e6,
-                                      best_c if best_t < t_base * (1 - min_gain) else None, "silu"))
+    tickets = _tickets(weights)
+
+    def unfused(x, w, top, shape):
+        c0 = chosen.get((top, shape))
+        return silu_and_mul(F.linear(x, w) if c0 is None else skinny_gemm(x, w, config=c0, tickets=tickets))
+
+    choices = _tune_shapes(weights, unfused, lambda x, w, c: skinny_gemm_silu_mul(x, w, config=c), candidates,
+                           min_gain, reps, row_classes, "silu")
     log.info("gate_up + SiLU epilogue tuning: %s", "; ".join(
         f"{c.shape} <= {c.rows} rows: unfused {c.cublas_us:.1f} us, fused {c.best_us:.1f} us -> "
         f"{c.config or 'unfused'}" for c in choices))

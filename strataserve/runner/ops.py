@@ -127,10 +127,16 @@ def unfused_norm_linear(ops: OpSet, x: torch.Tensor, residual: torch.Tensor | No
                         eps: float, weight: torch.Tensor,
                         bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``OpSet.norm_linear`` as separate ops: (add +) RMSNorm, then the matmul."""
-    if residual is None:
-        return ops.linear(ops.rms_norm(x, norm_weight, eps), weight, bias), x
-    h, residual = ops.fused_add_rms_norm(x, residual, norm_weight, eps)
+    h, residual = add_rms_norm(ops, x, residual, norm_weight, eps)
     return ops.linear(h, weight, bias), residual
+
+
+def add_rms_norm(ops: OpSet, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)``, or ``(rms_norm(x), x)`` without a residual (the first layer)."""
+    if residual is None:
+        return ops.rms_norm(x, norm_weight, eps), x
+    return ops.fused_add_rms_norm(x, residual, norm_weight, eps)
 
 
 def unfused_silu_mul_linear(ops: OpSet, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ from strataserve.kernels.rotary_kv import rotary_store_kv
 from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_silu_mul
 from strataserve.runner.attention import AttentionMetadata, TorchAttention
 from strataserve.runner.gemm_tuning import plan_rows
-from strataserve.runner.ops import unfused_attend, unfused_norm_linear, unfused_norm_mlp, unfused_silu_mul_linear
+from strataserve.runner.ops import (add_rms_norm, unfused_attend, unfused_norm_linear, unfused_norm_mlp,
+                                    unfused_silu_mul_linear)
 
 
 # Adaptive decode splits (run 8, docs/gpu_notes.md) pay between one and four programs per SM: 64 rows of 576
@@ -216,10 +217,7 @@ class TritonOps:
                   if self.silu_plan and x.dim() == 2 and x.stride(1) == 1 else None)
         if config is None:  # batch 1 fuses the activation into down's prologue instead (silu_mul_linear)
             return unfused_norm_mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight)
-        if residual is None:
-            h, residual = self.rms_norm(x, norm_weight, eps), x
-        else:
-            h, residual = self.fused_add_rms_norm(x, residual, norm_weight, eps)
+        h, residual = add_rms_norm(self, x, residual, norm_weight, eps)
         return self.linear(skinny_gemm_silu_mul(h, gate_up_weight, config), down_weight), residual
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
