@@ -18,7 +18,11 @@ only (cuBLAS for every multi-row matmul: the code before run 19), ``pdl1`` the d
 ``pdlall`` the default with PDL for launches of every row count. Run 20's: ``nosilu`` is ``STRATA_GEMM_SILU=0``
 (gate_up's SiLU-and-mul in its own launch: the code before run 20), ``gemmall`` the default with every 2-64-row
 matmul on its fastest Triton configuration even where cuBLAS timed up to 10% faster alone (qkv and o at the 8B
-shape: does PDL's overlap pay inside the step?). One JSON line per
+shape: does PDL's overlap pay inside the step?). Run 21's: ``ropein`` is the default with the rotary + KV store
+inside decode attention up to 64 rows (``STRATA_DECODE_ROPE_MAX_ROWS=64``), ``attnBxWxS`` the default with decode
+attention launched at block_n B, W warps, S stages in every regime (``triton_ops.DECODE_CONFIGS``),
+``ropein-attnBxWxS`` both.
+One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
     python benchmarks/decode_prologue_ab.py --shapes 8b,0.6b --rounds 3
@@ -38,7 +42,7 @@ import gpu_kernels_bench as kb  # noqa: E402
 import gpu_model_bench as mb  # noqa: E402
 from strataserve import envs  # noqa: E402
 from strataserve.kernels.gemv import GemvConfig  # noqa: E402
-from strataserve.runner import gemm_tuning, gemv_tuning  # noqa: E402
+from strataserve.runner import gemm_tuning, gemv_tuning, triton_ops  # noqa: E402
 import skinny_chain_ab  # noqa: E402
 
 CONFIGS = {"8b": mb.llama31_8b, "0.6b": mb.qwen3_06b,
@@ -63,6 +67,7 @@ def main() -> None:
     bw = kb.copy_bandwidth()
     final = gemv_tuning.CANDIDATES  # (read once: the variants below rebind it)
     tune_gemm, cache = gemm_tuning.tune_gemm, envs.STRATA_KERNEL_CACHE
+    rope_rows, decode_configs = envs.STRATA_DECODE_ROPE_MAX_ROWS, triton_ops.DECODE_CONFIGS
     for shape in args.shapes.split(","):
         cfg = CONFIGS[shape]()
         for rnd in range(args.rounds):
@@ -74,6 +79,10 @@ def main() -> None:
                 envs.STRATA_PDL = variant not in ("nopdl", "run17")
                 envs.STRATA_PDL_PREFETCH = variant not in ("noprefetch", "run17")
                 envs.STRATA_DECODE_ROPE_IN_ATTENTION = variant not in ("ropesep", "run17")
+                envs.STRATA_DECODE_ROPE_MAX_ROWS = 64 if variant.startswith("ropein") else rope_rows
+                attn = variant.rpartition("attn")[2] if "attn" in variant else ""
+                triton_ops.DECODE_CONFIGS = dict.fromkeys(decode_configs, tuple(int(x) for x in attn.split("x"))) \
+                    if attn else decode_configs
                 gemv_tuning.CANDIDATES = {"before": CANDIDATES_R15, "run16": CANDIDATES_R16}.get(variant, final)
                 envs.STRATA_GEMM_TUNE = variant != "run18"
                 envs.STRATA_GEMM_SILU = variant not in ("nosilu", "run18")

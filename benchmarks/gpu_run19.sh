@@ -9,7 +9,7 @@
 #   profile   benchmarks/gpu_profile.py: the kernel table of 8B decode steps at PROFILE_BATCH (default 64)
 #   startup   benchmarks/serve_startup.py, 8B shape, this tree, ROUNDS starts (the first on an empty tuning record);
 #             needs the API's wheels in .whl too (fastapi, starlette, uvicorn, pydantic, aiohttp and their needs)
-#   ttsab     benchmarks/tts_tuning_ab.py --variants tuned,pdl1: Qwen3-TTS frames/s with PDL up to 64 rows and batch 1 only
+#   ttsab     benchmarks/tts_tuning_ab.py --variants TTS_VARIANTS (default tuned,pdl1: PDL up to 64 rows, batch 1 only)
 #   nano      benchmarks/nano_protocol.py (bf16 cache, a fresh process each): NANO_VAR (default STRATA_GEMM_TUNE) at
 #             each of NANO_VALUES (default "1 0"), the order reversed every other round
 # Everything lands under $OUT.
@@ -62,7 +62,7 @@ if phase nano; then
   done
 fi
 if phase ttsab; then
-  FRAMES=64 timeout "${TTS_TIMEOUT:-300}" python3 benchmarks/tts_tuning_ab.py --shapes 0.6B,1.7B --rounds "$ROUNDS" --variants tuned,pdl1 \
+  FRAMES=64 timeout "${TTS_TIMEOUT:-300}" python3 benchmarks/tts_tuning_ab.py --shapes 0.6B,1.7B --rounds "$ROUNDS" --variants "${TTS_VARIANTS:-tuned,pdl1}" \
     2> "$OUTDIR/tts_pdl_ab.err" | tee "$OUTDIR/tts_pdl_ab.jsonl" \
     | python3 -c 'import json,sys; [print(r["shape"], r["round"], r["batch"], r["variant"], r["fps"]) for r in map(json.loads, sys.stdin)]'
   tail -2 "$OUTDIR/tts_pdl_ab.err"

@@ -17,6 +17,11 @@ STRATA_ASYNC_SCHEDULING: bool = os.environ.get("STRATA_ASYNC_SCHEDULING", "1") !
 STRATA_FUSED_ROPE_KV: bool = os.environ.get("STRATA_FUSED_ROPE_KV", "1") != "0"
 #: in decode-only steps with a float cache, that rotary and KV store run inside the decode-attention kernel (run 18).
 STRATA_DECODE_ROPE_IN_ATTENTION: bool = os.environ.get("STRATA_DECODE_ROPE_IN_ATTENTION", "1") != "0"
+#: ... for decode steps of up to this many rows (batch 1 always: run 18; larger steps with PDL: run 21).
+STRATA_DECODE_ROPE_MAX_ROWS: int = int(os.environ.get("STRATA_DECODE_ROPE_MAX_ROWS", "1"))
+if STRATA_DECODE_ROPE_MAX_ROWS < 1:
+    raise ValueError(f"STRATA_DECODE_ROPE_MAX_ROWS={STRATA_DECODE_ROPE_MAX_ROWS}: must be >= 1 "
+                     "(STRATA_DECODE_ROPE_IN_ATTENTION=0 turns it off)")
 #: at start-up, time cuBLAS against the Triton GEMV per weight shape for batch-1 matmuls and keep the faster.
 STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
 #: at start-up, time cuBLAS against the few-rows Triton GEMM per weight shape for decode matmuls of 2-64 rows (run 19).
@@ -39,6 +44,9 @@ if STRATA_PDL_MAX_ROWS < 1:
 STRATA_PDL_PREFETCH: bool = os.environ.get("STRATA_PDL_PREFETCH", "1") != "0"
 #: decode attention launches the longest rows first, with ~16 programs per SM (more KV splits) instead of ~2.
 STRATA_DECODE_LONG_FIRST: bool = os.environ.get("STRATA_DECODE_LONG_FIRST", "1") != "0"
+#: decode attention's launch configuration chosen per launch regime (``runner/triton_ops.decode_config``, run
+#: 21); "0": run 6's (64-key tiles, 4 warps, 2 stages) for every launch.
+STRATA_DECODE_ATTN_CONFIGS: bool = os.environ.get("STRATA_DECODE_ATTN_CONFIGS", "1") != "0"
 #: decode attention chooses each row's KV split count in the kernel from its own length against the step's total,
 #: aiming at this many programs per SM, and combines the splits in the kernel (no reduce launch); "0": the split
 #: count is fixed per batch size (run 6's launch). Issue 12, docs/gpu_notes.md run 8.

@@ -40,10 +40,10 @@ With ``rope`` (``DecodeRope``: a decode-only step, a float cache) the step's new
 stored: every program rotates its q heads itself (Qwen3's q/k norm first, ``rotary.rope_tile``), the program whose
 range holds the new position loads that token's k and v before its loop (which stops short of it), then rotates k,
 adds the token to its online softmax and writes k and v into their slot, so the separate rotary + KV-store launch
-before attention goes away (run 18). Under PDL with fixed splits (batch-1-sized launches) such a program also asks L2
-for its first key tile's K and V lines before it waits for the previous kernel: none of what it reads before the
-wait (lengths, block table, cached rows before the new token) is written by the kernel just before it (the qkv
-projection), only at the step's start.
+before attention goes away (run 18). Under PDL such a program also asks L2 for its first key tile's K and V lines
+before it waits for the previous kernel (an adaptive launch after choosing its split count): none of what it reads
+before the wait (lengths, block table, cached rows before the new token) is written by the kernel just before it
+(the qkv projection), only at the step's start.
 """
 from __future__ import annotations
 
@@ -338,7 +338,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         DIRECT=direct, REVERSE=reverse, QUANT=quant, INT=is_int, ASM=asm, ADAPTIVE=adaptive,
         BLOCK_B=next_pow2(B) if adaptive else 1,
         BLOCK_S=max(2, next_pow2(splits)), ROPE=rope is not None, HAS_NORM=has_norm,
-        EARLY=rope is not None and pdl["PDL"] and not adaptive and envs.STRATA_PDL_PREFETCH,
+        EARLY=rope is not None and pdl["PDL"] and envs.STRATA_PDL_PREFETCH,
         BLOCK_L=next_pow2(triton.cdiv(D, line)), LINE=line,
         num_warps=num_warps, num_stages=num_stages, **pdl)
     if direct or adaptive:

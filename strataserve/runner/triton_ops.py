@@ -32,6 +32,27 @@ from strataserve.runner.ops import (add_rms_norm, unfused_attend, unfused_norm_l
 # per SM (batch 1) the reduce launch is cheaper than the in-kernel combine. The grid allows >= 4 splits.
 ADAPTIVE_MIN_CAP = 4
 ADAPTIVE_MAX_PROGRAMS_PER_SM = 4
+#: decode attention's (block_n, num_warps, num_stages) per launch regime (``decode_config``). Run 21's probe
+#: (docs/gpu_notes.md, 8B shape, 576-token rows): in the regime that splits every row (17-32 rows at 8 KV heads),
+#: 32-key tiles with 2 warps and 3 stages ran 5-19% faster (they also let rows of ~192-token chunks split, the rule
+#: being at least 4 key tiles per chunk). Elsewhere no configuration won everywhere: at 40-64 rows it lost 13-20%,
+#: at 16 rows 6%, with fixed splits at 96 / 128 / 256 rows (0.6B shape) it moved +4.8% / -0.9% / -3.3% and
+#: nano-vllm's workload did not gain; there run 6's (64, 4, 2) stays.
+DECODE_CONFIGS: dict[str, tuple[int, int, int]] = {"small": (64, 4, 2), "split_all": (32, 2, 3),
+                                                   "adaptive": (64, 4, 2), "large": (64, 4, 2)}
+RUN6_DECODE_CONFIG = (64, 4, 2)
+
+
+def decode_config(rows: int, kv_heads: int, num_sms: int) -> tuple[int, int, int]:
+    """(block_n, num_warps, num_stages) of a decode-attention launch over ``rows`` rows: by its (row, KV head)
+    programs against the SMs, the regimes of ``decode_launch`` and the kernel's ``split_all_below`` (2 per SM);
+    ``STRATA_DECODE_ATTN_CONFIGS=0``: run 6's configuration for every launch."""
+    if not envs.STRATA_DECODE_ATTN_CONFIGS:
+        return RUN6_DECODE_CONFIG
+    programs = rows * kv_heads
+    regime = ("small" if programs < num_sms else "split_all" if programs < 2 * num_sms
+              else "adaptive" if programs <= ADAPTIVE_MAX_PROGRAMS_PER_SM * num_sms else "large")
+    return DECODE_CONFIGS[regime]
 
 
 def decode_launch(rows: int, kv_heads: int, num_sms: int, programs_per_sm: int, split_target: int,
@@ -92,13 +113,15 @@ class TritonAttention:
 
     def rope_in_kernel(self, decode_rows: int, device: torch.device) -> bool:
         """Whether a decode-only step of this many rows should rotate and store inside decode attention: launches
-        with fixed splits (fewer programs than SMs) that also launch with PDL (``pdl_enabled``), at batch 1 (the only
-        size measured),
-        where the kernel prefetches its first key tile before the wait. Run 18, batch 1: -0.4% per 8B step, -1.2%
-        at the Qwen3-0.6B shape (without the prefetch it lost ~1% there); at batch 64 (adaptive splits) the
-        separate kernel was faster (+0.8% / +2.6% when fused)."""
-        return self.kv_scales is None and decode_rows == 1 and pdl_enabled(device, decode_rows) and decode_launch(
-            decode_rows, self.num_kv_heads, self.num_sms, self.programs_per_sm, self.split_target)[1] == 0
+        with PDL (``pdl_enabled``), where the kernel prefetches its first key tile before the wait: batch 1 with
+        fixed splits (fewer programs than SMs), or up to ``STRATA_DECODE_ROPE_MAX_ROWS`` rows. Run 18, batch 1:
+        -0.4% per 8B step, -1.2% at the Qwen3-0.6B shape (without the prefetch it lost ~1% there); at batch 64
+        without PDL or the prefetch the separate kernel was faster (+0.8% / +2.6% when fused)."""
+        if self.kv_scales is not None or not pdl_enabled(device, decode_rows):
+            return False
+        if decode_rows > 1:
+            return decode_rows <= envs.STRATA_DECODE_ROPE_MAX_ROWS
+        return decode_launch(1, self.num_kv_heads, self.num_sms, self.programs_per_sm, self.split_target)[1] == 0
 
     def _tickets(self, n: int, device: torch.device) -> torch.Tensor | None:
         if not self.split_target:
@@ -127,8 +150,10 @@ class TritonAttention:
         if nd:
             splits, target = decode_launch(nd, hkv, self.num_sms, self.programs_per_sm, self.split_target,
                                            padded=meta.decode_rows_padded)
+            block_n, warps, stages = decode_config(nd, hkv, self.num_sms)
             paged_decode_attention(q3[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                                    self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse,
+                                   block_n=block_n, num_warps=warps, num_stages=stages,
                                    split_target=target, num_sms=self.num_sms,
                                    semaphores=self._tickets(nd * hkv, q.device) if target else None, rope=rope,
                                    **sc)

@@ -125,3 +125,51 @@ def test_decode_graph_is_identical_with_and_without_pdl(pdl, dtype, monkeypatch)
     assert torch.equal(got[False][0], got[True][0])
     for (k0, v0), (k1, v1) in zip(got[False][1], got[True][1]):
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_adaptive_decode_with_rope_is_identical_with_and_without_pdl(pdl, graph):
+    """Run 21: an adaptive-split decode launch (more programs than SMs) with the rotary + KV store inside, right
+    after the projection that writes its q, k and v. Under PDL each program reads the lengths and block table and
+    prefetches its first key tile before it waits: reading q, k or v early would change the output or the cache."""
+    from strataserve.kernels.decode_attention import DecodeRope, paged_decode_attention
+    from strataserve.kernels.skinny_gemm import skinny_gemm
+    from strataserve.models.hf_config import RopeScaling
+    from strataserve.models.rope import build_cos_sin_cache
+
+    from .test_attention import _paged_cache
+
+    torch.manual_seed(0)
+    B, Hq, Hkv, D, bs, K = 48, 32, 8, 128, 16, 512
+    lens = [int(n) for n in torch.randint(20, 300, (B,))]
+    kc0, vc0, tables = _paged_cache("cuda", torch.bfloat16, lens, Hkv, D, bs)
+    x = torch.randn(B, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn((Hq + 2 * Hkv) * D, K, device="cuda", dtype=torch.bfloat16) / 24
+    ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    pos = (ctx - 1).long()
+    slots = tables.long().gather(1, (pos // bs).view(-1, 1)).view(-1) * bs + pos % bs
+    cos_sin = build_cos_sin_cache(D, 512, 1e6, RopeScaling(), device="cuda")
+    sems = torch.zeros(B * Hkv, dtype=torch.int32, device="cuda")
+
+    def step(kc, vc):
+        qkv = skinny_gemm(x, w).view(B, Hq + 2 * Hkv, D)
+        rope = DecodeRope(pos, qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:], cos_sin, slots)
+        return paged_decode_attention(qkv[:, :Hq], kc, vc, tables, ctx, D ** -0.5, num_splits=4, rope=rope,
+                                      split_target=6, num_sms=132, semaphores=sems)
+    results = {}
+    for on in (False, True):
+        pdl(on)
+        kc, vc = kc0.clone(), vc0.clone()
+        if graph:
+            step(kc.clone(), vc.clone())  # compile outside the capture
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = step(kc, vc)
+            g.replay()
+        else:
+            out = step(kc, vc)
+        torch.cuda.synchronize()
+        results[on] = (out.clone(), kc, vc)
+    assert not torch.equal(results[True][1], kc0), "the new tokens' k must be stored"
+    for a, b in zip(results[False], results[True]):
+        assert torch.equal(a, b), f"PDL changed a result: {(a != b).sum().item()} of {a.numel()} elements differ"

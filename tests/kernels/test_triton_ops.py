@@ -206,7 +206,8 @@ def test_canvas_attend_triton_matches_torch(device, qk_norm):
 
 def test_rope_runs_inside_decode_attention_only_for_fixed_split_pdl_launches(monkeypatch):
     """Run 18: the rotary + KV store inside decode attention pays at batch 1 (fixed splits, PDL), not at batch 64
-    (adaptive splits, where the separate kernel is faster), and never with a quantised cache or without PDL."""
+    (adaptive splits, where the separate kernel is faster: run 21), and never with a quantised cache or without PDL.
+    ``STRATA_DECODE_ROPE_MAX_ROWS`` lets larger PDL steps take it (the benchmarks' switch)."""
     cuda = torch.device("cuda")
     att = TritonAttention(32, 8, 128, num_sms=132, split_target=6)
     assert not att.rope_in_kernel(1, torch.device("cpu"))  # no PDL off a GPU
@@ -216,8 +217,49 @@ def test_rope_runs_inside_decode_attention_only_for_fixed_split_pdl_launches(mon
     assert not att.rope_in_kernel(2, cuda)  # fixed splits and PDL too, but only batch 1 was measured to pay
     assert not att.rope_in_kernel(17, cuda) and not att.rope_in_kernel(64, cuda)  # adaptive splits
     assert not TritonAttention(160, 160, 128, num_sms=132, split_target=6).rope_in_kernel(1, cuda)  # adaptive
+    monkeypatch.setattr(envs, "STRATA_DECODE_ROPE_MAX_ROWS", 64)
+    assert att.rope_in_kernel(64, cuda) and att.rope_in_kernel(17, cuda)
+    assert not att.rope_in_kernel(65, cuda)  # past PDL's 64 rows too
+    monkeypatch.setattr(envs, "STRATA_DECODE_ROPE_MAX_ROWS", 1)
     monkeypatch.setattr(envs, "STRATA_PDL", False)
     assert not att.rope_in_kernel(1, cuda)
     monkeypatch.setattr(envs, "STRATA_PDL", True)
     att.bind_kv_cache([], torch.ones(1, 2, 8))
     assert not att.rope_in_kernel(1, cuda)
+
+
+def test_decode_attention_launch_config_follows_the_split_regime(monkeypatch, device):
+    """Run 21: decode attention's tile configuration follows the launch regime of ``decode_launch`` and the
+    kernel's split-all rule (fewer than 2 programs per SM), and the runner launches with it."""
+    cfg = triton_ops_module.DECODE_CONFIGS
+    sms = 132
+    assert triton_ops_module.decode_config(16, 8, sms) == cfg["small"]  # 128 programs: fixed splits
+    assert triton_ops_module.decode_config(17, 8, sms) == cfg["split_all"]  # adaptive, every row may split
+    assert triton_ops_module.decode_config(32, 8, sms) == cfg["split_all"]
+    assert triton_ops_module.decode_config(33, 8, sms) == cfg["adaptive"]  # 264 programs: 2 per SM, not "few"
+    assert triton_ops_module.decode_config(66, 8, sms) == cfg["adaptive"]  # 528 = 4 per SM, still adaptive
+    assert decode_launch(66, 8, sms, 16, 6)[1] and not decode_launch(67, 8, sms, 16, 6)[1]
+    assert triton_ops_module.decode_config(67, 8, sms) == cfg["large"]
+    assert cfg["split_all"] != cfg["adaptive"]  # the two measured apart (else this test checks nothing)
+    monkeypatch.setattr(envs, "STRATA_DECODE_ATTN_CONFIGS", False)
+    assert {triton_ops_module.decode_config(r, 8, sms) for r in (1, 32, 64, 256)} == {(64, 4, 2)}
+    monkeypatch.setattr(envs, "STRATA_DECODE_ATTN_CONFIGS", True)
+
+    seen = []
+    real = triton_ops_module.paged_decode_attention
+
+    def spy(*args, **kw):
+        seen.append((kw["block_n"], kw["num_warps"], kw["num_stages"]))
+        return real(*args, **kw)
+    monkeypatch.setattr(triton_ops_module, "paged_decode_attention", spy)
+    monkeypatch.setattr(triton_ops_module, "DECODE_CONFIGS", {**cfg, "small": (16, 2, 1)})
+    att = TritonAttention(4, 2, 16, num_sms=132, split_target=6)
+    kv = allocate_kv_cache(1, 8, 4, 2, 16, torch.float32, torch.device(device))
+    att.bind_kv_cache(kv)
+    q, k, v = (torch.randn(3, n * 16, device=device) for n in (4, 2, 2))
+    lens = torch.tensor([5, 9, 2], dtype=torch.int32, device=device)
+    tables = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 0, 0]], dtype=torch.int32, device=device)
+    pos = (lens - 1).long()
+    slots = tables.gather(1, (pos // 4).view(-1, 1).long()).view(-1).long() * 4 + pos % 4
+    att.forward(0, q, k, v, decode_metadata(slots, tables, lens, 4))
+    assert seen == [(16, 2, 1)]
