@@ -9,6 +9,8 @@
 #   ropeab    benchmarks/decode_prologue_ab.py at the 8B shape, BATCHES (default 64): prologue, ropein, and with
 #             aprobe's best configuration for 8b_b64_ctx576 (unless ATTN=BxWxS is given) attnBxWxS, ropein-attnBxWxS;
 #             AB_VARIANTS replaces that list
+#   startab   benchmarks/serve_startup.py, 8B shape: this tree, this tree with STRATA_WEIGHT_STREAM=0 and (if present)
+#             the tree under tmp/before, ROUNDS rounds in alternating order (the first start compiles and tunes)
 set -u
 if [[ ,$1, == *,aprobe,* ]]; then
   (source benchmarks/device_setup.sh aprobe
@@ -35,5 +37,20 @@ for r in map(json.loads, sys.stdin):
     print(r["shape"], r["batch"], r["round"], r["variant"], r["ms_per_step"], r["roofline_fraction"])'
    done
    tail -2 "$OUTDIR/decode.err")
+fi
+if [[ ,$1, == *,startab,* ]]; then
+  (source benchmarks/device_setup.sh startab
+   mkdir -p "$OUTDIR/startab"
+   trees=(--tree final=. --tree stream0=. --env stream0:STRATA_WEIGHT_STREAM=0)
+   [ -d tmp/before ] && trees+=(--tree before=tmp/before)
+   OUT=$OUTDIR/startab timeout "${STARTUP_TIMEOUT:-420}" python3 benchmarks/serve_startup.py --model /tmp/ckpt8b \
+     --write-8b "${trees[@]}" --rounds "${2:-3}" 2>&1 | python3 -c '
+import json, sys
+for l in sys.stdin:
+    try:
+        r = json.loads(l)
+    except ValueError:
+        continue
+    print(r.get("round"), r.get("tree"), r.get("ready_s"), r.get("engine_spawned_s"), r.get("engine_phases") or r)')
 fi
 exec bash benchmarks/gpu_run20.sh "$@"

@@ -2,10 +2,11 @@
 breakdown each server prints (engine phases, API imports, HTTP ready).
 
     python benchmarks/serve_startup.py --model CKPT --tree before=/path/a --tree after=/path/b [--rounds 3]
-        [--write-8b CKPT] [-- extra serve args]
+        [--env NAME:VAR=VALUE ...] [--write-8b CKPT] [-- extra serve args]
 
 Each tree's code runs with ``PYTHONPATH=<tree>`` (plus the caller's PYTHONPATH, e.g. carried wheels). Round r
-runs the trees in order when r is odd, reversed when even. ``--write-8b`` first writes a random Llama-3.1-8B-shaped
+runs the trees in order when r is odd, reversed when even. ``--env NAME:VAR=VALUE`` sets VAR for tree NAME's
+servers (one tree path under two names compares a switch). ``--write-8b`` first writes a random Llama-3.1-8B-shaped
 bf16 checkpoint (4 shards + index, word-level tokenizer) on the GPU machine. One JSON line per start to stdout and
 $OUT/serve_startup.jsonl.
 """
@@ -85,9 +86,10 @@ def parse_log(text: str) -> dict:
     return out
 
 
-def start_once(tree: Path, model: str, extra: list[str], log: Path, timeout_s: float = 300) -> dict:
+def start_once(tree: Path, model: str, extra: list[str], log: Path, timeout_s: float = 300,
+               env_extra: dict | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **(env_extra or {}))
     t0 = time.perf_counter()
     srv = Server([model, "--grpc-port", "0", *extra], log, timeout_s, env=env, cwd=tree, poll_s=0.05)
     ready = time.perf_counter() - t0
@@ -102,8 +104,14 @@ def main() -> None:
     ap.add_argument("--tree", action="append", required=True, help="NAME=PATH of a code tree")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--write-8b", action="store_true", help="write the random 8B checkpoint at --model first")
+    ap.add_argument("--env", action="append", default=[], help="NAME:VAR=VALUE for tree NAME's servers")
     ap.add_argument("extra", nargs="*", help="extra `strata serve` arguments (after --)")
     args = ap.parse_args()
+    envs: dict[str, dict] = {}
+    for spec in args.env:
+        name, _, assign = spec.partition(":")
+        var, _, value = assign.partition("=")
+        envs.setdefault(name, {})[var] = value
     if args.write_8b and not (Path(args.model) / "config.json").exists():
         t0 = time.perf_counter()
         write_random_8b(Path(args.model))
@@ -112,9 +120,10 @@ def main() -> None:
     for r in range(1, args.rounds + 1):
         for name, tree in (trees if r % 2 else trees[::-1]):
             row = {"bench": "serve_startup", "tree": name, "round": r, "model": Path(args.model).name,
-                   "args": args.extra}
+                   "args": args.extra, "env": envs.get(name, {})}
             try:
-                row.update(start_once(tree, args.model, args.extra, LOGS / f"serve_{name}_{r}.log"))
+                row.update(start_once(tree, args.model, args.extra, LOGS / f"serve_{name}_{r}.log",
+                                      env_extra=envs.get(name)))
             except Exception as exc:  # one failed start must not lose the others
                 row["error"] = repr(exc)[:600]
             line = json.dumps(row)

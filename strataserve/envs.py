@@ -65,6 +65,9 @@ STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
 #: tensor parallelism on CUDA: "symm_mem" sums small activations (decode steps) with PyTorch's one-shot
 #: symmetric-memory all-reduce (peer loads over NVLink, no multicast) instead of NCCL's; "nccl" (default): NCCL only.
 STRATA_TP_ALLREDUCE: str = os.environ.get("STRATA_TP_ALLREDUCE", "nccl")
+#: on a GPU, checkpoint tensors go from the file to the parameters through pinned buffers, several reads in flight
+#: (``models/weight_stream.py``); "0": every tensor through safetensors' memory map and a pageable copy.
+STRATA_WEIGHT_STREAM: bool = os.environ.get("STRATA_WEIGHT_STREAM", "1") != "0"
 #: ``strata serve`` spawns the engine process before its own heavy imports and loads the tokenizer while the engine
 #: loads (issue 12 item 3); "0": one after the other, as before (the start-up benchmark's "before" switch).
 STRATA_SERVE_EARLY_SPAWN: bool = os.environ.get("STRATA_SERVE_EARLY_SPAWN", "1") != "0"

@@ -6,7 +6,9 @@ tensor-parallel split of one seed holds the same model.
 
 Tensor parallelism: with a rank's ``TensorParallel`` each sharded tensor is read through safetensors'
 ``get_slice`` (only that rank's rows or columns; the file is memory-mapped, so the rest is never read) and the
-model is built in the rank's local shapes (``models/parallel.py`` says which slice is whose).
+model is built in the rank's local shapes (``models/parallel.py`` says which slice is whose). On a GPU, every
+tensor stored whole in the model's dtype is streamed from the file through pinned buffers instead
+(``models/weight_stream.py``; ``STRATA_WEIGHT_STREAM=0``: safetensors for all).
 
 dtype "auto" means the checkpoint's ``torch_dtype``, except on CPU where half types become float32: CPU matmuls in
 bf16/fp16 are slower and less accurate than float32 on the machines we target. Device "auto" is cuda when
@@ -21,9 +23,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from strataserve import envs
 from strataserve.models.decoder import DecoderModel
 from strataserve.models.hf_config import DecoderConfig, load_decoder_config
 from strataserve.models.parallel import SINGLE, TensorParallel
+from strataserve.models.weight_stream import WeightStreamer, read_header
 from strataserve.runner.attention import TorchAttention
 from strataserve.runner.ops import OpSet, TorchOps
 
@@ -161,18 +165,26 @@ class _Targets:
         # some tied checkpoints still store lm_head; the embedding is used
         return not (name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and name not in self.map))
 
-    def fill(self, name: str, tensor: torch.Tensor) -> None:
-        if not self.wanted(name):
-            return
+    def destination(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The parameter rows that checkpoint tensor ``name`` (of ``shape``, as read) fills."""
         if name not in self.map:
             raise ValueError(f"checkpoint tensor {name!r} is not part of the supported decoder; "
                              "is config.json consistent with the weights?")
         param, row = self.map[name]
         dst = param.data[row:row + self.rows[name]]
-        if dst.shape != tensor.shape:
-            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+        if tuple(dst.shape) != tuple(shape):
+            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(shape)}, "
                              f"config.json implies {tuple(dst.shape)}")
-        dst.copy_(tensor)
+        return dst
+
+    def whole(self, name: str) -> bool:
+        """Whether this rank reads tensor ``name`` whole (no tensor-parallel slice)."""
+        return self.tp.shard_slice(name, self.full) is None
+
+    def fill(self, name: str, tensor: torch.Tensor) -> None:
+        if not self.wanted(name):
+            return
+        self.destination(name, tuple(tensor.shape)).copy_(tensor)
         self.filled.add(name)
 
     def check_complete(self, model_dir: Path) -> None:
@@ -194,10 +206,26 @@ def prefixed_tensors(files: list[Path], prefix: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load_files(files: list[Path], targets: _Targets) -> None:
+def _load_files(files: list[Path], targets: _Targets, streamer: WeightStreamer | None = None) -> None:
+    """Every wanted tensor of ``files`` into its parameter: through ``streamer`` where it takes the tensor as
+    stored (``models/weight_stream.py``), else read by safetensors (a cast, a tensor-parallel slice)."""
     def load_one(path: Path) -> None:
+        rest = []
+        if streamer is not None:
+            for name, stored in read_header(path).items():
+                if not targets.wanted(name):
+                    continue
+                dst = targets.destination(name, stored.shape) if targets.whole(name) else None
+                if dst is not None and streamer.accepts(stored, dst):
+                    streamer.add(path, stored, dst)
+                    targets.filled.add(name)
+                else:
+                    rest.append(name)
+            streamer.finish()
+            if not rest:
+                return
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for name in (rest if streamer is not None else f.keys()):
                 if targets.wanted(name):
                     targets.fill(name, targets.read(f, name))
 
@@ -214,6 +242,12 @@ def _load_files(files: list[Path], targets: _Targets) -> None:
 
 
 LOAD_FORMATS = ("auto", "dummy")
+
+
+def _streamer_for(device: torch.device) -> WeightStreamer | None:
+    """The pinned-buffer streamer on a GPU (``STRATA_WEIGHT_STREAM``); on a CPU safetensors' memory map already
+    reads straight into the parameters' copy."""
+    return WeightStreamer(device) if device.type == "cuda" and envs.STRATA_WEIGHT_STREAM else None
 
 
 def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
@@ -234,8 +268,9 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto", device:
     local = tp.local_config(cfg)
     model = DecoderModel(local, ops or default_ops(local), dt, dev, max_positions, tp)
     targets = _Targets(model, cfg)
+    streamer = _streamer_for(dev)
     with torch.no_grad():
-        _load_files(files, targets)
+        _load_files(files, targets, streamer)
     targets.check_complete(folder)
     return model.eval()
 

@@ -75,3 +75,17 @@ def test_kv_cache_line_reports_the_quantised_capacity():
     assert "4× the blocks of a float32 cache" in kv_cache_line(info)
     info.kv_cache_dtype = ""
     assert kv_cache_line(info).endswith("1.000 GiB")
+
+
+def test_serve_does_not_import_the_bench_client_before_it_spawns_the_engine():
+    """``strata serve`` builds its parser without ``strata bench``'s options, whose module imports aiohttp and
+    numpy (~0.3 s before the engine process could start); ``strata bench`` and ``--help`` still get them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from strataserve import cli; cli.build_parser({argv}); "
+            "print('strataserve.bench.serve' in sys.modules)")
+    for argv, loaded in ((["serve", "--port", "1"], False), (["bench", "serve"], True), (["--help"], True)):
+        out = subprocess.run([sys.executable, "-c", code.format(argv=argv)], capture_output=True, text=True,
+                             timeout=60)
+        assert out.stdout.strip().splitlines()[-1:] == [str(loaded)], (argv, out.stdout[-500:], out.stderr[-500:])

@@ -111,3 +111,109 @@ def test_random_model_is_deterministic_and_usable(ckpt):
     assert torch.equal(la, lb) and not torch.equal(la, lc)
     assert torch.isfinite(la).all() and la.std() > 0
     assert a.layers[0].self_attn.qkv_bias is not None  # qwen2 shapes, bias included
+
+
+# ----------------------------------------------------------------------------- streamed loading (run 21)
+def _params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _streamed(monkeypatch, device="cpu", threads=3, chunk=777):
+    """load_model's streamer, forced on for ``device`` with tiny chunks (so tensors are cut across workers);
+    returns the list of bytes each ``finish`` copied."""
+    from strataserve.models import loader, weight_stream
+
+    copied = []
+
+    class Recording(weight_stream.WeightStreamer):
+        def finish(self):
+            copied.append(super().finish())
+            return copied[-1]
+    monkeypatch.setattr(loader, "_streamer_for", lambda dev: Recording(torch.device(device), threads, chunk))
+    return copied
+
+
+@pytest.mark.parametrize("stored, dtype, streamed", [("float32", "float32", True), ("bfloat16", "bfloat16", True),
+                                                     ("float32", "bfloat16", False)])  # a cast: safetensors reads
+def test_streamed_load_matches_the_safetensors_path(tmp_path, monkeypatch, stored, dtype, streamed):
+    path = make_tiny_checkpoint("qwen3", tmp_path, tokenizer=False, vocab_size=256, max_shard_size="40KB")
+    if stored != "float32":
+        for f in path.glob("*.safetensors"):
+            save_file({k: v.to(getattr(torch, stored)) for k, v in load_file(f).items()}, f, metadata={"format": "pt"})
+    want = _params(load_model(path, dtype, "cpu"))
+    copied = _streamed(monkeypatch)
+    got = _params(load_model(path, dtype, "cpu"))
+    assert len(copied) == len(list(path.glob("*.safetensors")))  # one streamer pass per shard
+    assert (sum(copied) > 0) == streamed
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_streamed_load_mixes_streamed_and_cast_tensors(tmp_path, monkeypatch):
+    """A checkpoint whose norms are float32 beside bfloat16 matrices, into a bfloat16 model: the matrices stream,
+    the norms are cast by the safetensors path, and both land where they belong."""
+    path = make_tiny_checkpoint("llama", tmp_path, tokenizer=False, vocab_size=256)
+    f = path / "model.safetensors"
+    save_file({k: v if v.dim() == 1 else v.to(torch.bfloat16) for k, v in load_file(f).items()}, f,
+              metadata={"format": "pt"})
+    want = _params(load_model(path, "bfloat16", "cpu"))
+    copied = _streamed(monkeypatch, threads=2, chunk=4096)
+    got = _params(load_model(path, "bfloat16", "cpu"))
+    matrices = sum(v.numel() * 2 for v in load_file(f).values() if v.dim() == 2)
+    assert copied == [matrices]
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_safetensors_header_is_read_as_the_library_reads_it(ckpt):
+    from safetensors import safe_open
+
+    from strataserve.models.weight_stream import read_header
+
+    f = ckpt / "model.safetensors"
+    header = read_header(f)
+    raw = f.read_bytes()
+    with safe_open(str(f), framework="pt") as st:
+        assert set(header) == set(st.keys())
+        for name, stored in header.items():
+            t = st.get_tensor(name)
+            assert (stored.dtype, stored.shape) == (t.dtype, tuple(t.shape))
+            assert stored.nbytes == t.numel() * t.element_size()
+            data = raw[stored.offset:stored.offset + stored.nbytes]
+            assert data == t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def test_bad_safetensors_files_are_refused_clearly(ckpt, tmp_path):
+    from strataserve.models.weight_stream import WeightStreamer, read_header
+
+    raw = (ckpt / "model.safetensors").read_bytes()
+    bad = tmp_path / "bad.safetensors"
+    for content, match in [(b"\x01", "shorter than its 8-byte header"),
+                           ((10 ** 9).to_bytes(8, "little") + b"{}", "exceeds the file"),
+                           ((4).to_bytes(8, "little") + b"{nop", "unreadable safetensors header"),
+                           (raw[: len(raw) - 16], "lies outside the file")]:
+        bad.write_bytes(content)
+        with pytest.raises(ValueError, match=match):
+            read_header(bad)
+    # a file cut short after its header was read: the read says where
+    bad.write_bytes(raw)
+    name, stored = max(read_header(bad).items(), key=lambda kv: kv[1].nbytes)
+    s = WeightStreamer(torch.device("cpu"), threads=2, chunk_bytes=64)
+    s.add(bad, stored, torch.empty(stored.shape, dtype=stored.dtype))
+    bad.write_bytes(raw[: stored.offset + 10])
+    with pytest.raises(OSError, match="ended .* bytes early"):
+        s.finish()
+    with pytest.raises(ValueError, match="cannot stream"):
+        s.add(bad, stored, torch.empty(stored.shape, dtype=torch.float64))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pinned-buffer copies need a GPU")
+def test_streamed_load_on_a_gpu_matches_the_cpu_load(ckpt, monkeypatch):
+    """On a GPU the streamer is load_model's default: pinned buffers, one CUDA stream per worker."""
+    want = _params(load_model(ckpt, "float32", "cpu"))
+    copied = _streamed(monkeypatch, "cuda", threads=4, chunk=1 << 12)
+    got = _params(load_model(ckpt, "float32", "cuda"))
+    assert copied and copied[0] > 0
+    for name in want:
+        assert torch.equal(got[name].cpu(), want[name]), name
