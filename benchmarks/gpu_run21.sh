@@ -9,8 +9,9 @@
 #   ropeab    benchmarks/decode_prologue_ab.py at the 8B shape, BATCHES (default 64): prologue, ropein, and with
 #             aprobe's best configuration for 8b_b64_ctx576 (unless ATTN=BxWxS is given) attnBxWxS, ropein-attnBxWxS;
 #             AB_VARIANTS replaces that list
-#   startab   benchmarks/serve_startup.py, 8B shape: this tree, this tree with STRATA_WEIGHT_STREAM=0 and (if present)
-#             the tree under tmp/before, ROUNDS rounds in alternating order (the first start compiles and tunes)
+#   startab   benchmarks/serve_startup.py, 8B shape: this tree, this tree with STRATA_WEIGHT_STREAM=0, with
+#             STRATA_SERVE_DEFER_GRAPHS=0 and (if present) the tree under tmp/before, ROUNDS rounds in alternating
+#             order (the first start compiles and tunes)
 set -u
 if [[ ,$1, == *,aprobe,* ]]; then
   (source benchmarks/device_setup.sh aprobe
@@ -41,7 +42,8 @@ fi
 if [[ ,$1, == *,startab,* ]]; then
   (source benchmarks/device_setup.sh startab
    mkdir -p "$OUTDIR/startab"
-   trees=(--tree final=. --tree stream0=. --env stream0:STRATA_WEIGHT_STREAM=0)
+   trees=(--tree final=. --tree stream0=. --env stream0:STRATA_WEIGHT_STREAM=0 --tree defer0=.
+          --env defer0:STRATA_SERVE_DEFER_GRAPHS=0)
    [ -d tmp/before ] && trees+=(--tree before=tmp/before)
    OUT=$OUTDIR/startab timeout "${STARTUP_TIMEOUT:-420}" python3 benchmarks/serve_startup.py --model /tmp/ckpt8b \
      --write-8b "${trees[@]}" --rounds "${2:-3}" 2>&1 | python3 -c '

@@ -99,7 +99,7 @@ def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
                                   max_waiting_requests=args.max_waiting_requests,
                                   target_step_ms=getattr(args, "target_step_ms", None),
                                   stream_interval=getattr(args, "stream_interval", 1)),
-        runner=RunnerConfig(mode=args.runner_mode),
+        runner=RunnerConfig(mode=args.runner_mode, defer_cuda_graphs=envs.STRATA_SERVE_DEFER_GRAPHS),
         parallel=ParallelConfig(tensor_parallel_size=getattr(args, "tensor_parallel_size", 1)),
     )
 

@@ -71,6 +71,9 @@ STRATA_WEIGHT_STREAM: bool = os.environ.get("STRATA_WEIGHT_STREAM", "1") != "0"
 #: ``strata serve`` spawns the engine process before its own heavy imports and loads the tokenizer while the engine
 #: loads (issue 12 item 3); "0": one after the other, as before (the start-up benchmark's "before" switch).
 STRATA_SERVE_EARLY_SPAWN: bool = os.environ.get("STRATA_SERVE_EARLY_SPAWN", "1") != "0"
+#: ``strata serve`` captures a few decode CUDA graphs before it is ready and the other buckets while the engine
+#: idles (``RunnerConfig.defer_cuda_graphs``, run 21); "0": every bucket before ready.
+STRATA_SERVE_DEFER_GRAPHS: bool = os.environ.get("STRATA_SERVE_DEFER_GRAPHS", "1") != "0"
 #: a file the engine core appends one line to per step: "wall-time decodes prefill-tokens device-ms" (the load
 #: benchmarks' breakdown, ``benchmarks/serve_load_gpu.py``); unset: no log.
 STRATA_STEP_LOG: str | None = os.environ.get("STRATA_STEP_LOG") or None

@@ -3,7 +3,8 @@
 A decode step is the same short chain of kernels every time; launching them one by one costs ~10 µs each on the
 host, which at batch 1 is as long as the GPU work itself. We capture the step once per bucket size
 (1, 2, 4, 8, 16, 24, 32, ... up to ``max_bs``) over static input buffers and replay it: the host then only copies
-the step's inputs into the buffers. A batch of n sequences runs in the smallest bucket >= n; the padding rows get
+the step's inputs into the buffers. A batch of n sequences runs in the smallest captured bucket >= n (a server
+captures a few at start-up and the rest while idle: ``capture(sizes)``, ``capture_next``); the padding rows get
 slot ``pad_slot`` and context length 0 (they attend to nothing), so they never touch real state. ``pad_slot`` -1
 means "store nothing" (Triton backend); the torch backend's ``index_copy_`` needs a real slot, so a runner using
 it passes a slot of a spare block that no request owns.
@@ -19,7 +20,7 @@ caller's initial fill before), so the step must keep padding rows to their own s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,7 @@ class CudaGraphDecoder:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor | tuple[torch.Tensor, ...]] = {}
         self.capture_seconds = 0.0
+        self._pool = None  # the memory pool every bucket shares (the largest bucket's, captured first)
 
     def _views(self, bs: int) -> tuple[torch.Tensor, ...]:
         b = self.buf
@@ -105,32 +107,58 @@ class CudaGraphDecoder:
         return {name: t[:bs] for name, t in self.extra.items()}
 
     @torch.inference_mode()
-    def capture(self) -> float:
-        """Capture every bucket, largest first (so smaller ones reuse its memory pool); returns seconds taken."""
+    def capture(self, sizes: Iterable[int] | None = None) -> float:
+        """Capture ``sizes`` (default: every bucket; the largest is always captured), largest first (so smaller ones
+        reuse its memory pool); returns seconds taken. Buckets left out run in the next larger captured one until
+        ``capture_next`` adds them."""
         t0 = time.perf_counter()
-        pool = None
-        for bs in reversed(self.sizes):
-            args, kw = self._views(bs), self._extra_views(bs)
-            # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
-            s = torch.cuda.Stream(self.device)
-            s.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(s):
-                self.step(*args, **kw)
-            torch.cuda.current_stream(self.device).wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.outputs[bs] = self.step(*args, **kw)
-            pool = g.pool()
-            self.graphs[bs] = g
+        want = set(self.sizes) if sizes is None else {self.bucket_of(b) for b in sizes} | {self.max_bs}
+        for bs in sorted(want - set(self.graphs), reverse=True):
+            self._capture_one(bs)
         torch.cuda.synchronize(self.device)
-        self.capture_seconds = time.perf_counter() - t0
-        return self.capture_seconds
+        dt = time.perf_counter() - t0
+        self.capture_seconds += dt
+        return dt
+
+    def missing(self) -> list[int]:
+        """The buckets not captured yet, ascending."""
+        return [b for b in self.sizes if b not in self.graphs]
+
+    def capture_next(self) -> bool:
+        """Capture the largest bucket still missing (deferred start-up work); True while more remain."""
+        left = self.missing()
+        if left:
+            self.capture([left[-1]])
+        return len(left) > 1
+
+    def _capture_one(self, bs: int) -> None:
+        # the warm-up runs the step for real: after serving, the buffers still hold the last batch's slots, so
+        # every row is made padding first (store nothing, attend to nothing)
+        self.buf.slot_mapping[:bs].fill_(self.pad_slot)
+        self.buf.context_lens[:bs].zero_()
+        args, kw = self._views(bs), self._extra_views(bs)
+        # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
+        s = torch.cuda.Stream(self.device)
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(s):
+            self.step(*args, **kw)
+        torch.cuda.current_stream(self.device).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._pool):
+            self.outputs[bs] = self.step(*args, **kw)
+        self._pool = g.pool()
+        self.graphs[bs] = g
+
+    def bucket_of(self, batch: int) -> int:
+        """The bucket size a batch of ``batch`` rows belongs to (captured or not)."""
+        return next(s for s in self.sizes if s >= batch)
 
     def can_run(self, batch: int, num_block_cols: int) -> bool:
         return 0 < batch <= self.max_bs and num_block_cols <= self.buf.block_tables.shape[1]
 
     def bucket(self, batch: int) -> int:
-        return next(s for s in self.sizes if s >= batch)
+        """The captured graph a batch of ``batch`` rows replays: its own bucket, or the next larger one captured."""
+        return next(s for s in self.sizes if s >= batch and s in self.graphs)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
             block_tables: torch.Tensor, context_lens: torch.Tensor,

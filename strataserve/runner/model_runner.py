@@ -45,6 +45,11 @@ from strataserve.startup import Phases
 
 log = logging.getLogger(__name__)
 
+#: the decode graph buckets a server captures before it is ready (``RunnerConfig.defer_cuda_graphs``; with the
+#: largest, whose memory pool the others reuse): the small batches a server sees first. A batch between them runs
+#: in the next larger one until the engine, idle, has captured its own (~0.05-0.1 s each; 35 buckets took
+#: 1.6-4.0 s of the 8B start-up in run 20).
+STARTUP_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # "graph" mode (torch attention inside CUDA graphs): the widest context a captured decode step covers.
 _GRAPH_TORCH_MAX_TOKENS = 2048
 
@@ -230,8 +235,10 @@ class ModelRunner(ModelRunnerBase):
             # _GRAPH_TORCH_MAX_TOKENS of context the decode step runs eagerly instead (can_run says no)
             cols = min(cols, -(-_GRAPH_TORCH_MAX_TOKENS // bs))
         graphs = CudaGraphDecoder(self._graph_step, max_bs, cols, self.device, pad_slot=pad_slot)
-        seconds = graphs.capture()
-        log.info("captured %d CUDA graphs (batch <= %d) in %.2f s", len(graphs.sizes), graphs.max_bs, seconds)
+        defer = self.config.runner.defer_cuda_graphs and self.tp.size == 1  # (ranks capture in lockstep)
+        seconds = graphs.capture(STARTUP_GRAPH_SIZES if defer else None)
+        log.info("captured %d of %d decode CUDA graphs (batch <= %d) in %.2f s%s", len(graphs.graphs),
+                 len(graphs.sizes), graphs.max_bs, seconds, "; the rest while idle" if graphs.missing() else "")
         return graphs
 
     def _mixed_graphs(self):  # -> MixedStepGraphs
@@ -249,8 +256,13 @@ class ModelRunner(ModelRunnerBase):
         return self.mixed is not None
 
     def idle_work(self) -> bool:
-        """One piece of deferred start-up work while the engine has nothing to run (a mixed-step graph bucket);
-        True while more remains."""
+        """One piece of deferred start-up work while the engine has nothing to run (a decode graph bucket, then a
+        mixed-step graph bucket); True while more remains."""
+        if self.graphs is not None and self.graphs.missing():
+            if not self.graphs.capture_next():
+                log.info("captured all %d decode CUDA graphs (%.1f s of capture in all)", len(self.graphs.sizes),
+                         self.graphs.capture_seconds)
+            return True
         return self.mixed.capture_next() if self.mixed is not None else False
 
     # ------------------------------------------------------------------ per step

@@ -49,3 +49,53 @@ def test_graph_replay_matches_eager(backend, n):
     assert graphs.bucket(n) >= n
     assert_close(got, want, 1e-4, f"graph replay n={n}")
     assert torch.isfinite(got).all()
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_deferred_buckets_run_in_a_larger_one_then_are_captured_without_touching_the_cache(backend):
+    """Run 21 (``strata serve``'s deferred capture): buckets left out at start-up run in the next larger captured
+    one; ``capture_next`` adds them later, after real steps have filled the buffers with live slots, and its
+    warm-up must not write those slots (the KV of running or cached sequences)."""
+    cfg = _cfg()
+    dev = torch.device("cuda")
+    att = (TritonAttention if backend == "triton" else TorchAttention)(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    ops = TritonOps(att) if backend == "triton" else TorchOps(att)
+    model = build_random_model(cfg, torch.float32, dev, ops=ops, seed=1)
+    nb = 40
+    kv = allocate_kv_cache(cfg.num_layers, nb + 1, BS, cfg.num_kv_heads, cfg.head_dim, torch.float32, dev)
+    for k, v in kv:
+        k.normal_()
+        v.normal_()
+    att.bind_kv_cache(kv)
+
+    def step(ids, pos, slots, tables, lens):
+        return model(ids, pos, decode_metadata(slots, tables, lens, BS))
+
+    graphs = CudaGraphDecoder(step, 16, 4, dev, pad_slot=-1 if backend == "triton" else nb * BS)
+    graphs.capture([1, 4])
+    assert sorted(graphs.graphs) == [1, 4, 16] and graphs.missing() == [2, 8]
+    assert (graphs.bucket(3), graphs.bucket(5), graphs.bucket(2)) == (4, 16, 4)
+    n = 5
+    tables = torch.randperm(nb, device=dev)[: n * 4].view(n, 4).to(torch.int32)
+    lens = torch.randint(2, 4 * BS, (n,), device=dev, dtype=torch.int32)
+    pos = (lens - 1).long()
+    slots = tables.gather(1, (pos // BS).view(-1, 1).to(torch.int64)).view(-1).long() * BS + pos % BS
+    ids = torch.randint(0, cfg.vocab_size, (n,), device=dev)
+    with torch.inference_mode():
+        before = [(k.clone(), v.clone()) for k, v in kv]
+        got16 = graphs.run(ids, pos, slots, tables, lens).clone()  # in the 16 bucket
+        after_run = [(k.clone(), v.clone()) for k, v in kv]
+        for (k, v), (k0, v0) in zip(kv, before):  # back to where the run started: the 8 bucket's run compares
+            k.copy_(k0)
+            v.copy_(v0)
+        assert graphs.capture_next() and graphs.missing() == [2]  # the 8 bucket; the buffers held live slots
+        for (k, v), (k0, v0) in zip(kv, before):
+            assert torch.equal(k, k0) and torch.equal(v, v0), "an idle capture wrote into the cache"
+        got8 = graphs.run(ids, pos, slots, tables, lens).clone()
+        for (k, v), (k1, v1) in zip(kv, after_run):
+            assert torch.equal(k, k1) and torch.equal(v, v1)
+        want = step(ids, pos, slots, tables, lens)
+    assert graphs.bucket(n) == 8
+    assert_close(got16, want, 1e-4, "run in a larger bucket")
+    assert_close(got8, want, 1e-4, "run in its own bucket, captured later")
+    assert not graphs.capture_next() and graphs.missing() == []

@@ -193,3 +193,46 @@ def test_decode_only_steps_go_through_the_graph_hook(ckpt, hf):
         d.decode_all()
     assert EagerGraphs.calls == 4
     check_against_hf(hf, d, ["A", "B"])
+
+
+def test_idle_work_captures_the_deferred_decode_graphs_before_the_mixed_step_ones(monkeypatch):
+    """Run 21: ``strata serve`` leaves most decode buckets to idle time (``RunnerConfig.defer_cuda_graphs``, set
+    by the serve command only); the idle loop captures them one per call, before any mixed-step bucket."""
+    from strataserve import envs
+    from strataserve.cli import build_parser, engine_config
+
+    calls = []
+
+    class Decode:
+        sizes, capture_seconds, left = [1, 8, 16, 24, 32], 0.1, [8, 24]
+
+        def missing(self):
+            return list(self.left)
+
+        def capture_next(self):
+            calls.append(("decode", self.left.pop()))
+            return bool(self.left)
+
+    class Mixed:
+        left = 2
+
+        def capture_next(self):
+            self.left -= 1
+            calls.append(("mixed", self.left))
+            return self.left > 0
+
+    runner = object.__new__(ModelRunner)  # only what idle_work reads
+    runner.graphs, runner.mixed = Decode(), Mixed()
+    results = []
+    while True:
+        results.append(runner.idle_work())
+        if not results[-1]:
+            break
+    assert calls == [("decode", 24), ("decode", 8), ("mixed", 1), ("mixed", 0)]
+    assert results == [True, True, True, False]
+
+    args = build_parser(["serve"]).parse_args(["serve"])
+    assert engine_config(args, "m").runner.defer_cuda_graphs is True
+    monkeypatch.setattr(envs, "STRATA_SERVE_DEFER_GRAPHS", False)
+    assert engine_config(args, "m").runner.defer_cuda_graphs is False
+    assert RunnerConfig().defer_cuda_graphs is False  # the offline LLM captures every bucket before it returns
