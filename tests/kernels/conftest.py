@@ -9,7 +9,8 @@ import os
 DEVICE = os.environ.get("STRATA_TEST_DEVICE", "cpu")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
-    collect_ignore = ["test_cuda_graph_gpu.py", "test_pdl_gpu.py"]  # (CUDA graphs, PDL): the GPU run collects them
+    # (CUDA graphs, PDL, pinned memory): the GPU run collects them
+    collect_ignore = ["test_cuda_graph_gpu.py", "test_pdl_gpu.py", "test_weight_stream_gpu.py"]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -206,14 +206,3 @@ def test_bad_safetensors_files_are_refused_clearly(ckpt, tmp_path):
         s.finish()
     with pytest.raises(ValueError, match="cannot stream"):
         s.add(bad, stored, torch.empty(stored.shape, dtype=torch.float64))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pinned-buffer copies need a GPU")
-def test_streamed_load_on_a_gpu_matches_the_cpu_load(ckpt, monkeypatch):
-    """On a GPU the streamer is load_model's default: pinned buffers, one CUDA stream per worker."""
-    want = _params(load_model(ckpt, "float32", "cpu"))
-    copied = _streamed(monkeypatch, "cuda", threads=4, chunk=1 << 12)
-    got = _params(load_model(ckpt, "float32", "cuda"))
-    assert copied and copied[0] > 0
-    for name in want:
-        assert torch.equal(got[name].cpu(), want[name]), name
