@@ -89,11 +89,12 @@ def test_deferred_buckets_run_in_a_larger_one_then_are_captured_without_touching
             k.copy_(k0)
             v.copy_(v0)
         assert graphs.capture_next() and graphs.missing() == [2]  # the 8 bucket; the buffers held live slots
+        # (the spare block past the pool, block nb, takes the torch backend's padding rows: not compared)
         for (k, v), (k0, v0) in zip(kv, before):
-            assert torch.equal(k, k0) and torch.equal(v, v0), "an idle capture wrote into the cache"
+            assert torch.equal(k[:nb], k0[:nb]) and torch.equal(v[:nb], v0[:nb]), "an idle capture wrote the cache"
         got8 = graphs.run(ids, pos, slots, tables, lens).clone()
         for (k, v), (k1, v1) in zip(kv, after_run):
-            assert torch.equal(k, k1) and torch.equal(v, v1)
+            assert torch.equal(k[:nb], k1[:nb]) and torch.equal(v[:nb], v1[:nb])
         want = step(ids, pos, slots, tables, lens)
     assert graphs.bucket(n) == 8
     assert_close(got16, want, 1e-4, "run in a larger bucket")

@@ -156,11 +156,18 @@ def test_graph_batch_sizes():
 
 
 def test_graph_decoder_buckets_and_oversize_batch(device):
-    """Bucket choice and the clear error for a batch the graphs cannot hold (no capture needed for these)."""
+    """Bucket choice and the clear error for a batch the graphs cannot hold (no capture needed for these); with
+    buckets left for later (run 21's deferred capture) a batch replays the next larger captured one."""
     from strataserve.runner.cuda_graph import CudaGraphDecoder
 
     g = CudaGraphDecoder(lambda *a: a[0], max_bs=20, max_blocks_per_seq=3, device=torch.device(device))
+    assert [g.bucket_of(n) for n in (1, 3, 5, 9, 17, 20)] == [1, 4, 8, 16, 20, 20]
+    g.graphs = dict.fromkeys(g.sizes)  # as if all were captured
     assert [g.bucket(n) for n in (1, 3, 5, 9, 17, 20)] == [1, 4, 8, 16, 20, 20]
+    g.graphs = dict.fromkeys([1, 4, 20])
+    assert [g.bucket(n) for n in (1, 2, 3, 5, 9, 17, 20)] == [1, 4, 4, 20, 20, 20, 20]
+    assert g.missing() == [2, 8, 16]
+    g.graphs = {}
     assert g.can_run(20, 3) and not g.can_run(21, 3) and not g.can_run(4, 4) and not g.can_run(0, 1)
     z = torch.zeros(21, dtype=torch.long)
     with pytest.raises(ValueError, match="does not fit the captured graphs"):
