@@ -46,10 +46,10 @@ from strataserve.startup import Phases
 log = logging.getLogger(__name__)
 
 #: the decode graph buckets a server captures before it is ready (``RunnerConfig.defer_cuda_graphs``; with the
-#: largest, whose memory pool the others reuse): the small batches a server sees first. A batch between them runs
-#: in the next larger one until the engine, idle, has captured its own (~0.05-0.1 s each; 35 buckets took
+#: largest, whose memory pool the others reuse): powers of two, so that until the engine, idle, has captured a
+#: batch's own bucket, it replays one of at most twice its rows (~0.05-0.1 s per capture; all 35 buckets took
 #: 1.6-4.0 s of the 8B start-up in run 20).
-STARTUP_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+STARTUP_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 # "graph" mode (torch attention inside CUDA graphs): the widest context a captured decode step covers.
 _GRAPH_TORCH_MAX_TOKENS = 2048
 
