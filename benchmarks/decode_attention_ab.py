@@ -47,6 +47,20 @@ def _caches(lens: list[int], hkv: int, bs: int = 16, d: int = 128):
     return kc, vc, tables
 
 
+def runner_case(hq: int, hkv: int, lens: list[int], sms: int):
+    """One case's inputs at the runner's launch: (rotating cache sets, q, context lengths, the launch keywords,
+    the K/V bytes one call reads)."""
+    B = len(lens)
+    nbytes = 2 * sum(lens) * hkv * 128 * 2
+    sets = kb._rotating(lambda: _caches(lens, hkv), 512 << 20, nbytes)
+    q = torch.randn(B, hq, 128, dtype=torch.bfloat16, device="cuda")
+    ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    splits, target = decode_launch(B, hkv, sms, 16, 6)  # the runner's defaults (long-first, target 6)
+    sems = torch.zeros(max(B * hkv, 4096), dtype=torch.int32, device="cuda")
+    kw = dict(num_splits=splits, reverse=True, split_target=target, num_sms=sms, semaphores=sems if target else None)
+    return sets, q, ctx, kw, nbytes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True, help="another version of kernels/decode_attention.py")
@@ -56,15 +70,8 @@ def main() -> None:
     bw = kb.copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for name, (hq, hkv, lens) in CASES.items():
-        B = len(lens)
-        nbytes = 2 * sum(lens) * hkv * 128 * 2
-        sets = kb._rotating(lambda: _caches(lens, hkv), 512 << 20, nbytes)
-        q = torch.randn(B, hq, 128, dtype=torch.bfloat16, device="cuda")
-        ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        splits, target = decode_launch(B, hkv, sms, 16, 6)  # the runner's defaults (long-first, target 6)
-        sems = torch.zeros(max(B * hkv, 4096), dtype=torch.int32, device="cuda")
-        kw = dict(num_splits=splits, reverse=True, split_target=target, num_sms=sms,
-                  semaphores=sems if target else None)
+        sets, q, ctx, kw, nbytes = runner_case(hq, hkv, lens, sms)
+        splits, target = kw["num_splits"], kw["split_target"]
         ref = new.paged_decode_attention(q, *sets[0][:2], sets[0][2], ctx, 0.088, **kw).float()
         diff = float((old.paged_decode_attention(q, *sets[0][:2], sets[0][2], ctx, 0.088, **kw).float()
                       - ref).abs().max())

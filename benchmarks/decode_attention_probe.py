@@ -24,12 +24,11 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
 import gpu_kernels_bench as kb  # noqa: E402
-from decode_attention_ab import _caches  # noqa: E402
+from decode_attention_ab import runner_case  # noqa: E402
 
 from strataserve.kernels.decode_attention import paged_decode_attention  # noqa: E402
 from strataserve.kernels.rotary import DecodeRope  # noqa: E402
 from strataserve.kernels.rotary_kv import rotary_store_kv  # noqa: E402
-from strataserve.runner.triton_ops import decode_launch  # noqa: E402
 
 CASES = {  # name: (q heads, kv heads, context lengths)
     "8b_b1_ctx576": (32, 8, [576]),
@@ -72,14 +71,8 @@ def main() -> None:
     for name in args.cases.split(","):
         hq, hkv, lens = CASES[name]
         B = len(lens)
-        nbytes = 2 * sum(lens) * hkv * 128 * 2
-        sets = kb._rotating(lambda: _caches(lens, hkv), 512 << 20, nbytes)
-        q = torch.randn(B, hq, 128, dtype=torch.bfloat16, device="cuda")
-        ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        splits, target = decode_launch(B, hkv, sms, 16, 6)  # the runner's defaults (long-first, target 6)
-        sems = torch.zeros(max(B * hkv, 4096), dtype=torch.int32, device="cuda")
-        kw = dict(num_splits=splits, reverse=True, split_target=target, num_sms=sms,
-                  semaphores=sems if target else None)
+        sets, q, ctx, kw, nbytes = runner_case(hq, hkv, lens, sms)
+        splits, target = kw["num_splits"], kw["split_target"]
         ref = paged_decode_attention(q, sets[0][0], sets[0][1], sets[0][2], ctx, 0.088, **kw).float()
         times: dict = {}
         for bn, warps, stages in configs:
