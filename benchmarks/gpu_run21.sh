@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Device run 21 (issue 12 items 1-2 at batch > 1: decode attention's launch configuration, the rotary + KV store
-# inside it; Qwen3-TTS with the few-rows GEMM tuning: ttsab with TTS_VARIANTS=tuned,nogemm). From the repo root on
-# the device, with .whl carried:   bash benchmarks/gpu_run21.sh PHASES [ROUNDS]
+# Device run 21 (issue 12 items 1-3: decode attention's launch configuration, the rotary + KV store inside it at
+# batch > 1, the served start-up). From the repo root on the device, with .whl carried:
+#   bash benchmarks/gpu_run21.sh PHASES [ROUNDS]
 # The phases of gpu_run20.sh / gpu_run19.sh (same variables), plus
 #   aprobe    benchmarks/decode_attention_probe.py: every launch configuration (PROBE_CONFIGS) per case (PROBE_CASES,
 #             default all) and, unless PROBE_ROPE=0, the rotary inside attention against its own launch; writes

@@ -131,6 +131,12 @@ class CudaGraphDecoder:
             self.capture([left[-1]])
         return len(left) > 1
 
+    def stop_capturing(self) -> None:
+        """Keep the buckets captured so far as the only ones (a deferred capture failed): ``missing`` is then
+        empty and every batch replays the smallest captured bucket that holds it."""
+        self.sizes = sorted(self.graphs)
+        self.outputs = {b: o for b, o in self.outputs.items() if b in self.graphs}
+
     def _capture_one(self, bs: int) -> None:
         # the warm-up runs the step for real: after serving, the buffers still hold the last batch's slots, so
         # every row is made padding first (store nothing, attend to nothing)

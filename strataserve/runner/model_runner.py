@@ -259,7 +259,14 @@ class ModelRunner(ModelRunnerBase):
         """One piece of deferred start-up work while the engine has nothing to run (a decode graph bucket, then a
         mixed-step graph bucket); True while more remains."""
         if self.graphs is not None and self.graphs.missing():
-            if not self.graphs.capture_next():
+            try:
+                more = self.graphs.capture_next()
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:  # the graphs so far serve on, never a crash
+                log.warning("deferred decode CUDA graph capture failed (%s); batches keep replaying the next larger "
+                            "captured graph", exc)
+                self.graphs.stop_capturing()
+                return True
+            if not more:
                 log.info("captured all %d decode CUDA graphs (%.1f s of capture in all)", len(self.graphs.sizes),
                          self.graphs.capture_seconds)
             return True

@@ -231,6 +231,21 @@ def test_idle_work_captures_the_deferred_decode_graphs_before_the_mixed_step_one
     assert calls == [("decode", 24), ("decode", 8), ("mixed", 1), ("mixed", 0)]
     assert results == [True, True, True, False]
 
+    # a capture that fails leaves the graphs captured so far serving (a warning, no crash), then the mixed ones
+    from strataserve.runner.cuda_graph import CudaGraphDecoder
+
+    failing = CudaGraphDecoder(lambda *a: a[0], max_bs=16, max_blocks_per_seq=2, device=torch.device("cpu"))
+    failing.graphs, failing.outputs = dict.fromkeys([1, 16]), {1: "o1", 16: "o16"}
+
+    def boom():
+        raise RuntimeError("CUDA error: out of memory")
+    failing.capture_next = boom
+    runner.graphs, runner.mixed = failing, Mixed()
+    calls.clear()
+    assert runner.idle_work() is True and failing.missing() == [] and failing.sizes == [1, 16]
+    assert failing.bucket(5) == 16 and failing.outputs == {1: "o1", 16: "o16"}
+    assert runner.idle_work() is True and calls == [("mixed", 1)]
+
     args = build_parser(["serve"]).parse_args(["serve"])
     assert engine_config(args, "m").runner.defer_cuda_graphs is True
     monkeypatch.setattr(envs, "STRATA_SERVE_DEFER_GRAPHS", False)
