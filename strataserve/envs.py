@@ -68,9 +68,6 @@ STRATA_TP_ALLREDUCE: str = os.environ.get("STRATA_TP_ALLREDUCE", "nccl")
 #: on a GPU, checkpoint tensors go from the file to the parameters through pinned buffers, several reads in flight
 #: (``models/weight_stream.py``); "0": every tensor through safetensors' memory map and a pageable copy.
 STRATA_WEIGHT_STREAM: bool = os.environ.get("STRATA_WEIGHT_STREAM", "1") != "0"
-#: the engine process reads the checkpoint's files into the page cache from a thread while it imports torch (a cold
-#: start's disk reads overlap the imports: ``models/prefetch.py``); "0": the loader reads them when it gets there.
-STRATA_WEIGHT_PREFETCH: bool = os.environ.get("STRATA_WEIGHT_PREFETCH", "1") != "0"
 #: ``strata serve`` spawns the engine process before its own heavy imports and loads the tokenizer while the engine
 #: loads (issue 12 item 3); "0": one after the other, as before (the start-up benchmark's "before" switch).
 STRATA_SERVE_EARLY_SPAWN: bool = os.environ.get("STRATA_SERVE_EARLY_SPAWN", "1") != "0"

@@ -126,7 +126,6 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
     parent = os.getppid()
     phases = Phases()
     phases.add("process spawn", process_age())
-    _prefetch_weights(config)
     try:
         core = build_core(config, core_factory, phases)
         info = core_ready_info(core, config)
@@ -145,18 +144,6 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
             raise SystemExit(0)  # the front went away while we loaded: nothing to serve, no traceback
 
     serve_core(core, input_addr, output_addr, lambda: os.getppid() != parent, ready)
-
-
-def _prefetch_weights(config: EngineConfig) -> None:
-    """A cold start's weight files start coming off the disk now, while torch imports (``models/prefetch.py``);
-    one rank's load only (tensor-parallel ranks each read their own slices)."""
-    from strataserve import envs
-
-    m = config.model
-    if envs.STRATA_WEIGHT_PREFETCH and m.load_format != "dummy" and config.parallel.tensor_parallel_size == 1:
-        from strataserve.models.prefetch import prefetch_checkpoint
-
-        prefetch_checkpoint(m.model)
 
 
 def build_core(config: EngineConfig, core_factory: Callable[[EngineConfig], Any] | None = None,
