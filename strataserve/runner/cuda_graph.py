@@ -19,6 +19,7 @@ caller's initial fill before), so the step must keep padding rows to their own s
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,6 +27,14 @@ from dataclasses import dataclass
 import torch
 
 from strataserve.runner.attention import AttentionMetadata, DecodeGroup
+
+log = logging.getLogger(__name__)
+
+#: the buckets a server captures before it is ready (``RunnerConfig.defer_cuda_graphs``; the largest too, whose
+#: memory pool the others reuse): powers of two, so that until the engine, idle, has captured a batch's own bucket,
+#: it replays one of at most twice its rows (~0.05-0.1 s per capture; all 35 buckets took 1.6-4.0 s of the 8B
+#: start-up in run 20).
+STARTUP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 #: ``step(input_ids[B], positions[B], slot_mapping[B], block_tables[B, W], context_lens[B])`` -> a tensor
 #: ``[B, ...]`` or a tuple of them (e.g. logits and their argmax)
@@ -125,10 +134,22 @@ class CudaGraphDecoder:
         return [b for b in self.sizes if b not in self.graphs]
 
     def capture_next(self) -> bool:
-        """Capture the largest bucket still missing (deferred start-up work); True while more remain."""
+        """Capture the largest bucket still missing (deferred start-up work); True while more remain. A capture
+        that fails (e.g. out of memory) ends the deferred work with a warning: the graphs captured so far serve on
+        (``stop_capturing``), the server never sees the error."""
         left = self.missing()
-        if left:
+        if not left:
+            return False
+        try:
             self.capture([left[-1]])
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+            log.warning("deferred decode CUDA graph capture failed (%s); batches keep replaying the next larger "
+                        "captured graph", exc)
+            self.stop_capturing()
+            return False
+        if len(left) == 1:
+            log.info("captured all %d decode CUDA graphs (%.1f s of capture in all)", len(self.sizes),
+                     self.capture_seconds)
         return len(left) > 1
 
     def stop_capturing(self) -> None:

@@ -45,11 +45,6 @@ from strataserve.startup import Phases
 
 log = logging.getLogger(__name__)
 
-#: the decode graph buckets a server captures before it is ready (``RunnerConfig.defer_cuda_graphs``; with the
-#: largest, whose memory pool the others reuse): powers of two, so that until the engine, idle, has captured a
-#: batch's own bucket, it replays one of at most twice its rows (~0.05-0.1 s per capture; all 35 buckets took
-#: 1.6-4.0 s of the 8B start-up in run 20).
-STARTUP_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 # "graph" mode (torch attention inside CUDA graphs): the widest context a captured decode step covers.
 _GRAPH_TORCH_MAX_TOKENS = 2048
 
@@ -223,7 +218,7 @@ class ModelRunner(ModelRunnerBase):
         return logits, greedy_tokens(logits)
 
     def _capture_graphs(self):  # -> CudaGraphDecoder
-        from strataserve.runner.cuda_graph import CudaGraphDecoder
+        from strataserve.runner.cuda_graph import STARTUP_SIZES, CudaGraphDecoder
 
         bs = self.block_size
         triton = self.plan.mode == "hybrid"
@@ -236,7 +231,7 @@ class ModelRunner(ModelRunnerBase):
             cols = min(cols, -(-_GRAPH_TORCH_MAX_TOKENS // bs))
         graphs = CudaGraphDecoder(self._graph_step, max_bs, cols, self.device, pad_slot=pad_slot)
         defer = self.config.runner.defer_cuda_graphs and self.tp.size == 1  # (ranks capture in lockstep)
-        seconds = graphs.capture(STARTUP_GRAPH_SIZES if defer else None)
+        seconds = graphs.capture(STARTUP_SIZES if defer else None)
         log.info("captured %d of %d decode CUDA graphs (batch <= %d) in %.2f s%s", len(graphs.graphs),
                  len(graphs.sizes), graphs.max_bs, seconds, "; the rest while idle" if graphs.missing() else "")
         return graphs
@@ -259,16 +254,7 @@ class ModelRunner(ModelRunnerBase):
         """One piece of deferred start-up work while the engine has nothing to run (a decode graph bucket, then a
         mixed-step graph bucket); True while more remains."""
         if self.graphs is not None and self.graphs.missing():
-            try:
-                more = self.graphs.capture_next()
-            except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:  # the graphs so far serve on, never a crash
-                log.warning("deferred decode CUDA graph capture failed (%s); batches keep replaying the next larger "
-                            "captured graph", exc)
-                self.graphs.stop_capturing()
-                return True
-            if not more:
-                log.info("captured all %d decode CUDA graphs (%.1f s of capture in all)", len(self.graphs.sizes),
-                         self.graphs.capture_seconds)
+            self.graphs.capture_next()
             return True
         return self.mixed.capture_next() if self.mixed is not None else False
 

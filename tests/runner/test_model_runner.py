@@ -237,9 +237,9 @@ def test_idle_work_captures_the_deferred_decode_graphs_before_the_mixed_step_one
     failing = CudaGraphDecoder(lambda *a: a[0], max_bs=16, max_blocks_per_seq=2, device=torch.device("cpu"))
     failing.graphs, failing.outputs = dict.fromkeys([1, 16]), {1: "o1", 16: "o16"}
 
-    def boom():
+    def boom(bs):
         raise RuntimeError("CUDA error: out of memory")
-    failing.capture_next = boom
+    failing._capture_one = boom
     runner.graphs, runner.mixed = failing, Mixed()
     calls.clear()
     assert runner.idle_work() is True and failing.missing() == [] and failing.sizes == [1, 16]
