@@ -110,7 +110,7 @@ class RunnerConfig:
 
     mode: RunnerMode = "auto"
     cuda_graph_max_bs: int = 256
-    #: capture only ``STARTUP_GRAPH_SIZES`` of the decode graphs before the engine is ready and the rest while it
+    #: capture only ``cuda_graph.STARTUP_SIZES`` of the decode graphs before the engine is ready and the rest while it
     #: idles (``strata serve``: ready sooner); off: every bucket at start-up (the offline ``LLM``, which never idles)
     defer_cuda_graphs: bool = False
 
