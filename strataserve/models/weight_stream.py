@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,15 +100,14 @@ class WeightStreamer:
         tasks, self._tasks = self._tasks, []
         if not tasks:
             return 0
-        paths = sorted({t[0] for t in tasks})
-        fds = {p: os.open(p, os.O_RDONLY) for p in paths}
-        lock, state = threading.Lock(), {"next": 0}
+        fds = {p: os.open(p, os.O_RDONLY) for p in sorted({t[0] for t in tasks})}
+        queue = deque(tasks)  # the workers' shared to-do list, in file order (popleft is thread-safe)
 
         def take():
-            with lock:
-                i = state["next"]
-                state["next"] += 1
-            return tasks[i] if i < len(tasks) else None
+            try:
+                return queue.popleft()
+            except IndexError:
+                return None
 
         size = max(t[2] for t in tasks)  # (no bigger than the chunk: a small model pins only what it needs)
         ready = None
