@@ -6,7 +6,7 @@ tensor-parallel split of one seed holds the same model.
 
 Tensor parallelism: with a rank's ``TensorParallel`` each sharded tensor is read through safetensors'
 ``get_slice`` (only that rank's rows or columns; the file is memory-mapped, so the rest is never read) and the
-model is built in the rank's local shapes (``models/parallel.py`` says which slice is whose). On a GPU, every
+model is built in the rank's local shapes (``models/parallel.py`` says which slice is whose). On one GPU, every
 tensor stored whole in the model's dtype is streamed from the file through pinned buffers instead
 (``models/weight_stream.py``; ``STRATA_WEIGHT_STREAM=0``: safetensors for all).
 
@@ -268,7 +268,8 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto", device:
     local = tp.local_config(cfg)
     model = DecoderModel(local, ops or default_ops(local), dt, dev, max_positions, tp)
     targets = _Targets(model, cfg)
-    streamer = _streamer_for(dev)
+    # one GPU only: the tensor-parallel ranks' loads were not measured with it (their slices take safetensors anyway)
+    streamer = _streamer_for(dev) if tp.size == 1 else None
     with torch.no_grad():
         _load_files(files, targets, streamer)
     targets.check_complete(folder)
