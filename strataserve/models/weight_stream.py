@@ -90,7 +90,9 @@ class WeightStreamer:
         if not self.accepts(stored, dst):
             raise ValueError(f"cannot stream a {stored.dtype} {stored.shape} tensor into a {dst.dtype} "
                              f"{tuple(dst.shape)} destination")
-        flat = dst.view(-1).view(torch.uint8) if dst.numel() else dst.new_empty(0, dtype=torch.uint8)
+        if stored.nbytes == 0:
+            return
+        flat = dst.view(-1).view(torch.uint8)
         for start in range(0, stored.nbytes, self.chunk):
             n = min(self.chunk, stored.nbytes - start)
             self._tasks.append((str(path), stored.offset + start, n, flat[start:start + n]))

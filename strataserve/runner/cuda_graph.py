@@ -121,7 +121,9 @@ class CudaGraphDecoder:
         reuse its memory pool); returns seconds taken. Buckets left out run in the next larger captured one until
         ``capture_next`` adds them."""
         t0 = time.perf_counter()
-        want = set(self.sizes) if sizes is None else {self.bucket_of(b) for b in sizes} | {self.max_bs}
+        # (sizes past max_bs, e.g. STARTUP_SIZES under a small --max-num-seqs, are covered by max_bs itself)
+        want = set(self.sizes) if sizes is None else \
+            {self.bucket_of(b) for b in sizes if b <= self.max_bs} | {self.max_bs}
         for bs in sorted(want - set(self.graphs), reverse=True):
             self._capture_one(bs)
         torch.cuda.synchronize(self.device)

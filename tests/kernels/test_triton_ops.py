@@ -174,6 +174,29 @@ def test_graph_decoder_buckets_and_oversize_batch(device):
         g.run(z, z, z, torch.zeros(21, 3, dtype=torch.int32), z.int())
 
 
+def test_graph_decoder_captures_a_subset_largest_first_within_max_bs(monkeypatch):
+    """``capture(sizes)`` (a server's start-up set) takes each size's bucket and the largest, largest first, and
+    ignores sizes past ``max_bs`` (``STARTUP_SIZES`` under a small ``--max-num-seqs``); ``capture_next`` then adds
+    the missing buckets largest first. Captures recorded, not run (no GPU here)."""
+    from strataserve.runner.cuda_graph import STARTUP_SIZES, CudaGraphDecoder
+
+    order = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    g = CudaGraphDecoder(lambda *a: a[0], max_bs=20, max_blocks_per_seq=3, device=torch.device("cpu"))
+    monkeypatch.setattr(g, "_capture_one", lambda bs: (order.append(bs), g.graphs.__setitem__(bs, None)))
+    g.capture(STARTUP_SIZES)
+    assert order == [20, 16, 8, 4, 2, 1] and g.missing() == []  # 32-128 > max_bs: covered by the 20 bucket
+    g = CudaGraphDecoder(lambda *a: a[0], max_bs=40, max_blocks_per_seq=3, device=torch.device("cpu"))
+    monkeypatch.setattr(g, "_capture_one", lambda bs: (order.append(bs), g.graphs.__setitem__(bs, None)))
+    order.clear()
+    g.capture([3, 9])
+    assert order == [40, 16, 4] and g.missing() == [1, 2, 8, 24, 32]
+    order.clear()
+    while g.capture_next():
+        pass
+    assert order == [32, 24, 8, 2, 1] and g.missing() == []
+
+
 def test_one_row_weights_groups_every_matmul_by_shape(device):
     """What the start-up GEMV tuning times: each layer's four matmul weights and the (tied) lm_head, by shape."""
     cfg = _cfg(tie_word_embeddings=True, num_layers=3)
