@@ -10,7 +10,7 @@
 set -u
 if [[ ,$1, == *,verify,* ]]; then
   (source benchmarks/device_setup.sh verify
-   STRATA_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 --timeout 90 \
+   STRATA_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 --timeout 90 --timeout-method=thread \
      tests/kernels/test_skinny_gemm.py tests/kernels/test_triton_ops.py tests/kernels/test_pdl_gpu.py \
      tests/kernels/test_cuda_graph_gpu.py tests/kernels/test_weight_stream_gpu.py tests/kernels/test_sm90_compile.py \
      2>&1 | tee "$OUTDIR/gpu_kernel_tests.log" | grep -E "passed|failed|Error" | tail -6
