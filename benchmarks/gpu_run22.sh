@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Device run 22 (issue 12 item 1 at batch 64: the residual add + RMSNorm as the o / down epilogue). From the repo
+# Device run 22 (issue 12: the GPU-only checks after run 21; the TTS talker's 2-64-row tuning). From the repo
 # root on the device, with .whl carried:   bash benchmarks/gpu_run22.sh PHASES [ROUNDS]
 # The phases of gpu_run21.sh / gpu_run20.sh / gpu_run19.sh (same variables), plus
 #   verify    the GPU-only tests (CUDA graphs with the deferred capture, PDL, the weight streamer), the few-rows GEMM
-#             and TritonOps-in-the-decoder tests with the epilogue's in-launch barrier, the sm_90 compile checks
-#             (fp32/fp16/bf16, pytest-timeout per test: a barrier that never opens fails instead of hanging), then
+#             and TritonOps-in-the-decoder tests, the sm_90 compile checks
+#             (fp32/fp16/bf16, pytest-timeout per test: a kernel that hangs fails instead), then
 #             benchmarks/gpu_serve_check.py (served greedy text against the offline LLM, deferred capture on)
-# Run 22's decode variant: nonorm (STRATA_GEMM_NORM=0, the code before run 22).
 set -u
 if [[ ,$1, == *,verify,* ]]; then
   (source benchmarks/device_setup.sh verify
-   STRATA_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 --timeout 90 --timeout-method=thread \
+   STRATA_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 --timeout 90 \
+     --timeout-method=thread \
      tests/kernels/test_skinny_gemm.py tests/kernels/test_triton_ops.py tests/kernels/test_pdl_gpu.py \
      tests/kernels/test_cuda_graph_gpu.py tests/kernels/test_weight_stream_gpu.py tests/kernels/test_sm90_compile.py \
      2>&1 | tee "$OUTDIR/gpu_kernel_tests.log" | grep -E "passed|failed|Error" | tail -6

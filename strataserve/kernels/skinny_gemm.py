@@ -25,25 +25,20 @@ from strataserve.kernels._common import (check, check_float, check_same_device, 
                                         sm_count)
 from strataserve.kernels.activation import silu_and_mul_ref
 from strataserve.kernels.gemv import gemv_ref
-from strataserve.kernels.rms_norm import _check_weight, fused_add_rms_norm_ref
-from strataserve.kernels.row_norm_epilogue import add_residual, finish, grid_barrier, norm_tile
 
 
 @triton.jit(do_not_specialize=["M"])  # one compile for every decode batch size (graph capture would compile each)
-def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_ptr, ss_ptr, bar_ptr, M, N, K, x_sm,
-                        w_sn, y_sm, r_sm, k_per_split, splits, first_wave, eps, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr,
+def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_sm, w_sn, y_sm, k_per_split,
+                        splits, first_wave, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr,
                         EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
-                        PREFETCH: tl.constexpr, LINE: tl.constexpr, SILU: tl.constexpr = False,
-                        NORM: tl.constexpr = 0, NT: tl.constexpr = 1):
+                        PREFETCH: tl.constexpr, LINE: tl.constexpr, SILU: tl.constexpr = False):
     """Tile (pid1 rows, pid0 columns) over split pid2's K range. Not SPLIT: y (+ bias) in y's dtype. SPLIT:
     float32 partials into p_ptr [splits, M, N]; with COMBINE the tile's last program to finish adds them (an
     atomic ticket per tile in sem_ptr, left at zero), else ``_split_reduce_kernel`` does. PREFETCH (a PDL
     launch): the programs of the first wave send their first PREFETCH lines of each weight row to L2 before the
     wait, as the GEMV does (``gemv.py``). SILU (not SPLIT): W is [gate; up] with 2N rows, and the tile keeps two
-    accumulators, gate rows n and up rows N + n over one x tile, for y = silu(gate) * up. NORM (not SPLIT, see
-    ``row_norm_epilogue``): the residual r_ptr += the tile, its rows' sums of squares into ss_ptr; 2: then
-    y = rms_norm(residual) * nw after a barrier over the row block's programs; 1: ``_finish_kernel`` does that."""
+    accumulators, gate rows n and up rows N + n over one x tile, for y = silu(gate) * up."""
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -106,14 +101,7 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_pt
     else:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        if NORM:
-            s = add_residual(acc, rm, rn, mmask, nmask, r_ptr, r_sm, ss_ptr, M)
-            if NORM == 2:
-                grid_barrier(bar_ptr + 2 * tl.program_id(1), tl.num_programs(0))
-                norm_tile(s, rm, rn, mmask, nmask, nw_ptr, y_ptr, y_sm, ss_ptr, M, N, eps, tl.num_programs(0), NT)
-        else:
-            tl.store(y_ptr + rm.to(tl.int64)[:, None] * y_sm + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                     mask=omask)
+        tl.store(y_ptr + rm.to(tl.int64)[:, None] * y_sm + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -175,41 +163,8 @@ def skinny_gemm_silu_mul(x: torch.Tensor, weight: torch.Tensor, config: GemmConf
     return _launch(x, weight, None, config, None, silu=True)
 
 
-def skinny_gemm_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                             norm_weight: torch.Tensor, eps: float, config: GemmConfig = GemmConfig(),
-                             barrier: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``residual += x W^T`` in place, then ``rms_norm(residual) * norm_weight``: the matmul, the residual add and
-    the RMSNorm after it (``fused_add_rms_norm``) in one launch; returns ``(normed, residual)``.
-
-    ``barrier``: int32 zeros, two per block of ``config.block_m`` rows, left at a count of zero by every launch (so
-    one buffer serves all calls); with it, on a GPU, and with at most one program per SM, the programs wait for
-    each other's row statistics inside the launch. Otherwise a second launch normalises. ``config.split_k``
-    must be 1."""
-    check(config.split_k == 1, f"config: the add + RMSNorm epilogue runs unsplit, got split_k={config.split_k}")
-    check(weight.dim() == 2, f"weight: expected [N, K], got {tuple(weight.shape)}")
-    N = weight.shape[0]
-    check(residual.dim() == 2 and residual.shape == (x.shape[0], N) and residual.dtype == x.dtype
-          and residual.stride(1) == 1, f"residual: expected [{x.shape[0]}, {N}] {x.dtype} with contiguous rows, got "
-          f"{tuple(residual.shape)} {residual.dtype}")
-    _check_weight(residual, norm_weight)
-    check(norm_weight.dtype == x.dtype, f"norm_weight dtype {norm_weight.dtype} differs from x's {x.dtype}")
-    check_same_device(x=x, residual=residual, norm_weight=norm_weight)
-    tiles = (triton.cdiv(N, config.block_n), triton.cdiv(x.shape[0], config.block_m))
-    fused = (barrier is not None and x.is_cuda and tiles[0] * tiles[1] <= sm_count(x.device.index or 0))
-    if fused:
-        check(barrier.dtype == torch.int32 and barrier.numel() >= 2 * tiles[1] and barrier.device == x.device,
-              f"barrier: expected int32 zeros on {x.device} with >= {2 * tiles[1]} elements")
-    partials = torch.empty(tiles[0], x.shape[0], dtype=torch.float32, device=x.device)
-    norm = dict(residual=residual, norm_weight=norm_weight, partials=partials, barrier=barrier, eps=eps,
-                mode=2 if fused else 1)
-    y = _launch(x, weight, None, config, None, silu=False, norm=norm)
-    if not fused and x.shape[0]:
-        finish(residual, norm_weight, y, partials, eps, config.block_m, config.block_n, pdl_args(x, x.shape[0]))
-    return y, residual
-
-
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemmConfig,
-            tickets: torch.Tensor | None, silu: bool, norm: dict | None = None) -> torch.Tensor:
+            tickets: torch.Tensor | None, silu: bool) -> torch.Tensor:
     check_float("x", x)
     check(x.dim() == 2, f"x: expected [M, K], got {tuple(x.shape)}")
     check(weight.dim() == 2 and weight.shape[1] == x.shape[1],
@@ -241,18 +196,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     # lines of the first tiles in flight (num_stages - 1 ahead, plus the one consumed) to prefetch under PDL
     prefetch = triton.next_power_of_2(triton.cdiv(min(c.num_stages * c.block_k, k_per_split), line)) \
         if pdl["PDL"] and envs.STRATA_PDL_PREFETCH else 0
-    nm = norm or {}
-    r = nm.get("residual", y)
-    _skinny_gemm_kernel[grid](x, weight, b, y, part, tickets if combine else part, r,
-                              nm.get("norm_weight", weight), nm.get("partials", part),
-                              part if nm.get("barrier") is None else nm["barrier"],
-                              M, N, K, x.stride(0), weight.stride(0), y.stride(0), r.stride(0), k_per_split, splits,
-                              sm_count(x.device.index or 0) if prefetch else 0, nm.get("eps", 0.0),
-                              HAS_BIAS=bias is not None, SPLIT=splits > 1, COMBINE=combine,
-                              EVEN_K=K % c.block_k == 0, IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
+    _skinny_gemm_kernel[grid](x, weight, b, y, part, tickets if combine else part, M, N, K, x.stride(0),
+                              weight.stride(0), y.stride(0), k_per_split, splits,
+                              sm_count(x.device.index or 0) if prefetch else 0, HAS_BIAS=bias is not None,
+                              SPLIT=splits > 1, COMBINE=combine, EVEN_K=K % c.block_k == 0,
+                              IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
                               BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "",
-                              PREFETCH=prefetch, LINE=line, SILU=silu, NORM=nm.get("mode", 0),
-                              NT=triton.next_power_of_2(grid[0]) if nm else 1, num_warps=c.num_warps,
+                              PREFETCH=prefetch, LINE=line, SILU=silu, num_warps=c.num_warps,
                               num_stages=c.num_stages, **pdl)
     if splits > 1 and not combine:
         block = 1024
@@ -269,9 +219,3 @@ skinny_gemm_ref = gemv_ref
 def skinny_gemm_silu_mul_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The unfused ops: the matmul in x's dtype, then SiLU-and-mul."""
     return silu_and_mul_ref(skinny_gemm_ref(x, weight))
-
-
-def skinny_gemm_add_rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                                 norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The unfused ops: the matmul in x's dtype, then the residual add + RMSNorm (not in place)."""
-    return fused_add_rms_norm_ref(skinny_gemm_ref(x, weight), residual, norm_weight, eps)

@@ -8,9 +8,7 @@ roofline against 0.760 (gate_up, down and lm_head go to the Triton GEMM; qkv and
 timed, 16 (for steps of 2-16 rows) and 64 (17-64); with ``BLOCK_M`` = 64 the weights are read once either way, and
 fewer rows only leave some of each tile's rows masked. Larger steps keep cuBLAS. Then gate_up with the SiLU-and-mul
 as its epilogue (``skinny_gemm_silu_mul``) is timed against the pair it replaces (gate_up's choice + the
-activation's launch), run 20, and the o / down projections with the residual add + RMSNorm after them as their
-epilogue (``skinny_gemm_add_rms_norm``) against the matmul's choice + ``fused_add_rms_norm``, run 22. The choices
-are kept on disk beside the batch-1 ones.
+activation's launch), run 20. The choices are kept on disk beside the batch-1 ones.
 """
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from strataserve import envs
-from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_add_rms_norm, skinny_gemm_silu_mul
+from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_silu_mul
 from strataserve.runner.gemv_tuning import _graph_seconds, one_row_weights, rank_configs
 
 log = logging.getLogger(__name__)
@@ -47,12 +45,6 @@ CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 32, 256, 1, 4, 4)
 SILU_CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 64, 128, 1, 8, 4, evict_first=True),
                    GemmConfig(64, 64, 64, 1, 4, 5), GemmConfig(64, 32, 128, 1, 4, 4))
 
-# The o / down projections with the add + RMSNorm epilogue: its one-launch form waits on a barrier, so a launch may
-# have at most one program per SM (BLOCK_N 32 at hidden 4096: 128 programs). Run 19's best plain tiles for o and
-# down at the 8B shape (64x32x256), a shorter K tile, evict-first, and 16 columns for narrow models (hidden 1024).
-NORM_CANDIDATES = (GemmConfig(64, 32, 256, 1, 4, 4), GemmConfig(64, 32, 128, 1, 4, 4),
-                   GemmConfig(64, 32, 256, 1, 4, 4, evict_first=True), GemmConfig(64, 16, 256, 1, 4, 4))
-
 
 @dataclass(frozen=True)
 class GemmChoice:
@@ -61,7 +53,7 @@ class GemmChoice:
     cublas_us: float  # "silu": the plain matmul's choice + the activation's launch
     best_us: float
     config: GemmConfig | None  # None: cuBLAS (or, "silu", the unfused pair) stays
-    kind: str = "plain"  # "plain": x W^T; "silu": gate_up with the SiLU-and-mul epilogue; "norm": o / down + add-norm
+    kind: str = "plain"  # "plain": x W^T; "silu": gate_up with the SiLU-and-mul epilogue
 
 
 def plan_rows(rows: int) -> int | None:
@@ -132,52 +124,6 @@ def tune_gate_up_silu(weights: dict[tuple[int, int], list[torch.Tensor]], plain:
     return choices
 
 
-@torch.inference_mode()
-def tune_add_norm(weights: dict[tuple[int, int], list[torch.Tensor]], plain: list[GemmChoice],
-                  candidates=NORM_CANDIDATES, min_gain: float = 0.005, reps: int = 5,
-                  row_classes=ROW_CLASSES) -> list[GemmChoice]:
-    """Per o / down shape and row class: the add + RMSNorm epilogue against the pair it replaces, the matmul
-    ``plain`` chose then ``fused_add_rms_norm`` (CUDA only). Each timed call adds into one residual tensor."""
-    from strataserve.kernels.rms_norm import fused_add_rms_norm
-
-    chosen = {(c.rows, c.shape): c.config for c in plain}
-    tickets = _tickets(weights)
-    barrier = torch.zeros(256, dtype=torch.int32, device=tickets.device)
-    res, nw = {}, {}
-
-    def state(x, shape):  # the residual stream and norm weight for x's rows and the shape's width
-        key = (x.shape[0], shape[0])
-        if key not in res:
-            res[key] = torch.randn(x.shape[0], shape[0], dtype=x.dtype, device=x.device)
-            nw[key] = torch.ones(shape[0], dtype=x.dtype, device=x.device)
-        return res[key], nw[key]
-
-    def unfused(x, w, top, shape):
-        c0 = chosen.get((top, shape))
-        r, n = state(x, shape)
-        return fused_add_rms_norm(F.linear(x, w) if c0 is None else skinny_gemm(x, w, config=c0, tickets=tickets),
-                                  r, n, 1e-6)
-
-    def fused(x, w, c):
-        r, n = state(x, tuple(w.shape))
-        return skinny_gemm_add_rms_norm(x, w, r, n, 1e-6, c, barrier=barrier)
-
-    choices = _tune_shapes(weights, unfused, fused, candidates, min_gain, reps, row_classes, "norm")
-    log.info("o / down + add-norm epilogue tuning: %s", "; ".join(
-        f"{c.shape} <= {c.rows} rows: unfused {c.cublas_us:.1f} us, fused {c.best_us:.1f} us -> "
-        f"{c.config or 'unfused'}" for c in choices))
-    return choices
-
-
-def output_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.Tensor]]:
-    """The decoder's o and down weights (the matmuls a residual add + RMSNorm follows) by shape."""
-    groups: dict[tuple[int, int], list[torch.Tensor]] = {}
-    for layer in model.layers:
-        for w in (layer.self_attn.o_weight, layer.mlp.down_weight):
-            groups.setdefault(tuple(w.shape), []).append(w)
-    return groups
-
-
 def gate_up_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.Tensor]]:
     """The decoder's fused [gate; up] weights by shape."""
     groups: dict[tuple[int, int], list[torch.Tensor]] = {}
@@ -187,10 +133,9 @@ def gate_up_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.
 
 
 def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
-    """Tune ``model``'s decode matmuls of 2-``MAX_ROWS`` rows, its gate_up + SiLU pairs and its o / down + add-norm
-    pairs (or read the choices from disk) and install the winners in its ``TritonOps`` (``gemm_plan``,
-    ``silu_plan``, ``norm_plan``: the last two unless ``STRATA_GEMM_SILU=0`` / ``STRATA_GEMM_NORM=0``); returns
-    every choice."""
+    """Tune ``model``'s decode matmuls of 2-``MAX_ROWS`` rows and its gate_up + SiLU pairs (or read the choices
+    from disk) and install the winners in its ``TritonOps`` (``gemm_plan``, ``silu_plan``: the latter unless
+    ``STRATA_GEMM_SILU=0``); returns every choice."""
     from strataserve.runner import tuning_cache
 
     weights = one_row_weights(model)
@@ -200,15 +145,13 @@ def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
     choices = _from_record(record) if record is not None else None
     if choices is None:
         choices = tune_gemm(weights)
-        choices += tune_gate_up_silu(gate_up_weights(model), choices) + tune_add_norm(output_weights(model), choices)
+        choices += tune_gate_up_silu(gate_up_weights(model), choices)
         tuning_cache.save(path, key, [_to_record(c) for c in choices])
     else:
         log.info("decode GEMM choices from %s: %d Triton", path, sum(1 for c in choices if c.config))
     ops.gemm_plan = {(c.rows, c.shape): c.config for c in choices if c.config is not None and c.kind == "plain"}
     ops.silu_plan = {(c.rows, c.shape): c.config for c in choices
                      if c.config is not None and c.kind == "silu" and envs.STRATA_GEMM_SILU}
-    ops.norm_plan = {(c.rows, c.shape): c.config for c in choices
-                     if c.config is not None and c.kind == "norm" and envs.STRATA_GEMM_NORM}
     return choices
 
 
@@ -221,7 +164,6 @@ def _record_key(weights: dict) -> dict:
     return {**environment_key(next(iter(weights.values()))[0], gemm_module.__file__),
             "shapes": sorted([list(s), len(ws)] for s, ws in weights.items()), "rows": ROW_CLASSES,
             "candidates": [asdict(c) for c in CANDIDATES], "silu_candidates": [asdict(c) for c in SILU_CANDIDATES],
-            "norm_candidates": [asdict(c) for c in NORM_CANDIDATES],
             "pdl_max_rows": _common.PDL_MAX_ROWS}
 
 

@@ -77,22 +77,6 @@ class OpSet(Protocol):
         where the activation goes (the gate_up epilogue or the down prologue)."""
         ...
 
-    def add_norm_epilogue(self, rows: int) -> bool:
-        """Whether steps of ``rows`` tokens run the residual add + RMSNorm as the epilogue of the o and down
-        projections (``linear_add_norm``); the decoder then carries normed activations between its sublayers."""
-        ...
-
-    def linear_add_norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                        norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """``fused_add_rms_norm(linear(x, weight), residual, norm_weight, eps)``: a sublayer's output projection,
-        the residual add and the next norm; returns ``(normed, new residual)``. May reuse residual's storage."""
-        ...
-
-    def gate_up_silu(self, x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
-        """``silu_and_mul(linear(x, gate_up_weight))``, one call, so a backend can run the activation as the
-        matmul's epilogue."""
-        ...
-
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                      cos_sin_cache: torch.Tensor) -> None:
         """Neox-style rotary, in place on q ``[T, Hq*D]`` and k ``[T, Hkv*D]`` (strided views of the qkv output).
@@ -153,12 +137,6 @@ def add_rms_norm(ops: OpSet, x: torch.Tensor, residual: torch.Tensor | None, nor
     if residual is None:
         return ops.rms_norm(x, norm_weight, eps), x
     return ops.fused_add_rms_norm(x, residual, norm_weight, eps)
-
-
-def unfused_linear_add_norm(ops: OpSet, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                            norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``OpSet.linear_add_norm`` as separate ops."""
-    return ops.fused_add_rms_norm(ops.linear(x, weight), residual, norm_weight, eps)
 
 
 def unfused_silu_mul_linear(ops: OpSet, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -227,16 +205,6 @@ class TorchOps:
     def norm_mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                  gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return unfused_norm_mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight)
-
-    def add_norm_epilogue(self, rows: int) -> bool:
-        return False
-
-    def linear_add_norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                        norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return unfused_linear_add_norm(self, x, weight, residual, norm_weight, eps)
-
-    def gate_up_silu(self, x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
-        return self.silu_and_mul(self.linear(x, gate_up_weight))
 
     def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,

@@ -5,9 +5,7 @@ import pytest
 import torch
 
 from strataserve.kernels.activation import silu_and_mul
-from strataserve.kernels.rms_norm import fused_add_rms_norm
-from strataserve.kernels.skinny_gemm import (GemmConfig, skinny_gemm, skinny_gemm_add_rms_norm,
-                                             skinny_gemm_add_rms_norm_ref, skinny_gemm_ref, skinny_gemm_silu_mul,
+from strataserve.kernels.skinny_gemm import (GemmConfig, skinny_gemm, skinny_gemm_ref, skinny_gemm_silu_mul,
                                              skinny_gemm_silu_mul_ref)
 
 from ._helpers import DTYPES, assert_close
@@ -69,52 +67,6 @@ def test_skinny_gemm_silu_mul_bad_inputs(device):
         skinny_gemm_silu_mul(x, torch.randn(5, 8, device=device))
     with pytest.raises(ValueError, match="runs unsplit"):
         skinny_gemm_silu_mul(x, torch.randn(4, 8, device=device), GemmConfig(split_k=2))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M,N,K", [(16, 64, 256), (5, 37, 200), (70, 48, 96)])
-def test_skinny_gemm_add_rms_norm(device, dtype, M, N, K):
-    """The o / down projection with the residual add + RMSNorm as its epilogue: the new residual in place and the
-    normed rows equal the matmul then ``fused_add_rms_norm`` (ragged rows and columns; 70 rows are two row blocks,
-    each with its own barrier). On a GPU the programs meet at the barrier inside one launch (its generation word
-    moves, its count is left at zero); on the CPU interpreter, which runs programs one by one, a second launch
-    normalises and the barrier is not touched."""
-    x = torch.randn(M, K, device=device, dtype=dtype)
-    w = torch.randn(N, K, device=device, dtype=dtype) / K ** 0.5
-    r0 = torch.randn(M, N, device=device, dtype=dtype)
-    nw = torch.rand(N, device=device, dtype=dtype) + 0.5  # not ones: a missing or shifted weight fails
-    cfg = GemmConfig(block_m=64, block_n=16, block_k=32)
-    barrier = torch.zeros(8, dtype=torch.int32, device=device)
-    ref_y, ref_r = skinny_gemm_add_rms_norm_ref(x, w, r0, nw, 1e-6)
-    for rep in range(2):  # the barrier's count is left at zero, so the same buffer serves the next launch
-        r = r0.clone()
-        y, r_out = skinny_gemm_add_rms_norm(x, w, r, nw, 1e-6, cfg, barrier=barrier)
-        assert r_out is r and y.shape == (M, N) and y.dtype == dtype
-        assert_close(r, ref_r, TOL[dtype], f"residual {M}x{N}x{K} (launch {rep})")
-        assert_close(y, ref_y, 4 * TOL[dtype], f"normed {M}x{N}x{K} (launch {rep})")
-        # the same tiles unfused: only the norm's sum order differs
-        r2 = r0.clone()
-        h, _ = fused_add_rms_norm(skinny_gemm(x, w, config=cfg), r2, nw, 1e-6)
-        assert torch.equal(r, r2), "the residual sum differs from the unfused one"
-        assert_close(y, h, TOL[dtype], "fused vs unfused")
-    blocks = -(-M // cfg.block_m)
-    assert int(barrier[0::2].abs().sum()) == 0
-    gens = barrier[1:2 * blocks:2].tolist()
-    assert gens == ([2] * blocks if device == "cuda" else [0] * blocks), gens
-
-
-def test_skinny_gemm_add_rms_norm_bad_inputs(device):
-    x, w = torch.randn(3, 8, device=device), torch.randn(4, 8, device=device)
-    r, nw = torch.randn(3, 4, device=device), torch.ones(4, device=device)
-    with pytest.raises(ValueError, match="runs unsplit"):
-        skinny_gemm_add_rms_norm(x, w, r, nw, 1e-6, GemmConfig(split_k=2))
-    with pytest.raises(ValueError, match=r"residual: expected \[3, 4\]"):
-        skinny_gemm_add_rms_norm(x, w, torch.randn(3, 5, device=device), nw, 1e-6)
-    with pytest.raises(ValueError, match=r"weight: expected shape \(4,\)"):
-        skinny_gemm_add_rms_norm(x, w, r, torch.ones(5, device=device), 1e-6)
-    if device == "cuda":
-        with pytest.raises(ValueError, match="barrier: expected int32 zeros"):
-            skinny_gemm_add_rms_norm(x, w, r, nw, 1e-6, barrier=torch.zeros(2, device=device))
 
 
 def test_skinny_gemm_bad_inputs(device):
