@@ -2,9 +2,8 @@
 engines side by side in one process, rounds alternating which runs first.
 
 ``tts_bench.py``'s random talkers in the released shapes, greedy, no eos, FRAMES frames per clip, at batch 1 and
-8. ``tuned`` is ``load_tts_model``'s default; ``untuned`` is ``STRATA_GEMV_TUNE=0 STRATA_GEMM_TUNE=0``, the code
-before run 16 (every matmul through cuBLAS, every norm its own launch); ``nogemm`` is ``STRATA_GEMM_TUNE=0``, the
-code before run 22 (batch 1 tuned, the 2-64-row matmuls of batched streams through cuBLAS); ``run16`` tunes over run 16's candidates with the K loop not
+8. ``tuned`` is ``load_tts_model``'s default; ``untuned`` is ``STRATA_GEMV_TUNE=0``, the code before run 16 (every
+matmul through cuBLAS, every norm its own launch); ``run16`` tunes over run 16's candidates with the K loop not
 pipelined (the code before run 17); ``run17`` is ``tuned`` with run 18's switches off (``STRATA_PDL=0``,
 ``STRATA_DECODE_ROPE_IN_ATTENTION=0``: no programmatic dependent launch, rotary + KV store before attention);
 ``pdl1`` is ``tuned`` with PDL for batch-1 launches only (``STRATA_PDL_MAX_ROWS=1``, run 18's limit; run 19 raised
@@ -36,7 +35,7 @@ def main() -> None:
     p.add_argument("--shapes", default="0.6B,1.7B")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--batches", default="1,8")
-    p.add_argument("--variants", default="tuned,untuned", help="two of tuned, untuned, nogemm, run16, run17, pdl1")
+    p.add_argument("--variants", default="tuned,untuned", help="two of tuned, untuned, run16, run17")
     args = p.parse_args()
     first, second = args.variants.split(",")
     final = gemv_tuning.CANDIDATES
@@ -50,7 +49,6 @@ def main() -> None:
         engines = {}
         for variant in (first, second):
             envs.STRATA_GEMV_TUNE = variant != "untuned"  # read by tune_talker while the model is built
-            envs.STRATA_GEMM_TUNE = variant not in ("untuned", "nogemm")
             envs.STRATA_PDL = variant != "run17"  # read at every kernel launch: set again before each timed run
             _common.PDL_MAX_ROWS = 1 if variant == "pdl1" else envs.STRATA_PDL_MAX_ROWS
             envs.STRATA_DECODE_ROPE_IN_ATTENTION = variant != "run17"

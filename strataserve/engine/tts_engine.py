@@ -140,19 +140,15 @@ def build_talker(cfg: Qwen3TTSConfig, dev: torch.device, dt: torch.dtype, mode: 
 
 
 def tune_talker(talker: Qwen3TTSTalker, cuda_graphs: bool) -> None:
-    """Hybrid mode: the talker's and the code predictor's matmuls (and the norms / SiLU-mul around them) as the LLM
-    runner tunes its own: batch 1 (``runner/gemv_tuning.py``) and, since concurrent streams decode together, 2-64
-    rows (``runner/gemm_tuning.py``, run 22). Call it after the weights are in and before any graph is captured."""
-    if not cuda_graphs:
+    """Hybrid mode: the talker's and the code predictor's batch-1 matmuls (and the norms / SiLU-mul before them)
+    as the LLM runner tunes its own (``runner/gemv_tuning.py``); one stream decodes both at batch 1. Call it after
+    the weights are in and before any graph is captured."""
+    if not (cuda_graphs and envs.STRATA_GEMV_TUNE):
         return
-    from strataserve.runner.gemm_tuning import apply_gemm_tuning
     from strataserve.runner.gemv_tuning import apply_tuning
 
     for model in (talker.talker, talker.predictor):
-        if envs.STRATA_GEMV_TUNE:
-            apply_tuning(model, model.ops)
-        if envs.STRATA_GEMM_TUNE:
-            apply_gemm_tuning(model, model.ops)
+        apply_tuning(model, model.ops)
 
 
 def resolve_params(p: SpeechParams, defaults: dict[str, Any]) -> tuple[SamplingParams, CodeSampling]:
