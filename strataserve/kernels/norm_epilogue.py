@@ -36,11 +36,14 @@ def produce(acc, rm, rn, mmask, nmask, r_ptr, r_sm, nw_ptr, y_ptr, y_sm, ss_ptr,
 
 
 @triton.jit
-def row_scale(rm, mmask, ss_ptr, M, parts, width, eps, CHUNK: tl.constexpr):
-    """Each row's ``1 / sqrt(sum of its ``parts`` partials / width + eps)``, the partials added in a fixed order."""
-    t = tl.arange(0, CHUNK)
-    tot = tl.zeros([CHUNK, rm.shape[0]], tl.float32)
-    for t0 in range(0, parts, CHUNK):
-        tot += tl.load(ss_ptr + (t0 + t)[:, None] * M + rm[None, :],
-                       mask=((t0 + t)[:, None] < parts) & mmask[None, :], other=0.0)
-    return 1.0 / tl.sqrt(tl.sum(tot, axis=0) / width + eps)
+def load_partials(rm, mmask, ss_ptr, M, parts, NT: tl.constexpr):
+    """The rows' ``parts`` partial sums of squares [NT, rows], one load issued before the K loop (their latency
+    then overlaps the loop; run 22's first form, a chunked loop there, waited on each chunk in turn)."""
+    t = tl.arange(0, NT)
+    return tl.load(ss_ptr + t[:, None] * M + rm[None, :], mask=(t[:, None] < parts) & mmask[None, :], other=0.0)
+
+
+@triton.jit
+def row_scale(partials, width, eps):
+    """Each row's ``1 / sqrt(sum of its partials / width + eps)``, the partials added in a fixed order."""
+    return 1.0 / tl.sqrt(tl.sum(partials, axis=0) / width + eps)

@@ -25,7 +25,7 @@ from strataserve.kernels._common import (check, check_float, check_same_device, 
                                         sm_count)
 from strataserve.kernels.activation import silu_and_mul_ref
 from strataserve.kernels.gemv import gemv_ref
-from strataserve.kernels.norm_epilogue import produce, row_scale
+from strataserve.kernels.norm_epilogue import load_partials, produce, row_scale
 from strataserve.kernels.rms_norm import _check_weight, fused_add_rms_norm_ref
 
 
@@ -36,7 +36,7 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_pt
                         BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
                         PREFETCH: tl.constexpr, LINE: tl.constexpr, SILU: tl.constexpr = False,
-                        NORM: tl.constexpr = 0):
+                        NORM: tl.constexpr = 0, NT: tl.constexpr = 1):
     """Tile (pid1 rows, pid0 columns) over split pid2's K range. Not SPLIT: y (+ bias) in y's dtype. SPLIT:
     float32 partials into p_ptr [splits, M, N]; with COMBINE the tile's last program to finish adds them (an
     atomic ticket per tile in sem_ptr, left at zero), else ``_split_reduce_kernel`` does. PREFETCH (a PDL
@@ -64,7 +64,7 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_pt
                 prefetch_l2(w_ptr + (rn + N).to(tl.int64)[:, None] * w_sn + lines[None, :], pmask)
     pdl_wait(PDL)
     if NORM == 2:  # (written by the kernel before: after the wait)
-        rstd = row_scale(rm, mmask, ss_ptr, M, parts, K, eps, 32)
+        partials = load_partials(rm, mmask, ss_ptr, M, parts, NT)
     xp = x_ptr + rm.to(tl.int64)[:, None] * x_sm + (k_start + rk)[None, :]
     wp = w_ptr + rn.to(tl.int64)[None, :] * w_sn + (k_start + rk)[:, None]  # the [BLOCK_K, BLOCK_N] tile of W^T
     up_off = 0
@@ -88,6 +88,7 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_pt
         wp += BLOCK_K
     omask = mmask[:, None] & nmask[None, :]
     if NORM == 2:
+        rstd = row_scale(partials, K, eps)
         acc *= rstd[:, None]
         acc_up *= rstd[:, None]
     if SILU:  # the unfused model's roundings: gate and up in y's dtype, silu(gate) rounded before the product
@@ -272,7 +273,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
                               parts, eps, HAS_BIAS=bias is not None, SPLIT=splits > 1, COMBINE=combine,
                               EVEN_K=K % c.block_k == 0, IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
                               BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "",
-                              PREFETCH=prefetch, LINE=line, SILU=silu, NORM=mode, num_warps=c.num_warps,
+                              PREFETCH=prefetch, LINE=line, SILU=silu, NORM=mode,
+                              NT=triton.next_power_of_2(parts) if mode == 2 else 1, num_warps=c.num_warps,
                               num_stages=c.num_stages, **pdl)
     if splits > 1 and not combine:
         block = 1024

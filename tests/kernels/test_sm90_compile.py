@@ -84,13 +84,13 @@ print("compiled rope attention")
 from strataserve.kernels import skinny_gemm
 fn = skinny_gemm._skinny_gemm_kernel
 base = dict(HAS_BIAS=False, SPLIT=True, COMBINE=True, EVEN_K=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128,
-            EVICT="evict_first", PDL=True, PREFETCH=8, LINE=64, SILU=False, NORM=0)
+            EVICT="evict_first", PDL=True, PREFETCH=8, LINE=64, SILU=False, NORM=0, NT=1)
 # split with the in-kernel combine; gate_up with the SiLU-and-mul epilogue (two accumulators, unsplit)
 # the split norm (run 22): o / down producing it, gate_up + SiLU consuming it
 unsplit = {**base, "SPLIT": False, "COMBINE": False}
 for name, const in (("skinny gemm", base), ("skinny silu", {**unsplit, "SILU": True}),
                     ("skinny norm producer", {**unsplit, "BLOCK_N": 32, "BLOCK_K": 256, "NORM": 1}),
-                    ("skinny norm consumer", {**unsplit, "SILU": True, "NORM": 2})):
+                    ("skinny norm consumer", {**unsplit, "SILU": True, "NORM": 2, "NT": 128})):
     types = {"sem_ptr": "*i32", "p_ptr": "*fp32", "ss_ptr": "*fp32", "eps": "fp32"}
     sig = {n: "constexpr" if n in const else types.get(n, "*bf16" if n.endswith("_ptr") else "i32")
            for n in fn.arg_names}
