@@ -21,8 +21,7 @@ matmul on its fastest Triton configuration even where cuBLAS timed up to 10% fas
 shape: does PDL's overlap pay inside the step?). Run 21's: ``ropein`` is the default with the rotary + KV store
 inside decode attention up to 64 rows (``STRATA_DECODE_ROPE_MAX_ROWS=64``), ``attnBxWxS`` the default with decode
 attention launched at block_n B, W warps, S stages in every regime (``triton_ops.DECODE_CONFIGS``),
-``ropein-attnBxWxS`` both. Run 22's: ``nonorm`` is ``STRATA_GEMM_NORM=0`` (the add + RMSNorm between sublayers in
-its own launches, not split across the matmuls around it: the code before run 22).
+``ropein-attnBxWxS`` both.
 One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
@@ -87,7 +86,6 @@ def main() -> None:
                 gemv_tuning.CANDIDATES = {"before": CANDIDATES_R15, "run16": CANDIDATES_R16}.get(variant, final)
                 envs.STRATA_GEMM_TUNE = variant != "run18"
                 envs.STRATA_GEMM_SILU = variant not in ("nosilu", "run18")
-                envs.STRATA_GEMM_NORM = variant not in ("nonorm", "run18")
                 # gemmall: its own tuning record (the margin is not part of the record's key)
                 gemm_tuning.tune_gemm = functools.partial(tune_gemm, min_gain=-0.1) if variant == "gemmall" \
                     else tune_gemm

@@ -180,7 +180,7 @@ def decode_bench(cfg: DecoderConfig, mode: str, batch: int, bw: float, prompt: i
            "gemv": {f"{c.prologue}{c.shape[0]}x{c.shape[1]}": [round(c.baseline_us, 1), round(c.best_us, 1),
                                                                str(c.config) if c.config else "baseline"]
                     for c in s.gemv_choices},
-           "gemm": {f"{c.rows}:{'' if c.kind == 'plain' else c.kind}{c.shape[0]}x{c.shape[1]}":
+           "gemm": {f"{c.rows}:{'silu' if c.kind == 'silu' else ''}{c.shape[0]}x{c.shape[1]}":
                     [round(c.cublas_us, 1), round(c.best_us, 1), str(c.config) if c.config else "cuBLAS"]
                     for c in s.gemm_choices if c.rows == plan_rows(batch)}}
     del s

@@ -28,9 +28,6 @@ STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
 STRATA_GEMM_TUNE: bool = os.environ.get("STRATA_GEMM_TUNE", "1") != "0"
 #: ... and gate_up with the SiLU-and-mul as its epilogue against that matmul + the activation's own launch (run 20).
 STRATA_GEMM_SILU: bool = os.environ.get("STRATA_GEMM_SILU", "1") != "0"
-#: ... and the add + RMSNorm between sublayers split across the matmuls around it, where that chain was faster
-#: (run 22).
-STRATA_GEMM_NORM: bool = os.environ.get("STRATA_GEMM_NORM", "1") != "0"
 #: the same tuning also times each RMSNorm / SiLU-mul + matmul pair against one GEMV with the op as its prologue.
 STRATA_GEMV_PROLOGUE: bool = os.environ.get("STRATA_GEMV_PROLOGUE", "1") != "0"
 #: Triton kernels on Hopper+ launch with programmatic dependent launch (``kernels/_common.py``, ``pdl_args``): each

@@ -25,27 +25,20 @@ from strataserve.kernels._common import (check, check_float, check_same_device, 
                                         sm_count)
 from strataserve.kernels.activation import silu_and_mul_ref
 from strataserve.kernels.gemv import gemv_ref
-from strataserve.kernels.norm_epilogue import load_partials, produce, row_scale
-from strataserve.kernels.rms_norm import _check_weight, fused_add_rms_norm_ref
 
 
 @triton.jit(do_not_specialize=["M"])  # one compile for every decode batch size (graph capture would compile each)
-def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_ptr, ss_ptr, M, N, K, x_sm, w_sn,
-                        y_sm, r_sm, k_per_split, splits, first_wave, parts, eps, HAS_BIAS: tl.constexpr,
-                        SPLIT: tl.constexpr, COMBINE: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-                        BLOCK_M: tl.constexpr,
+def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_sm, w_sn, y_sm, k_per_split,
+                        splits, first_wave, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, COMBINE: tl.constexpr,
+                        EVEN_K: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
-                        PREFETCH: tl.constexpr, LINE: tl.constexpr, SILU: tl.constexpr = False,
-                        NORM: tl.constexpr = 0, NT: tl.constexpr = 1):
+                        PREFETCH: tl.constexpr, LINE: tl.constexpr, SILU: tl.constexpr = False):
     """Tile (pid1 rows, pid0 columns) over split pid2's K range. Not SPLIT: y (+ bias) in y's dtype. SPLIT:
     float32 partials into p_ptr [splits, M, N]; with COMBINE the tile's last program to finish adds them (an
     atomic ticket per tile in sem_ptr, left at zero), else ``_split_reduce_kernel`` does. PREFETCH (a PDL
     launch): the programs of the first wave send their first PREFETCH lines of each weight row to L2 before the
     wait, as the GEMV does (``gemv.py``). SILU (not SPLIT): W is [gate; up] with 2N rows, and the tile keeps two
-    accumulators, gate rows n and up rows N + n over one x tile, for y = silu(gate) * up. NORM (not SPLIT,
-    ``norm_epilogue.py``): 1, the producer: the residual r_ptr += the tile, y = that sum times the norm weight nw,
-    its rows' partial sums of squares into ss_ptr; 2, the consumer: the accumulators scaled by each row's
-    1 / sqrt(mean + eps) from the ``parts`` partials in ss_ptr."""
+    accumulators, gate rows n and up rows N + n over one x tile, for y = silu(gate) * up."""
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -63,8 +56,6 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_pt
             if SILU:
                 prefetch_l2(w_ptr + (rn + N).to(tl.int64)[:, None] * w_sn + lines[None, :], pmask)
     pdl_wait(PDL)
-    if NORM == 2:  # (written by the kernel before: after the wait)
-        partials = load_partials(rm, mmask, ss_ptr, M, parts, NT)
     xp = x_ptr + rm.to(tl.int64)[:, None] * x_sm + (k_start + rk)[None, :]
     wp = w_ptr + rn.to(tl.int64)[None, :] * w_sn + (k_start + rk)[:, None]  # the [BLOCK_K, BLOCK_N] tile of W^T
     up_off = 0
@@ -87,10 +78,6 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_pt
         xp += BLOCK_K
         wp += BLOCK_K
     omask = mmask[:, None] & nmask[None, :]
-    if NORM == 2:
-        rstd = row_scale(partials, K, eps)
-        acc *= rstd[:, None]
-        acc_up *= rstd[:, None]
     if SILU:  # the unfused model's roundings: gate and up in y's dtype, silu(gate) rounded before the product
         dt = y_ptr.dtype.element_ty
         g = acc.to(dt).to(tl.float32)
@@ -114,11 +101,7 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, r_ptr, nw_pt
     else:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        if NORM == 1:
-            produce(acc, rm, rn, mmask, nmask, r_ptr, r_sm, nw_ptr, y_ptr, y_sm, ss_ptr, M)
-        else:
-            tl.store(y_ptr + rm.to(tl.int64)[:, None] * y_sm + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                     mask=omask)
+        tl.store(y_ptr + rm.to(tl.int64)[:, None] * y_sm + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -161,18 +144,6 @@ class GemmConfig:
                 f"/st{self.num_stages}" + ("/ef" if self.evict_first else ""))
 
 
-@dataclass(frozen=True)
-class PendingNorm:
-    """``rms_norm(s) * w`` of a residual sum s, waiting for its row scale (``skinny_gemm_add_norm``): ``xw`` = s * w
-    in s's dtype [M, H], ``partials`` the float32 sums of squares of s per column tile [tiles, M]. A consumer
-    matmul (``skinny_gemm`` / ``skinny_gemm_silu_mul`` with ``norm=``) applies the scale; ``pending_norm_ref``
-    materialises it."""
-
-    xw: torch.Tensor
-    partials: torch.Tensor
-    eps: float
-
-
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 config: GemmConfig = GemmConfig(), tickets: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` [M, K] times ``weight`` [N, K]^T (+ ``bias`` [N]) -> [M, N]; like ``F.linear`` on 2-D input.
@@ -182,50 +153,18 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return _launch(x, weight, bias, config, tickets, silu=False)
 
 
-def skinny_gemm_normed(x: PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                       config: GemmConfig = GemmConfig()) -> torch.Tensor:
-    """``rms_norm(s) * w`` (pending, from ``skinny_gemm_add_norm``) times ``weight`` [N, H]^T (+ ``bias``): the norm's
-    row scale applied to the accumulators; ``config.split_k`` must be 1."""
-    check(config.split_k == 1,
-          f"config: a pending norm's scale needs an unsplit launch, got split_k={config.split_k}")
-    return _launch(x.xw, weight, bias, config, None, silu=False, norm={"pending": x})
-
-
-def skinny_gemm_silu_mul(x: torch.Tensor | PendingNorm, weight: torch.Tensor,
-                         config: GemmConfig = GemmConfig()) -> torch.Tensor:
+def skinny_gemm_silu_mul(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig = GemmConfig()) -> torch.Tensor:
     """``silu_and_mul(x W^T)`` in one launch: ``weight`` is the fused [gate; up] projection [2I, K] -> [M, I].
     The SiLU-and-mul runs on the accumulators (with the unfused ops' roundings), so the [M, 2I] gate_up output is
-    never written; ``config.split_k`` must be 1. ``x`` may be a ``PendingNorm``: its row scale applies first."""
+    never written; ``config.split_k`` must be 1."""
     check(weight.dim() == 2 and weight.shape[0] % 2 == 0,
           f"weight: expected the [gate; up] rows [2I, K], got {tuple(weight.shape)}")
     check(config.split_k == 1, f"config: the SiLU epilogue runs unsplit, got split_k={config.split_k}")
-    if isinstance(x, PendingNorm):
-        return _launch(x.xw, weight, None, config, None, silu=True, norm={"pending": x})
     return _launch(x, weight, None, config, None, silu=True)
 
 
-def skinny_gemm_add_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                         eps: float, config: GemmConfig = GemmConfig()) -> PendingNorm:
-    """``residual += x W^T`` in place, then ``rms_norm(residual) * norm_weight`` left pending for the next matmul
-    (``norm_epilogue.py``): the matmul, the residual add and the norm's launch in one; ``config.split_k`` must be
-    1."""
-    check(config.split_k == 1, f"config: the add + norm epilogue runs unsplit, got split_k={config.split_k}")
-    check(weight.dim() == 2, f"weight: expected [N, K], got {tuple(weight.shape)}")
-    N = weight.shape[0]
-    check(residual.dim() == 2 and residual.shape == (x.shape[0], N) and residual.dtype == x.dtype
-          and residual.stride(1) == 1, f"residual: expected [{x.shape[0]}, {N}] {x.dtype} with contiguous rows, got "
-          f"{tuple(residual.shape)} {residual.dtype}")
-    _check_weight(residual, norm_weight)
-    check(norm_weight.dtype == x.dtype, f"norm_weight dtype {norm_weight.dtype} differs from x's {x.dtype}")
-    check_same_device(x=x, residual=residual, norm_weight=norm_weight)
-    partials = torch.empty(triton.cdiv(N, config.block_n), x.shape[0], dtype=torch.float32, device=x.device)
-    y = _launch(x, weight, None, config, None, silu=False,
-                norm={"residual": residual, "norm_weight": norm_weight, "partials": partials})
-    return PendingNorm(y, partials, float(eps))
-
-
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemmConfig,
-            tickets: torch.Tensor | None, silu: bool, norm: dict | None = None) -> torch.Tensor:
+            tickets: torch.Tensor | None, silu: bool) -> torch.Tensor:
     check_float("x", x)
     check(x.dim() == 2, f"x: expected [M, K], got {tuple(x.shape)}")
     check(weight.dim() == 2 and weight.shape[1] == x.shape[1],
@@ -257,24 +196,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     # lines of the first tiles in flight (num_stages - 1 ahead, plus the one consumed) to prefetch under PDL
     prefetch = triton.next_power_of_2(triton.cdiv(min(c.num_stages * c.block_k, k_per_split), line)) \
         if pdl["PDL"] and envs.STRATA_PDL_PREFETCH else 0
-    nm, mode = norm or {}, 0
-    if "pending" in nm:  # the consumer: the pending norm's partials and eps
-        pending = nm["pending"]
-        check(pending.partials.shape[1] == M and pending.partials.dtype == torch.float32,
-              f"norm: expected [tiles, {M}] float32 partials, got {tuple(pending.partials.shape)}")
-        ss, parts, eps, mode = pending.partials, pending.partials.shape[0], pending.eps, 2
-    else:
-        ss, parts, eps = nm.get("partials", part), 0, 0.0
-        mode = 1 if nm else 0
-    r = nm.get("residual", y)
-    _skinny_gemm_kernel[grid](x, weight, b, y, part, tickets if combine else part, r,
-                              nm.get("norm_weight", weight), ss, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
-                              r.stride(0), k_per_split, splits, sm_count(x.device.index or 0) if prefetch else 0,
-                              parts, eps, HAS_BIAS=bias is not None, SPLIT=splits > 1, COMBINE=combine,
-                              EVEN_K=K % c.block_k == 0, IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
+    _skinny_gemm_kernel[grid](x, weight, b, y, part, tickets if combine else part, M, N, K, x.stride(0),
+                              weight.stride(0), y.stride(0), k_per_split, splits,
+                              sm_count(x.device.index or 0) if prefetch else 0, HAS_BIAS=bias is not None,
+                              SPLIT=splits > 1, COMBINE=combine, EVEN_K=K % c.block_k == 0,
+                              IEEE=x.dtype == torch.float32, BLOCK_M=c.block_m,
                               BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVICT="evict_first" if c.evict_first else "",
-                              PREFETCH=prefetch, LINE=line, SILU=silu, NORM=mode,
-                              NT=triton.next_power_of_2(parts) if mode == 2 else 1, num_warps=c.num_warps,
+                              PREFETCH=prefetch, LINE=line, SILU=silu, num_warps=c.num_warps,
                               num_stages=c.num_stages, **pdl)
     if splits > 1 and not combine:
         block = 1024
@@ -291,16 +219,3 @@ skinny_gemm_ref = gemv_ref
 def skinny_gemm_silu_mul_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The unfused ops: the matmul in x's dtype, then SiLU-and-mul."""
     return silu_and_mul_ref(skinny_gemm_ref(x, weight))
-
-
-def skinny_gemm_add_norm_ref(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                             norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The unfused ops: the matmul in x's dtype, then the residual add + RMSNorm (not in place); returns
-    ``(normed, new residual)``."""
-    return fused_add_rms_norm_ref(skinny_gemm_ref(x, weight), residual, norm_weight, eps)
-
-
-def pending_norm_ref(p: PendingNorm) -> torch.Tensor:
-    """The pending norm materialised: ``s * w`` times each row's scale, in float32 (the consumer's view of it)."""
-    scale = torch.rsqrt(p.partials.sum(0) / p.xw.shape[1] + p.eps)
-    return p.xw.float() * scale[:, None]

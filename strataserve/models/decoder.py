@@ -54,16 +54,12 @@ class Attention(nn.Module):
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin: torch.Tensor,
                 meta: AttentionMetadata | None) -> torch.Tensor:
         """From the qkv projection's output (the layer runs it with the norm before it: ``OpSet.norm_linear``)."""
-        out = self.ops.linear(self.core(positions, qkv, cos_sin, meta), self.o_weight)
-        return out if self.tp is None else self.tp.all_reduce(out)
-
-    def core(self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin: torch.Tensor,
-             meta: AttentionMetadata | None) -> torch.Tensor:
-        """The attention output before the o projection."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # (q/k norm,) rotary, KV store and attention in one call: a kernel backend fuses the first three
-        return self.ops.attend(self.layer_idx, positions, q, k, v, self.head_dim, cos_sin, self.q_norm, self.k_norm,
-                               self.eps, meta)
+        o = self.ops.attend(self.layer_idx, positions, q, k, v, self.head_dim, cos_sin, self.q_norm, self.k_norm,
+                            self.eps, meta)
+        out = self.ops.linear(o, self.o_weight)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class MLP(nn.Module):
@@ -93,24 +89,13 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = new(cfg.hidden_size)
         self.mlp = MLP(cfg, ops, new, tp)
 
-    def forward(self, positions: torch.Tensor, hidden, residual: torch.Tensor | None, cos_sin: torch.Tensor,
-                meta: AttentionMetadata | None, epilogue: bool = False,
-                next_norm: torch.Tensor | None = None) -> tuple[object, torch.Tensor]:
-        """Returns (the MLP's output, the residual stream before it is added). ``epilogue``
-        (``OpSet.add_norm_epilogue``, one GPU): the o projection ends with the add + norm and gate_up takes its
-        result as it is; with ``next_norm`` (the next layer's input norm) so does down, and the output is that
-        layer's normed input in the backend's form, which its ``norm_linear`` takes as it is."""
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                cos_sin: torch.Tensor, meta: AttentionMetadata | None) -> tuple[torch.Tensor, torch.Tensor]:
         attn, mlp, ops = self.self_attn, self.mlp, self.ops
         # residual None (first layer): no add, the residual stream starts as the embeddings
         qkv, residual = ops.norm_linear(hidden, residual, self.input_norm, self.eps, attn.qkv_weight, attn.qkv_bias)
-        if not epilogue:
-            return mlp(attn(positions, qkv, cos_sin, meta), residual, self.post_attn_norm, self.eps)
-        h, residual = ops.linear_add_norm(attn.core(positions, qkv, cos_sin, meta), attn.o_weight, residual,
-                                          self.post_attn_norm, self.eps)
-        act = ops.gate_up_silu(h, mlp.gate_up_weight)
-        if next_norm is None:
-            return ops.linear(act, mlp.down_weight), residual
-        return ops.linear_add_norm(act, mlp.down_weight, residual, next_norm, self.eps)
+        x = attn(positions, qkv, cos_sin, meta)
+        return mlp(x, residual, self.post_attn_norm, self.eps)
 
 
 class DecoderModel(nn.Module):
@@ -155,12 +140,8 @@ class DecoderModel(nn.Module):
         """
         hidden = self.tp.embed(input_ids, self.embed_tokens) if inputs_embeds is None else inputs_embeds
         residual = None
-        # the norms between sublayers as the o / down epilogues (the last layer's down keeps the final norm's launch)
-        epilogue = self.tp.size == 1 and self.ops.add_norm_epilogue(hidden.shape[0])
-        nexts = [layer.input_norm for layer in self.layers[1:]] + [None]
-        for layer, next_norm in zip(self.layers, nexts):
-            hidden, residual = layer(positions, hidden, residual, self.cos_sin_cache, attn_meta, epilogue,
-                                     next_norm if epilogue else None)
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, self.cos_sin_cache, attn_meta)
         hidden, _ = self.ops.fused_add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)
         return hidden
 

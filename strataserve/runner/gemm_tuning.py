@@ -8,10 +8,7 @@ roofline against 0.760 (gate_up, down and lm_head go to the Triton GEMM; qkv and
 timed, 16 (for steps of 2-16 rows) and 64 (17-64); with ``BLOCK_M`` = 64 the weights are read once either way, and
 fewer rows only leave some of each tile's rows masked. Larger steps keep cuBLAS. Then gate_up with the SiLU-and-mul
 as its epilogue (``skinny_gemm_silu_mul``) is timed against the pair it replaces (gate_up's choice + the
-activation's launch), run 20. Then the add + RMSNorm between sublayers split across the matmuls around it (o / down
-with the add and the norm weight as their epilogue, gate_up / qkv with the row scale as theirs;
-``kernels/norm_epilogue.py``), timed as one layer's chain against the same matmuls with the norms as their own
-launches, run 22. The choices are kept on disk beside the batch-1 ones.
+activation's launch), run 20. The choices are kept on disk beside the batch-1 ones.
 """
 from __future__ import annotations
 
@@ -23,8 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from strataserve import envs
-from strataserve.kernels.skinny_gemm import (GemmConfig, skinny_gemm, skinny_gemm_add_norm, skinny_gemm_normed,
-                                             skinny_gemm_silu_mul)
+from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_silu_mul
 from strataserve.runner.gemv_tuning import _graph_seconds, one_row_weights, rank_configs
 
 log = logging.getLogger(__name__)
@@ -49,11 +45,6 @@ CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 32, 256, 1, 4, 4)
 SILU_CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 64, 128, 1, 8, 4, evict_first=True),
                    GemmConfig(64, 64, 64, 1, 4, 5), GemmConfig(64, 32, 128, 1, 4, 4))
 
-# The split norm's matmuls: each one's own Triton choice where it is unsplit, else these (run 19's best plain tiles
-# at the 8B shape and 64 rows: o / down 64x32x256, qkv and the SiLU gate_up 64x64x128).
-NORM_PRODUCER = GemmConfig(64, 32, 256, 1, 4, 4)
-NORM_CONSUMER = GemmConfig(64, 64, 128, 1, 4, 4)
-
 
 @dataclass(frozen=True)
 class GemmChoice:
@@ -62,9 +53,7 @@ class GemmChoice:
     cublas_us: float  # "silu": the plain matmul's choice + the activation's launch
     best_us: float
     config: GemmConfig | None  # None: cuBLAS (or, "silu", the unfused pair) stays
-    # "plain": x W^T; "silu": gate_up with the SiLU-and-mul epilogue; "norm": o / down / gate_up / qkv in the split
-    # norm's chain (the µs fields are then the chain's, per layer)
-    kind: str = "plain"
+    kind: str = "plain"  # "plain": x W^T; "silu": gate_up with the SiLU-and-mul epilogue
 
 
 def plan_rows(rows: int) -> int | None:
@@ -135,71 +124,6 @@ def tune_gate_up_silu(weights: dict[tuple[int, int], list[torch.Tensor]], plain:
     return choices
 
 
-@torch.inference_mode()
-def tune_norm_chain(model: torch.nn.Module, plain: list[GemmChoice], silu: list[GemmChoice],
-                    min_gain: float = 0.005, reps: int = 5, row_classes=ROW_CLASSES) -> list[GemmChoice]:
-    """Per row class: layer l's o -> gate_up (+ SiLU) -> down -> layer l + 1's qkv over the model's layers, with
-    the two norms as their own launches (each matmul as ``plain`` / ``silu`` chose) against the norms split
-    across those matmuls (CUDA only). 16-bit weights only: the split rounds in another order than HF's norm."""
-    from strataserve.kernels.activation import silu_and_mul
-    from strataserve.kernels.rms_norm import fused_add_rms_norm
-
-    layers = list(model.layers)
-    a0, m0 = layers[0].self_attn, layers[0].mlp
-    shapes = {"o": tuple(a0.o_weight.shape), "gate_up": tuple(m0.gate_up_weight.shape),
-              "down": tuple(m0.down_weight.shape), "qkv": tuple(a0.qkv_weight.shape)}
-    if a0.o_weight.dtype == torch.float32 or len(layers) < 2 or len(set(shapes.values())) < 4:
-        return []
-    plain_cfg = {(c.rows, c.shape): c.config for c in plain}
-    silu_cfg = {(c.rows, c.shape): c.config for c in silu}
-    tickets = _tickets({None: [a0.o_weight]})
-    eps = model.config.rms_norm_eps
-    choices = []
-    for top, m in row_classes:
-        def lin(x, w, b=None):
-            c = plain_cfg.get((top, tuple(w.shape)))
-            return F.linear(x, w, b) if c is None else skinny_gemm(x, w, b, config=c, tickets=tickets)
-
-        def gate_up(h, w):
-            c = silu_cfg.get((top, tuple(w.shape)))
-            return silu_and_mul(lin(h, w)) if c is None else skinny_gemm_silu_mul(h, w, c)
-
-        def cfg(role, default):
-            c = (silu_cfg if role == "gate_up" else plain_cfg).get((top, shapes[role]))
-            return c if c is not None and c.split_k == 1 else default
-
-        configs = {"o": cfg("o", NORM_PRODUCER), "down": cfg("down", NORM_PRODUCER),
-                   "gate_up": cfg("gate_up", NORM_CONSUMER), "qkv": cfg("qkv", NORM_CONSUMER)}
-        dev, dt = a0.o_weight.device, a0.o_weight.dtype
-        x_o = torch.randn(m, shapes["o"][1], dtype=dt, device=dev)
-        res = torch.randn(m, shapes["o"][0], dtype=dt, device=dev)
-        pairs = list(zip(layers[:-1], layers[1:]))
-
-        def separate():
-            for cur, nxt in pairs:
-                h, _ = fused_add_rms_norm(lin(x_o, cur.self_attn.o_weight), res, cur.post_attn_norm, eps)
-                h2, _ = fused_add_rms_norm(lin(gate_up(h, cur.mlp.gate_up_weight), cur.mlp.down_weight), res,
-                                           nxt.input_norm, eps)
-                lin(h2, nxt.self_attn.qkv_weight, nxt.self_attn.qkv_bias)
-
-        def split():
-            for cur, nxt in pairs:
-                p = skinny_gemm_add_norm(x_o, cur.self_attn.o_weight, res, cur.post_attn_norm, eps, configs["o"])
-                a = skinny_gemm_silu_mul(p, cur.mlp.gate_up_weight, configs["gate_up"])
-                p2 = skinny_gemm_add_norm(a, cur.mlp.down_weight, res, nxt.input_norm, eps, configs["down"])
-                skinny_gemm_normed(p2, nxt.self_attn.qkv_weight, nxt.self_attn.qkv_bias, configs["qkv"])
-
-        t_sep = _graph_seconds(separate, reps) / len(pairs)
-        t_split = _graph_seconds(split, reps) / len(pairs)
-        won = t_split < t_sep * (1 - min_gain)
-        choices += [GemmChoice(shapes[role], top, t_sep * 1e6, t_split * 1e6, configs[role] if won else None, "norm")
-                    for role in shapes]
-    log.info("split add-norm chain tuning (per layer): %s", "; ".join(
-        f"<= {c.rows} rows: separate {c.cublas_us:.1f} us, split {c.best_us:.1f} us -> "
-        f"{'split' if c.config else 'separate'}" for c in choices[::4]))
-    return choices
-
-
 def gate_up_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.Tensor]]:
     """The decoder's fused [gate; up] weights by shape."""
     groups: dict[tuple[int, int], list[torch.Tensor]] = {}
@@ -209,9 +133,9 @@ def gate_up_weights(model: torch.nn.Module) -> dict[tuple[int, int], list[torch.
 
 
 def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
-    """Tune ``model``'s decode matmuls of 2-``MAX_ROWS`` rows, its gate_up + SiLU pairs and the split norm's chain
-    (or read the choices from disk) and install the winners in its ``TritonOps`` (``gemm_plan``, ``silu_plan``,
-    ``norm_plan``: the last two unless ``STRATA_GEMM_SILU=0`` / ``STRATA_GEMM_NORM=0``); returns every choice."""
+    """Tune ``model``'s decode matmuls of 2-``MAX_ROWS`` rows and its gate_up + SiLU pairs (or read the choices
+    from disk) and install the winners in its ``TritonOps`` (``gemm_plan``, ``silu_plan``: the latter unless
+    ``STRATA_GEMM_SILU=0``); returns every choice."""
     from strataserve.runner import tuning_cache
 
     weights = one_row_weights(model)
@@ -221,17 +145,13 @@ def apply_gemm_tuning(model: torch.nn.Module, ops) -> list[GemmChoice]:
     choices = _from_record(record) if record is not None else None
     if choices is None:
         choices = tune_gemm(weights)
-        silu = tune_gate_up_silu(gate_up_weights(model), choices)
-        choices += silu + tune_norm_chain(model, choices, silu)
+        choices += tune_gate_up_silu(gate_up_weights(model), choices)
         tuning_cache.save(path, key, [_to_record(c) for c in choices])
     else:
         log.info("decode GEMM choices from %s: %d Triton", path, sum(1 for c in choices if c.config))
     ops.gemm_plan = {(c.rows, c.shape): c.config for c in choices if c.config is not None and c.kind == "plain"}
     ops.silu_plan = {(c.rows, c.shape): c.config for c in choices
                      if c.config is not None and c.kind == "silu" and envs.STRATA_GEMM_SILU}
-    # the chain was timed with the SiLU epilogue where chosen, so it goes with it
-    ops.norm_plan = {(c.rows, c.shape): c.config for c in choices if c.config is not None and c.kind == "norm"
-                     and envs.STRATA_GEMM_NORM and envs.STRATA_GEMM_SILU}
     return choices
 
 
@@ -244,7 +164,6 @@ def _record_key(weights: dict) -> dict:
     return {**environment_key(next(iter(weights.values()))[0], gemm_module.__file__),
             "shapes": sorted([list(s), len(ws)] for s, ws in weights.items()), "rows": ROW_CLASSES,
             "candidates": [asdict(c) for c in CANDIDATES], "silu_candidates": [asdict(c) for c in SILU_CANDIDATES],
-            "norm_configs": [asdict(NORM_PRODUCER), asdict(NORM_CONSUMER)],
             "pdl_max_rows": _common.PDL_MAX_ROWS}
 
 

@@ -106,16 +106,6 @@ class CanvasOps:
                  gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.base.norm_mlp(x, residual, norm_weight, eps, gate_up_weight, down_weight)
 
-    def add_norm_epilogue(self, rows: int) -> bool:
-        return self.base.add_norm_epilogue(rows)
-
-    def linear_add_norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                        norm_weight: torch.Tensor, eps: float) -> tuple[object, torch.Tensor]:
-        return self.base.linear_add_norm(x, weight, residual, norm_weight, eps)
-
-    def gate_up_silu(self, x, gate_up_weight: torch.Tensor) -> torch.Tensor:
-        return self.base.gate_up_silu(x, gate_up_weight)
-
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
                      cos_sin_cache: torch.Tensor) -> None:
         self.base.apply_rotary(positions, q, k, head_dim, cos_sin_cache)

@@ -63,8 +63,7 @@ class OpSet(Protocol):
                     weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``linear(rms_norm(x + residual) * norm_weight, weight, bias)`` (no add when ``residual`` is None);
         returns ``(output, x + residual)`` (or ``(output, x)``), the new residual stream. One call, so a backend can
-        run the norm inside the matmul. Implementations may reuse x/residual storage. ``x`` may also be what this
-        backend's ``linear_add_norm`` returned (the norm already under way): then ``residual`` passes through."""
+        run the norm inside the matmul. Implementations may reuse x/residual storage."""
         ...
 
     def silu_mul_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -76,23 +75,6 @@ class OpSet(Protocol):
         """The SwiGLU MLP block from its input: ``silu_mul_linear(norm_linear(x, residual, norm_weight, eps,
         gate_up_weight)[0], down_weight)``; returns ``(output, new residual)``. One call, so a backend can choose
         where the activation goes (the gate_up epilogue or the down prologue)."""
-        ...
-
-    def add_norm_epilogue(self, rows: int) -> bool:
-        """Whether steps of ``rows`` tokens end the o / down projections with the residual add + RMSNorm after them
-        (``linear_add_norm``), so the decoder hands their results to the next matmul as they are."""
-        ...
-
-    def linear_add_norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                        norm_weight: torch.Tensor, eps: float) -> tuple[object, torch.Tensor]:
-        """``fused_add_rms_norm(linear(x, weight), residual, norm_weight, eps)``: returns ``(normed, new residual)``,
-        where ``normed`` is a tensor or a backend's own pending form, which only its ``norm_linear`` and
-        ``gate_up_silu`` take. May reuse residual's storage."""
-        ...
-
-    def gate_up_silu(self, x, gate_up_weight: torch.Tensor) -> torch.Tensor:
-        """``silu_and_mul(linear(x, gate_up_weight))`` (``x`` a tensor or ``linear_add_norm``'s result), one call, so
-        a backend can run the activation as the matmul's epilogue."""
         ...
 
     def apply_rotary(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
@@ -223,16 +205,6 @@ class TorchOps:
     def norm_mlp(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                  gate_up_weight: torch.Tensor, down_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return unfused_norm_mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight)
-
-    def add_norm_epilogue(self, rows: int) -> bool:
-        return False
-
-    def linear_add_norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                        norm_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.fused_add_rms_norm(self.linear(x, weight), residual, norm_weight, eps)
-
-    def gate_up_silu(self, x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
-        return self.silu_and_mul(self.linear(x, gate_up_weight))
 
     def attend(self, layer_idx: int, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                head_dim: int, cos_sin_cache: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,

@@ -19,8 +19,7 @@ from strataserve.kernels.prefill_tiles import PREFILL_BLOCK_M
 from strataserve.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from strataserve.kernels.rotary import apply_rotary
 from strataserve.kernels.rotary_kv import rotary_store_kv
-from strataserve.kernels.skinny_gemm import (GemmConfig, PendingNorm, pending_norm_ref, skinny_gemm,
-                                             skinny_gemm_add_norm, skinny_gemm_normed, skinny_gemm_silu_mul)
+from strataserve.kernels.skinny_gemm import GemmConfig, skinny_gemm, skinny_gemm_silu_mul
 from strataserve.runner.attention import AttentionMetadata, TorchAttention
 from strataserve.runner.gemm_tuning import plan_rows
 from strataserve.runner.ops import (add_rms_norm, unfused_attend, unfused_norm_linear, unfused_norm_mlp,
@@ -185,9 +184,7 @@ class TritonOps:
     inside decode attention instead. ``gemm_plan`` maps ``(row class, shape)`` to the few-rows Triton GEMM
     configuration that beat cuBLAS for matmuls of 2-64 rows (``runner/gemm_tuning.py``, also at start-up);
     ``silu_plan`` maps ``(row class, gate_up shape)`` to the configuration whose SiLU-and-mul epilogue beat that
-    matmul's own choice + the activation's launch. ``norm_plan`` maps ``(row class, shape)`` of o / down (the
-    add + RMSNorm after them as their epilogue) and of qkv / gate_up (the pending norm's row scale as theirs) to
-    their configurations, for the row classes where that chain beat the separate norm launches (run 22).
+    matmul's own choice + the activation's launch.
     """
 
     name = "triton"
@@ -197,10 +194,8 @@ class TritonOps:
                  prologue_plan: dict[tuple[str, tuple[int, int]], GemvConfig] | None = None,
                  rope_in_attention: bool | None = None,
                  gemm_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None,
-                 silu_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None,
-                 norm_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None) -> None:
+                 silu_plan: dict[tuple[int, tuple[int, int]], GemmConfig] | None = None) -> None:
         self.attention = attention
-        self.norm_plan = dict(norm_plan or {})
         self.gemm_plan = dict(gemm_plan or {})
         self.silu_plan = dict(silu_plan or {})
         self._tickets: torch.Tensor | None = None  # the split GEMMs' in-kernel combine (each launch leaves zeros)
@@ -227,40 +222,8 @@ class TritonOps:
             self._tickets = torch.zeros(1 << 16, dtype=torch.int32, device=device)
         return self._tickets
 
-    def add_norm_epilogue(self, rows: int) -> bool:
-        top = plan_rows(rows)
-        return top is not None and any(r == top for r, _ in self.norm_plan)
-
-    def _norm_config(self, x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:
-        return self.norm_plan.get((plan_rows(x.shape[0]), tuple(weight.shape))) if self.norm_plan else None
-
-    def linear_add_norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                        norm_weight: torch.Tensor, eps: float) -> tuple[object, torch.Tensor]:
-        config = self._norm_config(x, weight)
-        if (config is None or x.dim() != 2 or x.stride(1) != 1 or residual.stride(1) != 1
-                or norm_weight.dtype != x.dtype):
-            return self.fused_add_rms_norm(self.linear(x, weight), residual, norm_weight, eps)
-        return skinny_gemm_add_norm(x, weight, residual, norm_weight, eps, config), residual
-
-    def gate_up_silu(self, x, gate_up_weight: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, PendingNorm):
-            config = self._norm_config(x.xw, gate_up_weight)
-            if config is not None:
-                return skinny_gemm_silu_mul(x, gate_up_weight, config)
-            x = pending_norm_ref(x).to(x.xw.dtype)  # (no plan for this shape: materialised, then as any tensor)
-        config = (self.silu_plan.get((plan_rows(x.shape[0]), tuple(gate_up_weight.shape)))
-                  if self.silu_plan and x.dim() == 2 and x.stride(1) == 1 else None)
-        if config is None:
-            return self.silu_and_mul(self.linear(x, gate_up_weight))
-        return skinny_gemm_silu_mul(x, gate_up_weight, config)
-
-    def norm_linear(self, x, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+    def norm_linear(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                     weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(x, PendingNorm):  # normed by the matmul before (linear_add_norm): its row scale goes here
-            config = self._norm_config(x.xw, weight)
-            if config is not None:
-                return skinny_gemm_normed(x, weight, bias, config), residual
-            return self.linear(pending_norm_ref(x).to(x.xw.dtype), weight, bias), residual
         config = self.prologue_plan.get(("norm", tuple(weight.shape)))
         if (config is not None and _one_row(x) and norm_weight.dtype == x.dtype
                 and (residual is None or residual.is_contiguous())):
@@ -280,7 +243,7 @@ class TritonOps:
         if config is None:  # batch 1 fuses the activation into down's prologue instead (silu_mul_linear)
             return unfused_norm_mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight)
         h, residual = add_rms_norm(self, x, residual, norm_weight, eps)
-        return self.linear(self.gate_up_silu(h, gate_up_weight), down_weight), residual
+        return self.linear(skinny_gemm_silu_mul(h, gate_up_weight, config), down_weight), residual
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)

@@ -5,10 +5,8 @@ import pytest
 import torch
 
 from strataserve.kernels.activation import silu_and_mul
-from strataserve.kernels.rms_norm import fused_add_rms_norm
-from strataserve.kernels.skinny_gemm import (GemmConfig, pending_norm_ref, skinny_gemm, skinny_gemm_add_norm,
-                                             skinny_gemm_add_norm_ref, skinny_gemm_normed, skinny_gemm_ref,
-                                             skinny_gemm_silu_mul, skinny_gemm_silu_mul_ref)
+from strataserve.kernels.skinny_gemm import (GemmConfig, skinny_gemm, skinny_gemm_ref, skinny_gemm_silu_mul,
+                                             skinny_gemm_silu_mul_ref)
 
 from ._helpers import DTYPES, assert_close
 
@@ -69,50 +67,6 @@ def test_skinny_gemm_silu_mul_bad_inputs(device):
         skinny_gemm_silu_mul(x, torch.randn(5, 8, device=device))
     with pytest.raises(ValueError, match="runs unsplit"):
         skinny_gemm_silu_mul(x, torch.randn(4, 8, device=device), GemmConfig(split_k=2))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M,H,K,N", [(16, 64, 256, 48), (5, 37, 200, 24), (70, 48, 96, 33)])
-def test_skinny_gemm_split_norm(device, dtype, M, H, K, N):
-    """The add + RMSNorm split across two matmuls: the producer (o / down) updates the residual in place exactly as
-    the unfused add does and leaves ``s * w`` with its rows' partial sums of squares; the consumers (qkv with a bias,
-    gate_up with the SiLU epilogue) equal the matmul of the normed rows. Ragged rows and columns; 70 rows are two
-    row blocks; 37 columns in tiles of 16 leave three partials per row."""
-    x = torch.randn(M, K, device=device, dtype=dtype)
-    w = torch.randn(H, K, device=device, dtype=dtype) / K ** 0.5
-    r0 = torch.randn(M, H, device=device, dtype=dtype)
-    nw = torch.rand(H, device=device, dtype=dtype) + 0.5  # not ones: a missing or shifted weight fails
-    cfg = GemmConfig(block_m=64, block_n=16, block_k=32)
-    ref_h, ref_r = skinny_gemm_add_norm_ref(x, w, r0, nw, 1e-6)
-    r = r0.clone()
-    p = skinny_gemm_add_norm(x, w, r, nw, 1e-6, cfg)
-    assert p.partials.shape == (-(-H // 16), M) and p.xw.shape == (M, H)
-    r2 = r0.clone()
-    fused_add_rms_norm(skinny_gemm(x, w, config=cfg), r2, nw, 1e-6)
-    assert torch.equal(r, r2), "the residual sum differs from the unfused add's"
-    assert_close(r, ref_r, TOL[dtype], f"residual {M}x{H}x{K}")
-    assert_close(pending_norm_ref(p), ref_h.float(), 4 * TOL[dtype], f"pending norm {M}x{H}x{K}")
-    wq, b = torch.randn(N, H, device=device, dtype=dtype) / H ** 0.5, torch.randn(N, device=device, dtype=dtype)
-    got = skinny_gemm_normed(p, wq, b, GemmConfig(16, 16, 32))
-    assert got.shape == (M, N) and got.dtype == dtype
-    assert_close(got, skinny_gemm_ref(ref_h, wq, b), 4 * TOL[dtype], "normed rows x W^T + b")
-    wg = torch.randn(2 * N, H, device=device, dtype=dtype) / H ** 0.5
-    assert_close(skinny_gemm_silu_mul(p, wg, GemmConfig(16, 16, 32)), skinny_gemm_silu_mul_ref(ref_h, wg),
-                 4 * TOL[dtype], "normed rows through gate_up + SiLU")
-
-
-def test_skinny_gemm_split_norm_bad_inputs(device):
-    x, w = torch.randn(3, 8, device=device), torch.randn(4, 8, device=device)
-    r, nw = torch.randn(3, 4, device=device), torch.ones(4, device=device)
-    with pytest.raises(ValueError, match="runs unsplit"):
-        skinny_gemm_add_norm(x, w, r, nw, 1e-6, GemmConfig(split_k=2))
-    with pytest.raises(ValueError, match=r"residual: expected \[3, 4\]"):
-        skinny_gemm_add_norm(x, w, torch.randn(3, 5, device=device), nw, 1e-6)
-    with pytest.raises(ValueError, match=r"weight: expected shape \(4,\)"):
-        skinny_gemm_add_norm(x, w, r, torch.ones(5, device=device), 1e-6)
-    p = skinny_gemm_add_norm(x, w, r, nw, 1e-6, GemmConfig(16, 16, 16))
-    with pytest.raises(ValueError, match="needs an unsplit launch"):
-        skinny_gemm_normed(p, torch.randn(6, 4, device=device), config=GemmConfig(split_k=2))
 
 
 def test_skinny_gemm_bad_inputs(device):

@@ -81,17 +81,14 @@ _SPLIT_K = GemvConfig(block_n=8, block_k=32, split_k=2)
 
 @pytest.mark.parametrize("cfg,variant", [(_cfg(), "fused"), (_cfg(num_kv_heads=1, qk_norm=True, head_dim=32), "fused"),
                                          (_cfg(num_kv_heads=1, qk_norm=True, head_dim=32), "unfused"),
-                                         (_cfg(), "adaptive"), (_cfg(), "epilogue")],
-                         ids=["llama3", "qwen3", "qwen3-unfused-run5", "llama3-adaptive-splits",
-                              "llama3-split-norm"])
+                                         (_cfg(), "adaptive")],
+                         ids=["llama3", "qwen3", "qwen3-unfused-run5", "llama3-adaptive-splits"])
 def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant, monkeypatch):
     """fused: (q/k norm +) rotary + KV store in one kernel, the batch-1 step's matmuls through a split-K GEMV plan
     (as the start-up tuning would install) and the default GEMV, the norms and SiLU-mul as GEMV prologues, the
     batch-1 step's rotary + store inside decode attention, the 2-64-row matmuls through the few-rows GEMM where a
     plan names them (split with the in-kernel combine, plain) and gate_up with its SiLU-and-mul epilogue; unfused:
-    the run-5 sequence of kernels; epilogue: "fused" plus the add + RMSNorm split across the matmuls around it
-    (o / down produce it, gate_up / the next layer's qkv apply its row scale): all four at 2-16 rows; in the
-    19-token prompt step qkv has no plan, so the pending norm is materialised before cuBLAS."""
+    the run-5 sequence of kernels."""
     if device == "cpu":  # the interpreter has no PDL: let the batch-1 step take the rotary-in-attention path anyway
         monkeypatch.setattr(triton_ops_module, "pdl_enabled", lambda dev, rows: rows <= PDL_MAX_ROWS)
     dt = torch.float32
@@ -102,10 +99,6 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant, monkeypatch
     gemm = {(16, qkv): GemmConfig(16, 16, 32, split_k=2), (16, (h, i)): GemmConfig(32, 32, 32),
             (64, (2 * i, h)): GemmConfig(16, 32, 16), (64, (cfg.vocab_size, h)): GemmConfig(32, 16, 32, split_k=2)}
     silu = {(16, (2 * i, h)): GemmConfig(16, 16, 32)}  # gate_up + SiLU epilogue in the 2- and 10-row steps
-    norms = {(16, (h, cfg.q_size)): GemmConfig(16, 16, 32), (16, (2 * i, h)): GemmConfig(16, 16, 32),
-             (16, (h, i)): GemmConfig(32, 32, 32), (16, qkv): GemmConfig(16, 16, 32),
-             (64, (h, cfg.q_size)): GemmConfig(16, 32, 16), (64, (2 * i, h)): GemmConfig(16, 16, 32),
-             (64, (h, i)): GemmConfig(16, 16, 32)}
     prologues = {("norm", qkv): _SPLIT_K, ("norm", (2 * i, h)): GemvConfig(block_n=16, block_k=32),
                  ("silu", (h, i)): _SPLIT_K}
     # num_sms=1 keeps the interpreter's program count small: 4 splits per decode row (fused), 1 (run-5 launch)
@@ -114,10 +107,9 @@ def test_triton_ops_match_torch_ops_in_decoder(device, cfg, variant, monkeypatch
     triton_ops = TritonOps(TritonAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, num_sms=1,
                                            long_first=fused, split_target=6 if variant == "adaptive" else 0),
                            use_gemv=True, gemv_plan=plan if fused else None, fused_rope_kv=fused,
-                           prologue_plan=prologues if variant in ("fused", "epilogue") else None,
-                           gemm_plan=gemm if variant in ("fused", "epilogue") else None,
-                           silu_plan=silu if variant in ("fused", "epilogue") else None,
-                           norm_plan=norms if variant == "epilogue" else None)
+                           prologue_plan=prologues if variant == "fused" else None,
+                           gemm_plan=gemm if variant == "fused" else None,
+                           silu_plan=silu if variant == "fused" else None)
     for name, ops in (("torch", TorchOps(TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))),
                       ("triton", triton_ops)):
         models[name] = build_random_model(cfg, dt, device, ops=ops, seed=3)

@@ -1,7 +1,6 @@
 """The decode GEMM tuning (2-64 rows): which row class a step's matmul takes its plan from, and the choices kept on
 disk like the batch-1 ones (measured once, reused by a restart, measured again when an input changes). The timing
-needs CUDA graphs, so ``tune_gemm``, ``tune_gate_up_silu`` and ``tune_norm_chain`` are replaced by recorders
-returning fixed choices."""
+needs CUDA graphs, so ``tune_gemm`` and ``tune_gate_up_silu`` are replaced by recorders returning fixed choices."""
 from __future__ import annotations
 
 import types
@@ -51,35 +50,20 @@ def test_gemm_choices_are_kept_and_reused(tmp_path, monkeypatch):
         return [gemm_tuning.GemmChoice(s, rows, 10.0, 9.0, fused if rows == 16 else None, "silu")
                 for s in weights for rows, _ in gemm_tuning.ROW_CLASSES]
 
-    normed = GemmConfig(64, 32, 128)
-
-    def fake_chain(m, plain, silu):  # sees both: the chain's separate side is each matmul's own choice
-        assert m is model and len(plain) == 2 * len(calls[-1]) and len(silu) == 2
-        return [gemm_tuning.GemmChoice(s, rows, 40.0, 38.0, normed if rows == 16 else None, "norm")
-                for rows, _ in gemm_tuning.ROW_CLASSES for s in (down, gate_up)]
-
     monkeypatch.setattr(gemm_tuning, "tune_gemm", fake_tune)
     monkeypatch.setattr(gemm_tuning, "tune_gate_up_silu", fake_silu)
-    monkeypatch.setattr(gemm_tuning, "tune_norm_chain", fake_chain)
     plans = []
     for _ in range(2):  # a start, then a restart
         ops = types.SimpleNamespace()
         choices = gemm_tuning.apply_gemm_tuning(model, ops)
-        plans.append((ops.gemm_plan, ops.silu_plan, ops.norm_plan))
+        plans.append((ops.gemm_plan, ops.silu_plan))
     assert len(calls) == 1 and down in calls[0]  # measured once
-    # the kinds kept apart on disk
-    assert plans[0] == plans[1] == ({(64, down): win}, {(16, gate_up): fused}, {(16, down): normed,
-                                                                               (16, gate_up): normed})
-    assert len(choices) == 2 * len(calls[0]) + 2 + 4 and len(list(tmp_path.glob("gemm-*.json"))) == 1
-    monkeypatch.setattr(envs, "STRATA_GEMM_NORM", False)  # the switches: the record stays, the epilogues unused
+    assert plans[0] == plans[1] == ({(64, down): win}, {(16, gate_up): fused})  # the kinds kept apart on disk
+    assert len(choices) == 2 * len(calls[0]) + 2 and len(list(tmp_path.glob("gemm-*.json"))) == 1
+    monkeypatch.setattr(envs, "STRATA_GEMM_SILU", False)  # the switch: the record stays, the epilogue is not used
     ops = types.SimpleNamespace()
     gemm_tuning.apply_gemm_tuning(model, ops)
-    assert ops.silu_plan == {(16, gate_up): fused} and ops.norm_plan == {}
-    monkeypatch.setattr(envs, "STRATA_GEMM_NORM", True)
-    monkeypatch.setattr(envs, "STRATA_GEMM_SILU", False)  # (the chain was timed with the SiLU epilogue)
-    ops = types.SimpleNamespace()
-    gemm_tuning.apply_gemm_tuning(model, ops)
-    assert len(calls) == 1 and ops.gemm_plan == {(64, down): win} and ops.silu_plan == {} and ops.norm_plan == {}
+    assert len(calls) == 1 and ops.gemm_plan == {(64, down): win} and ops.silu_plan == {}
 
     monkeypatch.setattr(gemm_tuning, "CANDIDATES", gemm_tuning.CANDIDATES[:2])  # another input: measured again
     gemm_tuning.apply_gemm_tuning(model, types.SimpleNamespace())
