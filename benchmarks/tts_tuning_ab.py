@@ -35,7 +35,7 @@ def main() -> None:
     p.add_argument("--shapes", default="0.6B,1.7B")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--batches", default="1,8")
-    p.add_argument("--variants", default="tuned,untuned", help="two of tuned, untuned, run16, run17")
+    p.add_argument("--variants", default="tuned,untuned", help="two of tuned, untuned, run16, run17, pdl1")
     args = p.parse_args()
     first, second = args.variants.split(",")
     final = gemv_tuning.CANDIDATES
