@@ -85,8 +85,9 @@ STRATA_CPU_ATTENTION: bool = os.environ.get("STRATA_CPU_ATTENTION", "1") != "0"
 STRATA_KERNEL_CACHE: str = os.environ.get("STRATA_KERNEL_CACHE") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "strataserve", "kernels")
 
-#: "adaptive" (default): a CPU engine runs as many torch threads as the cores other processes leave free, re-checked
-#: while it steps (``runner/cpu_threads.py``); "fixed": torch's count (``torch.set_num_threads`` / OMP_NUM_THREADS).
+#: "adaptive" (default): a CPU engine drops a torch thread while its threads wait for a core (other processes keep the
+#: cores busy) and tries it again later (``runner/cpu_threads.py``); "fixed": torch's count (``torch.set_num_threads``
+#: / OMP_NUM_THREADS).
 STRATA_CPU_THREADS: str = os.environ.get("STRATA_CPU_THREADS", "adaptive")
 if STRATA_CPU_THREADS not in ("adaptive", "fixed"):
     raise ValueError(f"STRATA_CPU_THREADS={STRATA_CPU_THREADS!r}: use 'adaptive' or 'fixed'")
@@ -96,8 +97,8 @@ if STRATA_CPU_THREADS not in ("adaptive", "fixed"):
 # between ops are microseconds; waking a sleeping thread costs more), and loses badly when another process needs
 # the core (libgomp's default 300,000 spins collapsed the offline benchmark from ~1,950 to ~215 tok/s next to one
 # busy process). So: spin a bounded while (GOMP_SPINCOUNT=10000, ~0.4 ms here: covers the gaps inside a step and
-# most between steps, then the threads sleep, so an idle engine burns nothing), and let the thread governor drop to one thread,
-# which never waits on another, when other processes want the cores. OMP_WAIT_POLICY=ACTIVE (spin forever) would
+# most between steps, then the threads sleep, so an idle engine burns nothing), and let the thread governor drop a
+# thread while the threads wait for cores other processes keep busy. OMP_WAIT_POLICY=ACTIVE (spin forever) would
 # keep an idle server's cores busy; PASSIVE (never spin) costs ~25% on an idle machine.
 # A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT always wins.
 _SPIN_DEFAULT = "10000"

@@ -1,11 +1,16 @@
-"""The CPU thread governor: one thread while other processes want the cores, all of them again when they leave."""
+"""The CPU thread governor: a thread fewer while its threads wait for a core, probes to win it back."""
 from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
 
 import pytest
 import torch
 
 from strataserve import envs
-from strataserve.runner.cpu_threads import CpuThreadGovernor
+from strataserve.runner import cpu_threads
+from strataserve.runner.cpu_threads import CpuThreadGovernor, max_wait_fraction, read_thread_times
 
 
 @pytest.fixture
@@ -16,23 +21,97 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-def test_follows_the_free_cores_with_hysteresis(two_threads):
+def test_drops_a_thread_under_contention_and_probes_back_with_backoff(two_threads):
+    gov = CpuThreadGovernor(max_threads=2, probe_s=1.0, max_probe_s=4.0)
+    assert gov.observe(0.15, now=0.0) == 2  # a busy front end's short bursts: both threads stay
+    assert gov.observe(0.45, now=0.25) == 1 and torch.get_num_threads() == 1
+    assert gov.observe(0.0, now=0.5) == 1  # no try before probe_s has passed
+    assert gov.observe(0.0, now=1.25) == 2  # the try
+    assert gov.observe(0.5, now=1.5) == 1  # ... failed: the next one waits twice as long
+    assert gov.observe(0.0, now=3.0) == 1
+    assert gov.observe(0.0, now=3.5) == 2
+    assert gov.observe(0.4, now=3.75) == 1  # failed again: 4 s (the cap), not 8
+    assert gov.observe(0.0, now=7.5) == 1
+    assert gov.observe(0.0, now=7.75) == 2
+    assert gov.observe(0.1, now=8.0) == 2  # the try held
+    assert gov.observe(0.1, now=8.25) == 2
+    assert gov.observe(0.6, now=8.5) == 1  # new contention: the probe interval starts afresh at probe_s
+    assert gov.observe(0.0, now=9.5) == 2
+    assert gov.changes == 8 and torch.get_num_threads() == 2
+
+
+def test_never_below_one_thread_nor_above_the_starting_count(two_threads):
     gov = CpuThreadGovernor(max_threads=2)
-    assert gov.observe(3) == 2  # one busy sample is smoothed away
-    gov.others = 0.0
-    for _ in range(10):
-        gov.observe(2)  # two other runnable threads on two cores, for a while
-    assert gov.threads == 1 and torch.get_num_threads() == 1
-    gov.observe(0)
-    assert gov.threads == 1  # one quiet sample does not flip it back
-    for _ in range(20):
-        gov.observe(0)
+    for i in range(4):  # 0 .. 0.75 s: contended, and no try before 1 s
+        gov.observe(0.9, now=i * 0.25)
+    assert gov.threads == 1
+    gov.observe(0.0, now=100.0)
+    gov.observe(0.0, now=200.0)
     assert gov.threads == 2 and torch.get_num_threads() == 2
-    assert gov.changes == 2
-    for _ in range(10):
-        gov.observe(2)
-    gov.release()  # the engine went idle: torch gets its count back
-    assert torch.get_num_threads() == 2 and gov.threads == 2
+
+
+def test_release_hands_torch_its_count_back_and_resumes(two_threads, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cpu_threads, "read_thread_times", lambda pid="self": {})
+    gov = CpuThreadGovernor(max_threads=2, max_probe_s=16.0)
+    gov.observe(0.5, now=0.0)
+    assert gov.threads == 1
+    gov.release()  # idle: an in-process engine's caller gets its threads back
+    assert torch.get_num_threads() == 2
+    clock[0] = 0.5
+    gov.tick()  # busy again soon after: what was learnt still holds
+    assert gov.threads == 1 and torch.get_num_threads() == 1
+    gov.release()
+    clock[0] = 60.0
+    gov.tick()  # after a long pause it starts over at the full count
+    assert gov.threads == 2 and torch.get_num_threads() == 2
+
+
+def test_wait_fraction_counts_busy_threads_only():
+    before = {1: (0, 0), 2: (0, 0), 3: (0, 0)}
+    after = {1: (int(0.6e9), int(0.2e9)),   # busy, waited 20% of the second
+             2: (int(0.05e9), int(0.9e9)),  # an idle helper thread: its waits do not count
+             3: (int(0.5e9), int(0.35e9)),  # busy, waited 35%: the slowest thread decides
+             4: (int(1e9), int(1e9))}       # new in this window: no baseline
+    assert max_wait_fraction(before, after, 1.0) == pytest.approx(0.35)
+    assert max_wait_fraction(before, before, 1.0) == 0.0
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        pass
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux schedstat")
+def test_real_contention_drops_a_thread_and_quiet_wins_it_back(two_threads):
+    """Two processes spinning on a two-core machine: torch's two threads wait for a core most of the time."""
+    assert read_thread_times()[os.getpid()][0] > 0  # this thread's own run time
+    if (os.cpu_count() or 1) != 2:
+        pytest.skip("written for two cores: the spinners must outnumber the free ones")
+    gov = CpuThreadGovernor(max_threads=2, window_s=0.2, probe_s=0.5)
+    a, b = torch.randn(192, 192), torch.randn(192, 192)
+
+    def work(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(20):
+                a @ b
+            gov.tick()
+
+    stop = mp.get_context("spawn").Event()
+    spinners = [mp.get_context("spawn").Process(target=_spin, args=(stop,), daemon=True) for _ in range(2)]
+    for s in spinners:
+        s.start()
+    try:
+        work(1.5)
+        assert gov.threads == 1, f"largest wait {gov.last_wait:.2f} with two spinners"
+    finally:
+        stop.set()
+        for s in spinners:
+            s.join(5)
+    work(1.5)
+    assert gov.threads == 2, f"largest wait {gov.last_wait:.2f} on a quiet machine"
 
 
 def test_only_for_cpu_engines_and_can_be_fixed(two_threads, monkeypatch):
@@ -40,8 +119,9 @@ def test_only_for_cpu_engines_and_can_be_fixed(two_threads, monkeypatch):
     assert CpuThreadGovernor.for_device("cuda") is None
     gov = CpuThreadGovernor.for_device("cpu")
     assert gov is not None
-    gov.tick()  # samples this machine's /proc
-    assert 1 <= gov.threads <= 2 and gov.others >= 0
+    gov.tick()
+    gov.tick()
+    assert gov.threads == 2
     gov.release()
     monkeypatch.setattr(envs, "STRATA_CPU_THREADS", "fixed")
     assert CpuThreadGovernor.for_device("cpu") is None
