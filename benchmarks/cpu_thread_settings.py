@@ -7,6 +7,9 @@ client, another job). Prints one line per run: ``round=1 setting=default busy=0 
 
     python benchmarks/cpu_thread_settings.py --rounds 3 --num-requests 128
     python benchmarks/cpu_thread_settings.py --rounds 3 --busy 1 --settings default,passive,active
+    python benchmarks/cpu_thread_settings.py --rounds 3 --busy 1 --settings default,before,threads1 --before OLD_TREE
+
+``before`` is the default setting run from another source tree (``--before``, put first on PYTHONPATH).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ SETTINGS: dict[str, dict[str, str]] = {
     "gomp_default": {"GOMP_SPINCOUNT": "300000", "STRATA_CPU_THREADS": "fixed"},  # libgomp's own default
     "active": {"OMP_WAIT_POLICY": "ACTIVE", "STRATA_CPU_THREADS": "fixed"},  # spin (almost) forever
     "threads1": {"STRATA_CPU_THREADS": "fixed", "STRATA_BENCH_THREADS": "1"},
+    "before": {},  # the defaults of the tree given by --before
 }
 
 
@@ -43,11 +47,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--busy", type=int, default=0, help="background processes spinning during the runs")
     p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--before", default=None, help="source tree for the 'before' setting")
     args, extra = p.parse_known_args(argv)
     names = args.settings.split(",")
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
         raise SystemExit(f"unknown settings {unknown}; choose from {sorted(SETTINGS)}")
+    if "before" in names and not args.before:
+        raise SystemExit("the 'before' setting needs --before TREE")
     tmp = tempfile.TemporaryDirectory()
     from _tiny_checkpoint import write_random_llama
 
@@ -64,6 +71,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 env = {key: v for key, v in os.environ.items()
                        if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STRATA_CPU_THREADS")}
                 env.update(SETTINGS[name])
+                if name == "before":
+                    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(args.before), env.get("PYTHONPATH", "")])
                 threads = env.pop("STRATA_BENCH_THREADS", "0")
                 cmd = [sys.executable, str(HERE / "offline_throughput.py"), "--model", model, "--num-requests",
                        str(args.num_requests), "--threads", threads, *extra]

@@ -9,6 +9,9 @@ tree put first on PYTHONPATH and extra ``strata serve`` flags (``NAME=VALUE`` it
     variant=... round=... offline_tok_s=... http_tok_s=... ratio=... api_us=... engine_us=... client_us=...
 
     python benchmarks/http_path_ab.py --variant main=. --variant si4=.:"--stream-interval 4" --rounds 3
+
+``--busy-first S`` spins one core from this process for the first S seconds of each served run (another job that
+comes and goes while the server is under load: does the engine get its threads back once it has left?).
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -54,6 +59,12 @@ def offline(tree: str, model: str, args: argparse.Namespace) -> float:
     return float(dict(kv.split("=", 1) for kv in line.split())["tok_per_s"])
 
 
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
 def served(tree: str, extra: list[str], model: str, args: argparse.Namespace, tmp: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
     env.update(kv.split("=", 1) for kv in extra if "=" in kv and kv[:1].isupper())  # NAME=VALUE: the server's env
@@ -66,6 +77,8 @@ def served(tree: str, extra: list[str], model: str, args: argparse.Namespace, tm
         c0 = {p: cpu_s(p) for p in procs}
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = tmp / "bench.json"
+        if args.busy_first > 0:
+            threading.Thread(target=_spin, args=(args.busy_first,), daemon=True).start()
         subprocess.run([sys.executable, "-m", "strataserve", "bench", "serve", "--base-url", srv.url, "--tokenizer",
                         model, "--dataset-name", "random", "--random-input-len", "144", "--random-output-len", "144",
                         "--random-range-ratio", f"{112 / 144:.4f}", "--num-prompts", str(args.num_requests),
@@ -91,6 +104,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--skip-offline", action="store_true")
+    p.add_argument("--busy-first", type=float, default=0.0, help="spin one core for the first S seconds of each "
+                   "served run")
     args = p.parse_args()
     variants = []
     for v in args.variant:
