@@ -95,7 +95,8 @@ def served(tree: str, extra: list[str], model: str, args: argparse.Namespace, tm
             "api_us": round(1e6 * (c1[api] - c0[api]) / tok, 1),
             "engine_us": round(1e6 * sum(c1[p] - c0[p] for p in procs[1:]) / tok, 1),
             "engine_cores": round(sum(c1[p] - c0[p] for p in procs[1:]) / res["duration"], 2),
-            "client_us": round(1e6 * client / tok, 1)}
+            "client_us": round(1e6 * client / tok, 1), "ttft_p50_ms": round(res["median_ttft_ms"], 1),
+            "itl_p50_ms": round(res["median_itl_ms"], 1)}
 
 
 def main() -> None:

@@ -22,10 +22,13 @@ stays as torch set it.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 import torch
+
+log = logging.getLogger(__name__)
 
 # Largest run-queue wait fraction (of the window's wall time) one busy thread may show before a thread is dropped.
 _WAIT_HIGH = 0.3
@@ -84,6 +87,11 @@ class CpuThreadGovernor:
         self._times0: ThreadTimes = {}
         self._idle_since: float | None = None  # set by release(): torch has its own count back meanwhile
 
+    @property
+    def probing(self) -> bool:
+        """The current window tries one thread more than the count last settled on."""
+        return self._probing
+
     @classmethod
     def for_device(cls, device: torch.device | str | None) -> "CpuThreadGovernor | None":
         """A governor for a CPU engine on Linux (with schedstat) and more than one thread allowed (None otherwise)."""
@@ -130,6 +138,8 @@ class CpuThreadGovernor:
     def _apply(self, want: int) -> None:
         want = max(1, min(self.max_threads, want))
         if want != self.threads:
+            log.debug("CPU engine threads %d -> %d (largest run-queue wait %.0f%%)", self.threads, want,
+                      100 * self.last_wait)
             torch.set_num_threads(want)
             self.threads = want
             self.changes += 1

@@ -89,12 +89,12 @@ def test_real_contention_drops_a_thread_and_quiet_wins_it_back(two_threads):
     assert read_thread_times()[os.getpid()][0] > 0  # this thread's own run time
     if (os.cpu_count() or 1) != 2:
         pytest.skip("written for two cores: the spinners must outnumber the free ones")
-    gov = CpuThreadGovernor(max_threads=2, window_s=0.2, probe_s=0.5)
+    gov = CpuThreadGovernor(max_threads=2, window_s=0.2, probe_s=0.5, max_probe_s=1.0)
     a, b = torch.randn(192, 192), torch.randn(192, 192)
 
-    def work(seconds: float) -> None:
+    def work(seconds: float, until_settled_at: int | None = None) -> None:
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while time.monotonic() < end and not (gov.threads == until_settled_at and not gov.probing):
             for _ in range(20):
                 a @ b
             gov.tick()
@@ -105,13 +105,15 @@ def test_real_contention_drops_a_thread_and_quiet_wins_it_back(two_threads):
         s.start()
     try:
         work(1.5)
-        assert gov.threads == 1, f"largest wait {gov.last_wait:.2f} with two spinners"
+        # one thread, or a try of the second that the next window will take back
+        assert gov.changes >= 1 and (gov.threads == 1 or gov.probing), \
+            f"largest wait {gov.last_wait:.2f} with two spinners"
     finally:
         stop.set()
         for s in spinners:
             s.join(5)
-    work(1.5)
-    assert gov.threads == 2, f"largest wait {gov.last_wait:.2f} on a quiet machine"
+    work(6.0, until_settled_at=2)  # a try comes within a second; on a quiet machine it holds
+    assert gov.threads == 2 and not gov.probing, f"largest wait {gov.last_wait:.2f} on a quiet machine"
 
 
 def test_only_for_cpu_engines_and_can_be_fixed(two_threads, monkeypatch):
