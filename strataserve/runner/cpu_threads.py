@@ -14,8 +14,8 @@ fraction among the process's busy threads (the slowest thread is the one every b
   wait stays under the bar; a failed try doubles the time to the next one (up to ``_MAX_PROBE_S``), so a machine
   that stays busy is probed rarely.
 Measured on 2 cores (docs/performance.md, "CPU threads"): behind ``strata serve`` at concurrency 64 the engine's
-two threads wait 11-19% of the time (two threads: +40% tokens/s over one); next to one process spinning on a
-core they wait 38-41% (one thread: +52% over two). The bar sits between.
+two threads wait 11-19% of the time (two threads: ~40% more tokens/s than one); next to one process spinning on
+a core they wait 34-41% (one thread: 42-52% more than two). The bar sits between.
 
 Linux with schedstat (``/proc/self/schedstat``) only; elsewhere, or with ``STRATA_CPU_THREADS=fixed``, the count
 stays as torch set it.
