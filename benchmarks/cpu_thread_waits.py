@@ -29,16 +29,14 @@ from _server import Server  # noqa: E402
 from _tiny_checkpoint import write_random_llama  # noqa: E402
 from http_path_ab import children  # noqa: E402
 
-from strataserve.runner.cpu_threads import _BUSY_MIN, read_thread_times  # noqa: E402
+from strataserve.runner.cpu_threads import busy_fractions, read_thread_times  # noqa: E402
 
 
 def waits(pid: int, window_s: float) -> tuple[list[float], list[float]]:
-    """Run and wait fractions of ``pid``'s busy threads over ``window_s``."""
+    """Run and wait fractions of ``pid``'s busy threads over ``window_s`` (as the governor counts them)."""
     t0, a = time.monotonic(), read_thread_times(pid)
     time.sleep(window_s)
-    wall, b = time.monotonic() - t0, read_thread_times(pid)
-    rows = [((b[t][0] - a[t][0]) / 1e9 / wall, (b[t][1] - a[t][1]) / 1e9 / wall) for t in b if t in a]
-    rows = sorted((r for r in rows if r[0] >= _BUSY_MIN), reverse=True)
+    rows = sorted(busy_fractions(a, read_thread_times(pid), time.monotonic() - t0), reverse=True)
     return [round(r, 2) for r, _ in rows], [round(w, 2) for _, w in rows]
 
 

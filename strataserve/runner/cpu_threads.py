@@ -55,17 +55,23 @@ def read_thread_times(pid: int | str = "self") -> ThreadTimes:
     return out
 
 
-def max_wait_fraction(before: ThreadTimes, after: ThreadTimes, wall_s: float) -> float:
-    """Largest run-queue wait fraction over ``wall_s`` among threads busy for at least ``_BUSY_MIN`` of it."""
-    worst = 0.0
+def busy_fractions(before: ThreadTimes, after: ThreadTimes, wall_s: float) -> list[tuple[float, float]]:
+    """(run, run-queue wait) fractions of ``wall_s`` for the threads that ran at least ``_BUSY_MIN`` of it and
+    existed at both readings."""
     wall_ns = wall_s * 1e9
+    if wall_ns <= 0:
+        return []
+    out = []
     for tid, (run1, wait1) in after.items():
         prev = before.get(tid)
-        if prev is None or wall_ns <= 0:
-            continue
-        if (run1 - prev[0]) >= _BUSY_MIN * wall_ns:
-            worst = max(worst, (wait1 - prev[1]) / wall_ns)
-    return worst
+        if prev is not None and run1 - prev[0] >= _BUSY_MIN * wall_ns:
+            out.append(((run1 - prev[0]) / wall_ns, (wait1 - prev[1]) / wall_ns))
+    return out
+
+
+def max_wait_fraction(before: ThreadTimes, after: ThreadTimes, wall_s: float) -> float:
+    """Largest run-queue wait fraction among the busy threads (the one every barrier waits for)."""
+    return max((wait for _, wait in busy_fractions(before, after, wall_s)), default=0.0)
 
 
 class CpuThreadGovernor:
@@ -150,6 +156,8 @@ class CpuThreadGovernor:
         probe interval; the next busy stretch starts a fresh window either way."""
         if self._idle_since is None:
             self._idle_since = time.monotonic()
+            if self._probing:  # an untried extra thread is not kept: resume at the count last settled on
+                self.threads -= 1
             if self.threads != self.max_threads:
                 torch.set_num_threads(self.max_threads)
         self._probing = False

@@ -10,7 +10,8 @@ import torch
 
 from strataserve import envs
 from strataserve.runner import cpu_threads
-from strataserve.runner.cpu_threads import CpuThreadGovernor, max_wait_fraction, read_thread_times
+from strataserve.runner.cpu_threads import (CpuThreadGovernor, busy_fractions, max_wait_fraction,
+                                             read_thread_times)
 
 
 @pytest.fixture
@@ -66,6 +67,13 @@ def test_release_hands_torch_its_count_back_and_resumes(two_threads, monkeypatch
     clock[0] = 60.0
     gov.tick()  # after a long pause it starts over at the full count
     assert gov.threads == 2 and torch.get_num_threads() == 2
+    gov.observe(0.5, now=60.5)
+    gov.observe(0.0, now=62.0)
+    assert gov.threads == 2 and gov.probing
+    gov.release()  # idle in the middle of a try: the try is not taken as passed
+    clock[0] = 62.5
+    gov.tick()
+    assert gov.threads == 1 and not gov.probing and torch.get_num_threads() == 1
 
 
 def test_wait_fraction_counts_busy_threads_only():
@@ -75,6 +83,7 @@ def test_wait_fraction_counts_busy_threads_only():
              3: (int(0.5e9), int(0.35e9)),  # busy, waited 35%: the slowest thread decides
              4: (int(1e9), int(1e9))}       # new in this window: no baseline
     assert max_wait_fraction(before, after, 1.0) == pytest.approx(0.35)
+    assert sorted(busy_fractions(before, after, 1.0)) == [pytest.approx((0.5, 0.35)), pytest.approx((0.6, 0.2))]
     assert max_wait_fraction(before, before, 1.0) == 0.0
 
 
