@@ -1,4 +1,4 @@
-"""OpenMP / torch thread settings on CPU: the offline benchmark under each setting, rotating order per round.
+"""CPU path settings (OpenMP / torch threads, the C layer ops): the offline benchmark under each, rotating order.
 
 Each setting runs ``offline_throughput.py`` in a fresh interpreter (libgomp reads its variables once, at load) with
 ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` cleared first and then the setting's own variables applied. ``--busy N``
@@ -32,6 +32,7 @@ SETTINGS: dict[str, dict[str, str]] = {
     "gomp_default": {"GOMP_SPINCOUNT": "300000", "STRATA_CPU_THREADS": "fixed"},  # libgomp's own default
     "active": {"OMP_WAIT_POLICY": "ACTIVE", "STRATA_CPU_THREADS": "fixed"},  # spin (almost) forever
     "threads1": {"STRATA_CPU_THREADS": "fixed", "STRATA_BENCH_THREADS": "1"},
+    "torch_ops": {"STRATA_CPU_LAYER_OPS": "0"},  # the layer's elementwise ops as PyTorch ops, not runner/cpu_ops.py's C
     "before": {},  # the defaults of the tree given by --before
 }
 
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             k = (r - 1) % len(names)
             for name in names[k:] + names[:k]:  # rotate who goes first
                 env = {key: v for key, v in os.environ.items()
-                       if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STRATA_CPU_THREADS")}
+                       if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "STRATA_CPU_THREADS", "STRATA_CPU_LAYER_OPS")}
                 env.update(SETTINGS[name])
                 if name == "before":
                     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(args.before), env.get("PYTHONPATH", "")])

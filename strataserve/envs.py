@@ -80,6 +80,9 @@ STRATA_STEP_LOG: str | None = os.environ.get("STRATA_STEP_LOG") or None
 #: "0": CPU attention gathers K/V through the block tables and runs SDPA (the path before the C kernel of
 #: ``runner/cpu_paged_attention.c``, which reads the blocks in place; the benchmarks' "before" and an escape hatch).
 STRATA_CPU_ATTENTION: bool = os.environ.get("STRATA_CPU_ATTENTION", "1") != "0"
+#: "0": the CPU engine's residual add, RMSNorm, rotary, K/V store and SiLU-and-mul run as PyTorch ops, not as the
+#: single C calls of ``runner/cpu_layer_ops.c`` (the benchmarks' "before" and an escape hatch).
+STRATA_CPU_LAYER_OPS: bool = os.environ.get("STRATA_CPU_LAYER_OPS", "1") != "0"
 #: where compiled CPU kernels (one file per source, compiler and CPU) and the GPU's batch-1 GEMV tuning choices
 #: (``runner/tuning_cache.py``, one file per GPU, versions and shapes) are kept; delete it to measure afresh.
 STRATA_KERNEL_CACHE: str = os.environ.get("STRATA_KERNEL_CACHE") or os.path.join(

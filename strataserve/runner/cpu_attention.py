@@ -87,10 +87,19 @@ class CpuPagedAttention:
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         if meta is None:
             return self._sdpa.forward(layer_idx, q, k, v, None)
+        k_cache, v_cache = self.kv_caches[layer_idx]
+        k_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k.view(t, hkv, d))
+        v_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v.view(t, hkv, d))
+        return self.forward_stored(layer_idx, q, k, v, meta)
+
+    def forward_stored(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       meta: AttentionMetadata) -> torch.Tensor:
+        """``forward`` once k and v are already in the cache rows of ``meta.slot_mapping`` (``CpuOps.attend``
+        stores them together with the rotary)."""
+        t = q.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q3, k3, v3 = q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
         k_cache, v_cache = self.kv_caches[layer_idx]
-        k_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k3)
-        v_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v3)
         plan = self._step_plan(meta)
         out = q.new_empty(t, hq, d)
         for args in (plan.decode, plan.prefill):

@@ -1,6 +1,7 @@
-"""Build, load and call the CPU paged-attention kernel (``cpu_paged_attention.c``, the math is in its header).
+"""Build, load and call the CPU C kernels: paged attention (``cpu_paged_attention.c``) and a decoder layer's
+elementwise groups (``cpu_layer_ops.c``); the math is in each file's header.
 
-The C file is compiled once per machine with the system C compiler (``$CC``, else ``cc``) into
+Each C file is compiled once per machine with the system C compiler (``$CC``, else ``cc``) into
 ``STRATA_KERNEL_CACHE`` (default ``~/.cache/strataserve/kernels``), named by a hash of the source, the flags, the
 compiler and the CPU, and loaded with ctypes (whose calls release the GIL). Plain C with no torch headers: it
 compiles in about two seconds. Without a compiler ``load()`` returns None and says why; the caller falls back to
@@ -24,10 +25,13 @@ from strataserve import envs
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("cpu_paged_attention.c")
+_HERE = Path(__file__).parent
 # -march=native: the library is built on the machine that runs it (the cache key holds the CPU's flags).
-# No -ffast-math: linking it would switch the whole process to flush-to-zero.
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC"]
+# No -ffast-math: linking it would switch the whole process to flush-to-zero. -fno-trapping-math changes no result
+# (nothing here unmasks FP traps), but without it gcc will not vectorise floorf, so exp stays scalar.
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-std=gnu11", "-shared", "-fPIC"]
+# The layer ops round as PyTorch does: no multiply-adds fused behind the source's back.
+_EXTRA_FLAGS = {"cpu_layer_ops": ["-ffp-contract=off"]}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _i32p = ctypes.POINTER(ctypes.c_int32)
 
@@ -42,38 +46,61 @@ def _cpu_flags() -> str:
     return ""
 
 
-def _build(cc: str, target: Path) -> None:
+def _build(cc: str, source: Path, flags: list[str], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # same filesystem: the rename is atomic
         out = Path(tmp) / target.name
-        proc = subprocess.run([cc, *_FLAGS, "-o", str(out), str(_SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run([cc, *flags, "-o", str(out), str(source)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-2000:]}")
         os.replace(out, target)
 
 
-@functools.cache
-def load() -> ctypes.CDLL | None:
-    """The compiled kernel library (built on first use), or None when it cannot be built here."""
+def _library(name: str) -> ctypes.CDLL | None:
+    """``name``.c compiled here (on first use) and loaded, or None when it cannot be built."""
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
-        log.warning("no C compiler (%s) found: CPU attention falls back to PyTorch gather + SDPA (slower)", cc)
+        log.warning("no C compiler (%s) found: the CPU runs PyTorch ops instead of %s.c (slower)", cc, name)
         return None
+    source, flags = _HERE / f"{name}.c", [*_FLAGS, *_EXTRA_FLAGS.get(name, [])]
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-        key = hashlib.sha256("\0".join([_SOURCE.read_text(), *_FLAGS, version, _cpu_flags()]).encode())
-        target = Path(envs.STRATA_KERNEL_CACHE) / f"cpu_paged_attention-{key.hexdigest()[:16]}.so"
+        headers = [h.read_text() for h in sorted(_HERE.glob("cpu_*.h"))]  # what the sources include
+        key = hashlib.sha256("\0".join([source.read_text(), *headers, *flags, version, _cpu_flags()]).encode())
+        target = Path(envs.STRATA_KERNEL_CACHE) / f"{name}-{key.hexdigest()[:16]}.so"
         if not target.exists():
-            _build(cc, target)
-        lib = ctypes.CDLL(str(target))
+            _build(cc, source, flags, target)
+        return ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("CPU attention kernel unavailable (%s): falling back to PyTorch gather + SDPA", exc)
+        log.warning("CPU kernel %s unavailable (%s): falling back to PyTorch ops", name, exc)
+        return None
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The compiled paged-attention library (built on first use), or None when it cannot be built here."""
+    lib = _library("cpu_paged_attention")
+    if lib is None:
         return None
     fn = lib.strata_paged_attention
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, _i32p,
                    ctypes.c_int64, _i32p, _i32p, _i32p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                    ctypes.c_int32, ctypes.c_float, ctypes.c_int32, ctypes.c_int32]
+    return lib
+
+
+@functools.cache
+def load_layer_ops() -> ctypes.CDLL | None:
+    """The compiled layer-ops library (``cpu_layer_ops.c``), or None when it cannot be built here."""
+    lib = _library("cpu_layer_ops")
+    if lib is None:
+        return None
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+    for fn, args in ((lib.strata_add_rms_norm, [p, i64, p, p, p, i64, i64, f32]),
+                     (lib.strata_rotary_store, [p, i64, i64, i32, i32, i32, p, p, p, p, f32, p, p, p]),
+                     (lib.strata_silu_mul, [p, i64, p, i64, i64])):
+        fn.restype, fn.argtypes = None, args
     return lib
 
 

@@ -10,8 +10,10 @@ import torch
 
 from strataserve import envs
 from strataserve.models.hf_config import DecoderConfig
+from strataserve.runner import cpu_kernel as cpu_kernels
 from strataserve.runner.attention import TorchAttention
 from strataserve.runner.cpu_attention import eager_attention
+from strataserve.runner.cpu_ops import CpuOps
 from strataserve.runner.ops import OpSet, TorchOps
 
 
@@ -26,15 +28,17 @@ class ExecutionPlan:
 
 def select_ops(mode: str, cfg: DecoderConfig, device: torch.device, max_num_seqs: int = 256, *,
                cpu_kernel: bool = False) -> ExecutionPlan:
-    """eager = PyTorch ops (with ``cpu_kernel``: on CPU the in-place paged-attention kernel when it builds, see
-    ``runner/cpu_attention.py``); triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
+    """eager = PyTorch ops (with ``cpu_kernel``: on CPU the in-place paged-attention kernel and the C layer ops
+    when they build, see ``runner/cpu_attention.py`` and ``runner/cpu_ops.py``); triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
     graphs. ``auto`` = hybrid on CUDA, eager on CPU."""
     if mode == "auto":
         mode = "hybrid" if device.type == "cuda" else "eager"
     if mode == "eager":
         attention = (eager_attention(cfg, device, max_num_seqs) if cpu_kernel
                      else TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
-        return ExecutionPlan(mode, TorchOps(attention), False)
+        layer_ops = (cpu_kernels.load_layer_ops() if cpu_kernel and device.type == "cpu"
+                     and envs.STRATA_CPU_LAYER_OPS else None)
+        return ExecutionPlan(mode, TorchOps(attention) if layer_ops is None else CpuOps(attention, layer_ops), False)
     if device.type != "cuda":
         raise ValueError(f"runner mode {mode!r} needs a CUDA device with triton; on {device.type} use mode='eager' "
                          "(or 'auto')")
