@@ -1,9 +1,10 @@
 """``CpuPagedAttention``: the eager runner's attention backend on CPU, reading K/V blocks in place.
 
-Decode rows and prefill chunks that follow cached tokens (or whose sliding window cuts into them) run the C
-kernel of ``cpu_paged_attention.c`` straight over the block tables: no per-step gather of every context into a
-contiguous copy, which cost about as much as the attention itself (docs/performance.md). A prefill chunk with no
-earlier context attends over its own fresh K/V with SDPA (a causal flash kernel that tiles queries).
+Decode rows and prefill chunks run the C kernel of ``cpu_paged_attention.c`` straight over the block tables: no
+per-step gather of every context into a contiguous copy, which cost about as much as the attention itself
+(docs/performance.md). Fresh prompts too: their K/V are in the cache by then, and the kernel took 0.23-0.97 of
+SDPA's time on every shape measured (``benchmarks/cpu_prefill_attention.py``: 32-2,048 tokens, head dims 32-128).
+SDPA remains for a sequence without a cache.
 
 It reads only the generic fields of ``AttentionMetadata`` (block tables, context lengths, query offsets), so the
 runner skips building the torch backend's padded groups and masks.
@@ -22,30 +23,21 @@ from strataserve.runner.attention import AttentionMetadata, TorchAttention
 class _StepPlan:
     """Kernel arguments derived from one step's metadata, shared by every layer of the step."""
 
-    __slots__ = ("meta", "decode", "prefill", "fresh")
+    __slots__ = ("meta", "decode", "prefill")
 
-    def __init__(self, meta: AttentionMetadata, ones: torch.Tensor, arange: torch.Tensor,
-                 window: int | None) -> None:
+    def __init__(self, meta: AttentionMetadata, ones: torch.Tensor, arange: torch.Tensor) -> None:
         self.meta = meta
         b = meta.num_decode_tokens
         #: (block_tables, q_start, q_len, kv_lens) of the decode rows: one query each at its last position
         self.decode = (meta.decode_block_tables, arange[:b], ones[:b], meta.decode_context_lens) if b else None
-        self.fresh: list[tuple[int, int]] = []  # [start, end) of chunks with no earlier context: SDPA
-        kernel_rows: list[int] = []
-        for i, seg in enumerate(meta.prefills):
-            total = seg.context_len + seg.query_len
-            if seg.context_len == 0 and (window is None or total <= window):
-                self.fresh.append((seg.start, seg.start + seg.query_len))
-            else:
-                kernel_rows.append(i)
+        #: the same for every prefill chunk, fresh or after cached tokens: its queries are its last positions
         self.prefill = None
-        if kernel_rows:
-            idx = np.asarray(kernel_rows)
+        n = len(meta.prefills)
+        if n:
             start = meta.prefill_query_start_loc.numpy()
-            q_start, q_len = start[idx], start[idx + 1] - start[idx]
-            kv = meta.prefill_context_lens.numpy()[idx] + q_len
-            tables = meta.prefill_block_tables[torch.from_numpy(idx)].contiguous()
-            self.prefill = (tables, torch.from_numpy(q_start.astype(np.int32)),
+            q_start, q_len = start[:n], start[1:n + 1] - start[:n]
+            kv = meta.prefill_context_lens.numpy()[:n] + q_len
+            self.prefill = (meta.prefill_block_tables[:n].contiguous(), torch.from_numpy(q_start.astype(np.int32)),
                             torch.from_numpy(q_len.astype(np.int32)), torch.from_numpy(kv.astype(np.int32)))
 
 
@@ -78,7 +70,7 @@ class CpuPagedAttention:
             if meta.num_decode_tokens > self._ones.shape[0]:
                 n = 2 * meta.num_decode_tokens
                 self._ones, self._arange = torch.ones(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32)
-            self._plan = _StepPlan(meta, self._ones, self._arange, self.window)
+            self._plan = _StepPlan(meta, self._ones, self._arange)
         return self._plan
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -97,16 +89,14 @@ class CpuPagedAttention:
         """``forward`` once k and v are already in the cache rows of ``meta.slot_mapping`` (``CpuOps.attend``
         stores them together with the rotary)."""
         t = q.shape[0]
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        q3, k3, v3 = q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
+        hq, d = self.num_heads, self.head_dim
+        q3 = q.view(t, hq, d)
         k_cache, v_cache = self.kv_caches[layer_idx]
         plan = self._step_plan(meta)
         out = q.new_empty(t, hq, d)
         for args in (plan.decode, plan.prefill):
             if args is not None:
                 cpu_kernel.paged_attention(q3, out, k_cache, v_cache, *args, scale=self.scale, window=self.window)
-        for s, e in plan.fresh:
-            out[s:e] = self._sdpa.causal(q3[s:e], k3[s:e], v3[s:e])
         return out.view(t, hq * d)
 
 
