@@ -7,7 +7,7 @@ import torch
 
 from strataserve.types.sampling import SamplingParams as SP
 from strataserve.runner.penalties import apply_penalties
-from strataserve.runner.sampler import Sampler, SamplingRequest
+from strataserve.runner.sampler import Sampler, SamplingRequest, row_argmax
 
 V = 64
 
@@ -367,3 +367,14 @@ def test_logit_bias_bad_values_name_the_fault(bias, needle) -> None:
         SP(logit_bias=bias)
     assert needle in str(err.value)
     assert SP(logit_bias={"12": -1.5, 3: 2}).logit_bias == {12: -1.5, 3: 2.0} and SP(logit_bias={}).logit_bias is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_argmax_is_torch_argmax_with_ties_infinities_and_nan(dtype) -> None:
+    """The CPU route (``max(...).indices``) keeps argmax's rule: the first index of the largest value, NaN largest."""
+    x = torch.randint(0, 4, (64, 512), generator=torch.Generator().manual_seed(1)).to(dtype)  # ties in every row
+    x[3, 200], x[3, 100] = float("nan"), float("nan")
+    x[5, 7], x[6] = float("inf"), float("-inf")
+    got = row_argmax(x)
+    assert torch.equal(got, x.argmax(dim=-1))
+    assert got[3] == 100 and got[5] == 7 and got[6] == 0
