@@ -76,7 +76,7 @@ class CpuPagedAttention:
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata | None) -> torch.Tensor:
         t = q.shape[0]
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        hkv, d = self.num_kv_heads, self.head_dim
         if meta is None:
             return self._sdpa.forward(layer_idx, q, k, v, None)
         k_cache, v_cache = self.kv_caches[layer_idx]

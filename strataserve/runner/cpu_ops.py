@@ -19,7 +19,6 @@ import ctypes
 
 import torch
 
-from strataserve.runner import cpu_kernel
 from strataserve.runner.attention import AttentionMetadata
 from strataserve.runner.cpu_attention import CpuPagedAttention
 from strataserve.runner.ops import AttentionBackend, TorchOps
@@ -77,6 +76,7 @@ class CpuOps(TorchOps):
                   and k.data_ptr() == q.data_ptr() + 4 * q.shape[1] and v.data_ptr() == k.data_ptr() + 4 * k.shape[1]
                   and positions.dtype == torch.int64 and positions.is_contiguous()
                   and cos_sin_cache.dtype == _F32 and cos_sin_cache.is_contiguous()
+                  and cos_sin_cache.shape[1] == head_dim
                   and all(w is None or (w.dtype == _F32 and w.is_contiguous()) for w in (q_norm, k_norm))
                   and (q_norm is None) == (k_norm is None))
         if not packed:
