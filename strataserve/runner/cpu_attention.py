@@ -82,10 +82,9 @@ class CpuPagedAttention:
         k_cache, v_cache = self.kv_caches[layer_idx]
         k_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k.view(t, hkv, d))
         v_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v.view(t, hkv, d))
-        return self.forward_stored(layer_idx, q, k, v, meta)
+        return self.forward_stored(layer_idx, q, meta)
 
-    def forward_stored(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       meta: AttentionMetadata) -> torch.Tensor:
+    def forward_stored(self, layer_idx: int, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """``forward`` once k and v are already in the cache rows of ``meta.slot_mapping`` (``CpuOps.attend``
         stores them together with the rotary)."""
         t = q.shape[0]

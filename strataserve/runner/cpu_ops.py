@@ -82,18 +82,15 @@ class CpuOps(TorchOps):
         if not packed:
             return super().attend(layer_idx, positions, q, k, v, head_dim, cos_sin_cache, q_norm, k_norm, eps, meta)
         att = self.attention
-        store = isinstance(att, CpuPagedAttention) and meta is not None
-        caches = att.kv_caches[layer_idx] if store else None
-        if store:
-            slots = meta.slot_mapping
-            if slots.dtype != torch.int64 or not slots.is_contiguous() or caches[0].dtype != _F32:
-                store = False
-        hq, hkv = q.shape[1] // head_dim, k.shape[1] // head_dim
+        caches = att.kv_caches[layer_idx] if isinstance(att, CpuPagedAttention) and meta is not None else None
+        slots = meta.slot_mapping if caches is not None else None
+        store = (caches is not None and caches[0].dtype == _F32 and slots.dtype == torch.int64
+                 and slots.is_contiguous())
         self._lib.strata_rotary_store(
-            q.data_ptr(), q.stride(0), t, hq, hkv, head_dim, positions.data_ptr(), cos_sin_cache.data_ptr(),
-            None if q_norm is None else q_norm.data_ptr(), None if k_norm is None else k_norm.data_ptr(), eps,
-            caches[0].data_ptr() if store else None, caches[1].data_ptr() if store else None,
-            meta.slot_mapping.data_ptr() if store else None)
+            q.data_ptr(), q.stride(0), t, q.shape[1] // head_dim, k.shape[1] // head_dim, head_dim,
+            positions.data_ptr(), cos_sin_cache.data_ptr(), None if q_norm is None else q_norm.data_ptr(),
+            None if k_norm is None else k_norm.data_ptr(), eps, caches[0].data_ptr() if store else None,
+            caches[1].data_ptr() if store else None, slots.data_ptr() if store else None)
         if store:
-            return att.forward_stored(layer_idx, q, k, v, meta)
+            return att.forward_stored(layer_idx, q, meta)
         return att.forward(layer_idx, q, k, v, meta)
