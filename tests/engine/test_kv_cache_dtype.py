@@ -2,6 +2,8 @@
 next-token agreement with the float cache, capacity, and the errors for what cannot run."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -32,14 +34,16 @@ def _argmaxes(llm: LLM, seqs: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def reference() -> tuple[list[list[int]], list[list[int]]]:
+def reference() -> Iterator[tuple[list[list[int]], list[list[int]]]]:
     """8 sequences of prompt + 128 greedy tokens from the float32 cache, and its teacher-forced argmaxes."""
+    before = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine's cores are shared: one thread keeps the tiny model's steps steady
     llm = _llm()
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
                         use_tqdm=False)
     seqs = [o.prompt_token_ids + o.outputs[0].token_ids for o in outs]
-    return seqs, _argmaxes(llm, seqs)
+    yield seqs, _argmaxes(llm, seqs)
+    torch.set_num_threads(before)  # the later test modules get the machine's count back
 
 
 @pytest.mark.parametrize("kv", ["fp8", "int8"])
