@@ -3,7 +3,8 @@
  * Why: at 64 rows a step of the tiny models a CPU serves runs ~40 PyTorch ops per layer besides the matmuls and
  * attention. Each costs 20-100 us in place (dispatch, composite ops, cold caches after a GEMM) whatever its size,
  * and runs on one thread while torch's other OpenMP worker falls asleep and must be woken for the next matmul.
- * Here each group is one call, shared among the same OpenMP threads as torch (libgomp.so.1, one pool).
+ * Here each group is one call, its rows shared among the engine's threads (cpu_par.h: the work-sharing pool, or
+ * OpenMP without it).
  *
  * The arithmetic follows PyTorch's eager ops and transformers' order of operations, and the file is built with
  * -ffp-contract=off so that a * b - c * d is rounded as PyTorch rounds it (no fused multiply-add):
@@ -19,6 +20,7 @@
 #include <omp.h>
 
 #include "cpu_math.h"
+#include "cpu_par.h"
 
 /* Below this many elements a call stays on the calling thread: a parallel region costs more than it saves. */
 #define PAR_MIN 16384
@@ -34,20 +36,35 @@ static inline float rstd_of(const float *x, int64_t h, float eps) {
     return 1.0f / sqrtf(s / (float)h + eps);
 }
 
+struct norm_ctx {
+    float *x;
+    const float *residual, *w;
+    float *out;
+    int64_t x_stride, rows, h, n;
+    float eps;
+};
+
+static void norm_chunk(void *p, int64_t c) {
+    const struct norm_ctx *a = p;
+    for (int64_t r = PAR_LO(c, a->rows, a->n); r < PAR_LO(c + 1, a->rows, a->n); ++r) {
+        const int64_t h = a->h;
+        float *xr = a->x + r * a->x_stride, *o = a->out + r * h;
+        const float *w = a->w;
+        if (a->residual) {
+            const float *rr = a->residual + r * h;
+            _Pragma("omp simd") for (int64_t i = 0; i < h; ++i) xr[i] = xr[i] + rr[i];
+        }
+        const float rs = rstd_of(xr, h, a->eps);
+        _Pragma("omp simd") for (int64_t i = 0; i < h; ++i) o[i] = (xr[i] * rs) * w[i];
+    }
+}
+
 /* rows of h values at x + r * x_stride: with residual (contiguous [rows, h]) x += residual first, in place;
  * out (contiguous [rows, h]) = RMSNorm(x) * w. */
 void strata_add_rms_norm(float *x, int64_t x_stride, const float *residual, const float *w, float *out,
                          int64_t rows, int64_t h, float eps) {
-#pragma omp parallel for schedule(static) if (rows * h >= PAR_MIN)
-    for (int64_t r = 0; r < rows; ++r) {
-        float *xr = x + r * x_stride, *o = out + r * h;
-        if (residual) {
-            const float *rr = residual + r * h;
-            _Pragma("omp simd") for (int64_t i = 0; i < h; ++i) xr[i] = xr[i] + rr[i];
-        }
-        const float rs = rstd_of(xr, h, eps);
-        _Pragma("omp simd") for (int64_t i = 0; i < h; ++i) o[i] = (xr[i] * rs) * w[i];
-    }
+    struct norm_ctx a = {x, residual, w, out, x_stride, rows, h, par_chunks(rows, h, PAR_MIN), eps};
+    par_run(norm_chunk, &a, a.n);
 }
 
 static inline void norm_head(float *x, const float *w, int d, float eps) {
@@ -65,6 +82,39 @@ static inline void rotate_head(float *x, const float *cs, int d) {
     }
 }
 
+struct rot_ctx {
+    float *qkv;
+    int64_t row_stride, tokens, n;
+    int32_t hq, hkv, d;
+    const int64_t *positions;
+    const float *cos_sin, *q_norm, *k_norm;
+    float eps;
+    float *k_cache, *v_cache;
+    const int64_t *slot_mapping;
+};
+
+static void rot_chunk(void *p, int64_t c) {
+    const struct rot_ctx *a = p;
+    const int32_t hq = a->hq, hkv = a->hkv, d = a->d;
+    const int64_t kv = (int64_t)hkv * d;
+    for (int64_t t = PAR_LO(c, a->tokens, a->n); t < PAR_LO(c + 1, a->tokens, a->n); ++t) {
+        float *q = a->qkv + t * a->row_stride, *k = q + (int64_t)hq * d, *v = k + kv;
+        const float *cs = a->cos_sin + a->positions[t] * d;
+        for (int h = 0; h < hq; ++h) {
+            if (a->q_norm) norm_head(q + (int64_t)h * d, a->q_norm, d, a->eps);
+            rotate_head(q + (int64_t)h * d, cs, d);
+        }
+        for (int h = 0; h < hkv; ++h) {
+            if (a->k_norm) norm_head(k + (int64_t)h * d, a->k_norm, d, a->eps);
+            rotate_head(k + (int64_t)h * d, cs, d);
+        }
+        if (a->k_cache && a->slot_mapping[t] >= 0) {
+            memcpy(a->k_cache + a->slot_mapping[t] * kv, k, sizeof(float) * kv);
+            memcpy(a->v_cache + a->slot_mapping[t] * kv, v, sizeof(float) * kv);
+        }
+    }
+}
+
 /* Token t's q (hq heads), k and v (hkv heads each) of head dim d are consecutive in row t of qkv (row stride
  * row_stride). q and k are rotated in place for position positions[t] (cos_sin: [max_positions, d], cos half then
  * sin half), after their per-head RMSNorm when q_norm / k_norm are given; then, when k_cache is given, k and v
@@ -72,37 +122,33 @@ static inline void rotate_head(float *x, const float *cs, int d) {
 void strata_rotary_store(float *qkv, int64_t row_stride, int64_t tokens, int32_t hq, int32_t hkv, int32_t d,
                          const int64_t *positions, const float *cos_sin, const float *q_norm, const float *k_norm,
                          float eps, float *k_cache, float *v_cache, const int64_t *slot_mapping) {
-    const int64_t kv = (int64_t)hkv * d;
-#pragma omp parallel for schedule(static) if (tokens * (hq + 2 * hkv) * d >= PAR_MIN)
-    for (int64_t t = 0; t < tokens; ++t) {
-        float *q = qkv + t * row_stride, *k = q + (int64_t)hq * d, *v = k + kv;
-        const float *cs = cos_sin + positions[t] * d;
-        for (int h = 0; h < hq; ++h) {
-            if (q_norm) norm_head(q + (int64_t)h * d, q_norm, d, eps);
-            rotate_head(q + (int64_t)h * d, cs, d);
-        }
-        for (int h = 0; h < hkv; ++h) {
-            if (k_norm) norm_head(k + (int64_t)h * d, k_norm, d, eps);
-            rotate_head(k + (int64_t)h * d, cs, d);
-        }
-        if (k_cache && slot_mapping[t] >= 0) {
-            memcpy(k_cache + slot_mapping[t] * kv, k, sizeof(float) * kv);
-            memcpy(v_cache + slot_mapping[t] * kv, v, sizeof(float) * kv);
+    struct rot_ctx a = {qkv, row_stride, tokens, par_chunks(tokens, (int64_t)(hq + 2 * hkv) * d, PAR_MIN), hq, hkv,
+                        d, positions, cos_sin, q_norm, k_norm, eps, k_cache, v_cache, slot_mapping};
+    par_run(rot_chunk, &a, a.n);
+}
+
+struct silu_ctx {
+    const float *x;
+    float *out;
+    int64_t x_stride, rows, cols, n;
+};
+
+static void silu_chunk(void *p, int64_t c) {
+    const struct silu_ctx *a = p;
+    for (int64_t r = PAR_LO(c, a->rows, a->n); r < PAR_LO(c + 1, a->rows, a->n); ++r) {
+        const float *restrict g = a->x + r * a->x_stride, *restrict u = g + a->cols;
+        float *restrict o = a->out + r * a->cols;
+        const int m = (int)a->cols;
+        _Pragma("omp simd") for (int i = 0; i < m; ++i) {
+            /* g / (1 + exp(-g)) from exp of a non-positive argument only: e = exp(-|g|) */
+            const float v = g[i], e = exp_nonpos(-fabsf(v));
+            o[i] = (v >= 0.0f ? v / (1.0f + e) : (v * e) / (1.0f + e)) * u[i];
         }
     }
 }
 
 /* x: rows of [gate (n) | up (n)] at x + r * x_stride; out (contiguous [rows, n]) = silu(gate) * up. */
 void strata_silu_mul(const float *x, int64_t x_stride, float *out, int64_t rows, int64_t n) {
-#pragma omp parallel for schedule(static) if (rows * n >= PAR_MIN)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *restrict g = x + r * x_stride, *restrict u = g + n;
-        float *restrict o = out + r * n;
-        const int m = (int)n;
-        _Pragma("omp simd") for (int i = 0; i < m; ++i) {
-            /* g / (1 + exp(-g)) from exp of a non-positive argument only: e = exp(-|g|) */
-            const float a = g[i], e = exp_nonpos(-fabsf(a));
-            o[i] = (a >= 0.0f ? a / (1.0f + e) : (a * e) / (1.0f + e)) * u[i];
-        }
-    }
+    struct silu_ctx a = {x, out, x_stride, rows, n, par_chunks(rows, n, PAR_MIN)};
+    par_run(silu_chunk, &a, a.n);
 }

@@ -9,17 +9,19 @@
  *
  * Two passes per query row: scores for every key and head into a per-thread buffer, softmax, then the weighted
  * sum of V. Each key's K (then V) row of hkv * d values is read once for all query heads, in block order, so the
- * reads stream through memory. Rows (one per query) are shared among the OpenMP threads of the process: the
- * library links libgomp.so.1, which resolves to the copy torch already loaded, so both use one thread pool.
+ * reads stream through memory. Rows (one per query) are handed out two at a time to the engine's threads
+ * (cpu_par.h: the work-sharing pool, or OpenMP without it; the library links libgomp.so.1, which resolves to the
+ * copy torch already loaded).
  * exp is a polynomial that gcc vectorises (libm's expf stays scalar without -ffast-math, which we avoid: a
  * -ffast-math shared object sets flush-to-zero for the whole process).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <omp.h>
+#include <stdatomic.h>
 
 #include "cpu_math.h"
+#include "cpu_par.h"
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
@@ -164,6 +166,68 @@ DISPATCH_D(row_f32, float)
 DISPATCH_D(row_bf16, uint16_t)
 DISPATCH_D(row_f16, _Float16)
 
+struct attn_ctx {
+    const void *q, *k_cache, *v_cache;
+    void *out;
+    int64_t q_row_stride, bt_stride;
+    const int32_t *block_tables, *q_start, *q_len, *kv_lens, *item;
+    int32_t rows, hq, hkv, d, bs, window, dtype, max_keys;
+    float scale;
+    _Atomic int failed;
+};
+
+/* Scratch of the calling thread (scores, scaled q, accumulator), grown as needed and kept between calls. */
+static float *scratch(size_t floats) {
+    static __thread float *buf = NULL;
+    static __thread size_t cap = 0;
+    if (floats > cap) {
+        free(buf);
+        buf = malloc(sizeof(float) * floats);
+        cap = buf ? floats : 0;
+    }
+    return buf;
+}
+
+#define ROWS_PER_CHUNK 2
+
+static void attn_chunk(void *p, int64_t c) {
+    struct attn_ctx *a = p;
+    const int32_t hq = a->hq, d = a->d;
+    const size_t hd = (size_t)hq * d;
+    float *buf = scratch((size_t)hq * a->max_keys + 2 * hd);
+    if (!buf) {
+        a->failed = 1;
+        return;
+    }
+    float *sc = buf, *qf = buf + (size_t)hq * a->max_keys, *acc = qf + hd;
+    const int end = (int)(c + 1) * ROWS_PER_CHUNK < a->rows ? (int)(c + 1) * ROWS_PER_CHUNK : a->rows;
+    for (int i = (int)c * ROWS_PER_CHUNK; i < end; ++i) {
+        const int s = a->item[2 * i], j = a->item[2 * i + 1], r = a->q_start[s] + j;
+        const int pos = a->kv_lens[s] - a->q_len[s] + j, window = a->window;
+        const int lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, hi = pos + 1;
+        const int32_t *bt = a->block_tables + (size_t)s * a->bt_stride;
+        const float scale = a->scale;
+        if (a->dtype == DT_F32) {
+            const float *qr = (const float *)a->q + (size_t)r * a->q_row_stride;
+            for (size_t e = 0; e < hd; ++e) qf[e] = qr[e] * scale;
+            row_f32_any(qf, acc, a->k_cache, a->v_cache, bt, lo, hi, hq, a->hkv, d, a->bs, sc);
+            memcpy((float *)a->out + (size_t)r * hd, acc, sizeof(float) * hd);
+        } else if (a->dtype == DT_BF16) {
+            const uint16_t *qr = (const uint16_t *)a->q + (size_t)r * a->q_row_stride;
+            for (size_t e = 0; e < hd; ++e) qf[e] = bf16_to_f32(qr[e]) * scale;
+            row_bf16_any(qf, acc, a->k_cache, a->v_cache, bt, lo, hi, hq, a->hkv, d, a->bs, sc);
+            uint16_t *o = (uint16_t *)a->out + (size_t)r * hd;
+            for (size_t e = 0; e < hd; ++e) o[e] = f32_to_bf16(acc[e]);
+        } else {
+            const _Float16 *qr = (const _Float16 *)a->q + (size_t)r * a->q_row_stride;
+            for (size_t e = 0; e < hd; ++e) qf[e] = (float)qr[e] * scale;
+            row_f16_any(qf, acc, a->k_cache, a->v_cache, bt, lo, hi, hq, a->hkv, d, a->bs, sc);
+            _Float16 *o = (_Float16 *)a->out + (size_t)r * hd;
+            for (size_t e = 0; e < hd; ++e) o[e] = (_Float16)acc[e];
+        }
+    }
+}
+
 /* Attention of the query rows of num_seqs sequences. Sequence s owns the q_len[s] rows starting at q_start[s]
  * (its last positions) and kv_lens[s] keys including them; its block table is row s of block_tables.
  * q: row r at q + r * q_row_stride (element type = dtype), heads contiguous inside a row;
@@ -191,44 +255,9 @@ int strata_paged_attention(const void *q, int64_t q_row_stride, void *out, const
             item[2 * i] = s;
             item[2 * i + 1] = j;
         }
-    int failed = 0;
-#pragma omp parallel
-    {
-        float *buf = malloc(sizeof(float) * ((size_t)hq * max_keys + 2 * (size_t)hq * d));
-        float *sc = buf, *qf = buf ? buf + (size_t)hq * max_keys : NULL, *acc = qf ? qf + (size_t)hq * d : NULL;
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 2)
-        for (int i = 0; i < rows; ++i) {
-            if (!buf) continue;
-            const int s = item[2 * i], j = item[2 * i + 1], r = q_start[s] + j;
-            const int pos = kv_lens[s] - q_len[s] + j;
-            const int lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, hi = pos + 1;
-            const int32_t *bt = block_tables + (size_t)s * bt_stride;
-            const size_t hd = (size_t)hq * d;
-            if (dtype == DT_F32) {
-                const float *qr = (const float *)q + (size_t)r * q_row_stride;
-                for (size_t c = 0; c < hd; ++c) qf[c] = qr[c] * scale;
-                row_f32_any(qf, acc, k_cache, v_cache, bt, lo, hi, hq, hkv, d, bs, sc);
-                memcpy((float *)out + (size_t)r * hd, acc, sizeof(float) * hd);
-            } else if (dtype == DT_BF16) {
-                const uint16_t *qr = (const uint16_t *)q + (size_t)r * q_row_stride;
-                for (size_t c = 0; c < hd; ++c) qf[c] = bf16_to_f32(qr[c]) * scale;
-                row_bf16_any(qf, acc, k_cache, v_cache, bt, lo, hi, hq, hkv, d, bs, sc);
-                uint16_t *o = (uint16_t *)out + (size_t)r * hd;
-                for (size_t c = 0; c < hd; ++c) o[c] = f32_to_bf16(acc[c]);
-            } else {
-                const _Float16 *qr = (const _Float16 *)q + (size_t)r * q_row_stride;
-                for (size_t c = 0; c < hd; ++c) qf[c] = (float)qr[c] * scale;
-                row_f16_any(qf, acc, k_cache, v_cache, bt, lo, hi, hq, hkv, d, bs, sc);
-                _Float16 *o = (_Float16 *)out + (size_t)r * hd;
-                for (size_t c = 0; c < hd; ++c) o[c] = (_Float16)acc[c];
-            }
-        }
-        free(buf);
-    }
+    struct attn_ctx a = {q, k_cache, v_cache, out, q_row_stride, bt_stride, block_tables, q_start, q_len, kv_lens,
+                         item, rows, hq, hkv, d, bs, window, dtype, max_keys, scale, 0};
+    par_run(attn_chunk, &a, (rows + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK);
     free(item);
-    return failed ? -3 : 0;
+    return a.failed ? -3 : 0;
 }
