@@ -83,6 +83,9 @@ STRATA_CPU_ATTENTION: bool = os.environ.get("STRATA_CPU_ATTENTION", "1") != "0"
 #: "0": the CPU engine's residual add, RMSNorm, rotary, K/V store and SiLU-and-mul run as PyTorch ops, not as the
 #: single C calls of ``runner/cpu_layer_ops.c`` (the benchmarks' "before" and an escape hatch).
 STRATA_CPU_LAYER_OPS: bool = os.environ.get("STRATA_CPU_LAYER_OPS", "1") != "0"
+#: "0": the CPU engine's matmuls and C kernels run on torch's OpenMP threads instead of the work-sharing pool of
+#: ``runner/cpu_pool.py`` (whose caller never waits for a thread that another process keeps off its core).
+STRATA_CPU_POOL: bool = os.environ.get("STRATA_CPU_POOL", "1") != "0"
 #: where compiled CPU kernels (one file per source, compiler and CPU) and the GPU's batch-1 GEMV tuning choices
 #: (``runner/tuning_cache.py``, one file per GPU, versions and shapes) are kept; delete it to measure afresh.
 STRATA_KERNEL_CACHE: str = os.environ.get("STRATA_KERNEL_CACHE") or os.path.join(

@@ -45,8 +45,12 @@ class EngineCore:
             config.model.tokenizer or config.model.model, getattr(mcfg, "vocab_size", 0),
             getattr(runner, "eos_token_ids", ()))
         self._async = bool(getattr(runner, "supports_async", False)) and hasattr(runner, "launch")
-        #: CPU engines: torch threads follow the cores other processes leave free (None elsewhere)
-        self.thread_governor = CpuThreadGovernor.for_device(getattr(runner, "device", None))
+        #: CPU engines on the work-sharing pool (``runner/cpu_pool.py``): torch is held at one thread while stepping
+        self.cpu_pool = getattr(runner, "cpu_pool", None)
+        #: CPU engines on torch's threads: their count follows the cores other processes leave free (None elsewhere;
+        #: the pool needs no governor: its caller never waits for a thread that is off its core)
+        self.thread_governor = (CpuThreadGovernor.for_device(getattr(runner, "device", None))
+                                if self.cpu_pool is None else None)
         self._in_flight: tuple[SchedulerOutput, Any, float] | None = None
         self._seq = itertools.count()
         self._prefill_time = 0.0
@@ -82,13 +86,19 @@ class EngineCore:
 
         With async scheduling the outputs returned are those of the step launched by the previous call (the
         step launched now reports next time); callers loop while ``has_unfinished_requests()`` either way."""
-        gov = self.thread_governor
-        if gov is None:
+        gov, pool = self.thread_governor, self.cpu_pool
+        if gov is None and pool is None:
             return self._step()
-        gov.tick()
+        if pool is not None:
+            pool.hold_torch()
+        if gov is not None:
+            gov.tick()
         out = self._step()
-        if not self.has_unfinished_requests():
-            gov.release()  # idle: hand torch its own thread count back (an in-process engine shares it)
+        if not self.has_unfinished_requests():  # idle: hand torch its own thread count back (an in-process engine
+            if gov is not None:                 # shares it)
+                gov.release()
+            if pool is not None:
+                pool.release_torch()
         return out
 
     def _step(self) -> EngineCoreOutputs:

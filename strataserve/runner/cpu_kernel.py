@@ -1,5 +1,7 @@
-"""Build, load and call the CPU C kernels: paged attention (``cpu_paged_attention.c``) and a decoder layer's
-elementwise groups (``cpu_layer_ops.c``); the math is in each file's header.
+"""Build, load and call the CPU C kernels: paged attention (``cpu_paged_attention.c``), a decoder layer's
+elementwise groups (``cpu_layer_ops.c``) and the engine's thread pool (``cpu_pool.c``); each file's header says
+what it computes. The kernels' parallel loops run on the pool once ``cpu_pool.get()`` has started it, else on
+OpenMP (``cpu_par.h``).
 
 Each C file is compiled once per machine with the system C compiler (``$CC``, else ``cc``) into
 ``STRATA_KERNEL_CACHE`` (default ``~/.cache/strataserve/kernels``), named by a hash of the source, the flags, the
@@ -87,6 +89,7 @@ def load() -> ctypes.CDLL | None:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, _i32p,
                    ctypes.c_int64, _i32p, _i32p, _i32p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                    ctypes.c_int32, ctypes.c_float, ctypes.c_int32, ctypes.c_int32]
+    lib.strata_set_pool.restype, lib.strata_set_pool.argtypes = None, [ctypes.c_void_p]
     return lib
 
 
@@ -99,7 +102,8 @@ def load_layer_ops() -> ctypes.CDLL | None:
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
     for fn, args in ((lib.strata_add_rms_norm, [p, i64, p, p, p, i64, i64, f32]),
                      (lib.strata_rotary_store, [p, i64, i64, i32, i32, i32, p, p, p, p, f32, p, p, p]),
-                     (lib.strata_silu_mul, [p, i64, p, i64, i64])):
+                     (lib.strata_silu_mul, [p, i64, p, i64, i64]),
+                     (lib.strata_set_pool, [p])):
         fn.restype, fn.argtypes = None, args
     return lib
 
@@ -143,3 +147,17 @@ def paged_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v
                                     _i32(q_len), _i32(kv_lens), s, hq, hkv, d, bs, scale, window or 0, dtype)
     if rc != 0:
         raise RuntimeError(f"CPU paged attention failed with code {rc}")
+
+
+@functools.cache
+def load_pool() -> ctypes.CDLL | None:
+    """The compiled work-sharing pool (``cpu_pool.c``; ``runner/cpu_pool.py`` starts and drives it), or None."""
+    lib = _library("cpu_pool")
+    if lib is None:
+        return None
+    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    for fn, res, args in ((lib.strata_pool_start, i32, [i32, i64, i64, p]),
+                          (lib.strata_pool_run, None, [p, p, i64]),
+                          (lib.strata_linear, None, [p, p, i64, p, p, p, i64, i64, i64, i64, i64])):
+        fn.restype, fn.argtypes = res, args
+    return lib

@@ -3,11 +3,13 @@
 ``TorchOps`` runs about 40 PyTorch ops per layer besides the matmuls and attention (add, the composite RMSNorm,
 the rotary's slices and products, two index copies into the cache, SiLU, mul). At the row counts a CPU serves
 (tens to a few hundred tokens per step) each costs more in dispatch and cold caches than in arithmetic, and runs
-on one thread. ``cpu_layer_ops.c`` does each group in one pass, on torch's OpenMP threads:
+on one thread. ``cpu_layer_ops.c`` does each group in one pass, on the engine's threads:
 
 - ``fused_add_rms_norm`` / ``rms_norm``: residual add and RMSNorm;
 - ``attend``: (Qwen3's q/k norm,) rotary in place and the K/V store into the paged cache, then attention;
-- ``silu_and_mul``.
+- ``silu_and_mul``;
+- ``linear`` (float32) as tiles of MKL's sgemm on the engine's work-sharing pool when there is one
+  (``runner/cpu_pool.py``), which then also runs the C ops' parallel loops (else torch's OpenMP threads do).
 
 Only float32 tensors of the expected layouts take the C path (what the CPU engine runs: HF token-identity is
 checked in float32); anything else falls through to ``TorchOps``. Rounding follows PyTorch's ops (see the C file),
@@ -21,6 +23,7 @@ import torch
 
 from strataserve.runner.attention import AttentionMetadata
 from strataserve.runner.cpu_attention import CpuPagedAttention
+from strataserve.runner.cpu_pool import CpuPool
 from strataserve.runner.ops import AttentionBackend, TorchOps
 
 _F32 = torch.float32
@@ -36,9 +39,14 @@ class CpuOps(TorchOps):
 
     name = "eager"
 
-    def __init__(self, attention: AttentionBackend, lib: ctypes.CDLL) -> None:
+    def __init__(self, attention: AttentionBackend, lib: ctypes.CDLL, pool: CpuPool | None = None) -> None:
         super().__init__(attention)
         self._lib = lib
+        self.pool = pool
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.pool.linear(x, weight, bias) if self.pool is not None else None
+        return super().linear(x, weight, bias) if y is None else y
 
     def _norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
               eps: float) -> torch.Tensor:

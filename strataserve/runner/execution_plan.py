@@ -11,6 +11,7 @@ import torch
 from strataserve import envs
 from strataserve.models.hf_config import DecoderConfig
 from strataserve.runner import cpu_kernel as cpu_kernels
+from strataserve.runner import cpu_pool
 from strataserve.runner.attention import TorchAttention
 from strataserve.runner.cpu_attention import eager_attention
 from strataserve.runner.cpu_ops import CpuOps
@@ -29,7 +30,8 @@ class ExecutionPlan:
 def select_ops(mode: str, cfg: DecoderConfig, device: torch.device, max_num_seqs: int = 256, *,
                cpu_kernel: bool = False) -> ExecutionPlan:
     """eager = PyTorch ops (with ``cpu_kernel``: on CPU the in-place paged-attention kernel and the C layer ops
-    when they build, see ``runner/cpu_attention.py`` and ``runner/cpu_ops.py``); triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
+    when they build, with the matmuls on the engine's thread pool, see ``runner/cpu_attention.py``,
+    ``runner/cpu_ops.py`` and ``runner/cpu_pool.py``); triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
     graphs. ``auto`` = hybrid on CUDA, eager on CPU."""
     if mode == "auto":
         mode = "hybrid" if device.type == "cuda" else "eager"
@@ -38,7 +40,9 @@ def select_ops(mode: str, cfg: DecoderConfig, device: torch.device, max_num_seqs
                      else TorchAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
         layer_ops = (cpu_kernels.load_layer_ops() if cpu_kernel and device.type == "cpu"
                      and envs.STRATA_CPU_LAYER_OPS else None)
-        return ExecutionPlan(mode, TorchOps(attention) if layer_ops is None else CpuOps(attention, layer_ops), False)
+        if layer_ops is None:
+            return ExecutionPlan(mode, TorchOps(attention), False)
+        return ExecutionPlan(mode, CpuOps(attention, layer_ops, cpu_pool.get()), False)
     if device.type != "cuda":
         raise ValueError(f"runner mode {mode!r} needs a CUDA device with triton; on {device.type} use mode='eager' "
                          "(or 'auto')")

@@ -237,6 +237,8 @@ def main() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.size))  # the ranks share the host's cores
     rank = setup(job.config, load_decoder_config(job.config.model.model), device, job.rank, job.port)
     runner = ModelRunner(job.config, async_scheduling=job.async_scheduling, tp=rank)
+    if runner.cpu_pool is not None:
+        runner.cpu_pool.hold_torch()  # this process only steps the model: its matmuls run on the pool
     control = rank.control
     assert control is not None
     try:

@@ -1,0 +1,135 @@
+"""``CpuPool``: the CPU engine's work-sharing threads (``cpu_pool.c``) and the float32 matmuls they run.
+
+Why not torch's OpenMP threads: every OpenMP region (MKL's threaded GEMM included) splits its work statically and
+ends at a barrier, so behind ``strata serve`` each burst of the API process or a client that displaces one engine
+thread stalls the other at the next barrier. In the pool the calling thread runs whatever chunks no worker has
+started, so it never waits for a thread that is off its core (docs/performance.md, "A work-sharing pool").
+
+While a CPU engine steps, its matmuls, attention and layer ops run on the pool and torch is held at one thread
+(``hold_torch`` / ``release_torch``), so no OpenMP worker spins beside the pool's. The matmuls are MKL's own
+``sgemm`` (torch's copy), one single-threaded call per tile of the output: the same kernel on the same operands, so
+the results equal ``F.linear``'s bit for bit (tested). ``STRATA_CPU_POOL=0`` keeps torch's threads.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+from strataserve import envs
+from strataserve.runner import cpu_kernel
+
+log = logging.getLogger(__name__)
+
+_F32 = torch.float32
+# Between jobs a worker spins this long (the gaps inside a step are shorter), offering its core to other runnable
+# processes every _YIELD_NS, then sleeps. Measured in docs/performance.md ("A work-sharing pool").
+_SPIN_NS = 400_000
+_YIELD_NS = 20_000
+# Output tiles per thread: two, so that the dynamic hand-out evens out a thread that starts late; each tile is one
+# sgemm call that packs its share of both operands again, so more would cost more.
+_TILES_PER_THREAD = 2
+
+
+class CpuPool:
+    """The process's pool (``get()``), started once with the thread count torch had then."""
+
+    def __init__(self, lib: ctypes.CDLL, threads: int, sgemm: int) -> None:
+        self._lib = lib
+        self.threads = threads
+        self._sgemm = sgemm
+        self._torch_threads: int | None = None  # torch's count while held at one thread
+
+    @property
+    def run_fn(self) -> int:
+        """Address of ``strata_pool_run``, for the kernel libraries' ``strata_set_pool``."""
+        return ctypes.cast(self._lib.strata_pool_run, ctypes.c_void_p).value  # type: ignore[return-value]
+
+    def hold_torch(self) -> None:
+        """Torch at one thread while the engine steps (idempotent)."""
+        if self._torch_threads is None:
+            self._torch_threads = torch.get_num_threads()
+            if self._torch_threads != 1:
+                torch.set_num_threads(1)
+
+    def release_torch(self) -> None:
+        """Torch's own count back (the engine went idle; an in-process engine shares torch with its caller)."""
+        if self._torch_threads is not None:
+            if self._torch_threads != 1:
+                torch.set_num_threads(self._torch_threads)
+            self._torch_threads = None
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``F.linear`` for float32 ``x`` ``[m, k]`` (rows contiguous) and contiguous ``weight`` ``[n, k]`` / ``bias``
+        on the pool, or None for anything else (the caller falls back to torch)."""
+        if (x.dtype != _F32 or weight.dtype != _F32 or x.dim() != 2 or x.stride(1) != 1 or not weight.is_contiguous()
+                or weight.dim() != 2 or weight.shape[1] != x.shape[1] or x.shape[0] == 0
+                or (bias is not None and (bias.dtype != _F32 or not bias.is_contiguous()
+                                          or bias.shape != (weight.shape[0],)))):
+            return None
+        m, k = x.shape
+        n = weight.shape[0]
+        y = torch.empty(m, n, dtype=_F32)
+        mc, nc = tile_shape(m, n, self.threads)
+        self._lib.strata_linear(self._sgemm, x.data_ptr(), x.stride(0), weight.data_ptr(),
+                                None if bias is None else bias.data_ptr(), y.data_ptr(), m, n, k, mc, nc)
+        return y
+
+
+def tile_shape(m: int, n: int, threads: int) -> tuple[int, int]:
+    """(rows, columns) of the output tiles: about ``_TILES_PER_THREAD`` tiles per thread, cut so that the operands
+    MKL packs again for every tile (x's rows of each tile, w's rows of each tile) add up to the fewest values: a
+    decode step's few rows are split by columns only, a long prompt's also by rows. Columns in multiples of 16."""
+    tiles = _TILES_PER_THREAD * max(threads, 1)
+    best = None
+    for row_splits in range(1, min(tiles, m) + 1):
+        if tiles % row_splits:
+            continue
+        packed = row_splits * n + (tiles // row_splits) * m
+        if best is None or packed < best[0]:
+            best = (packed, row_splits)
+    row_splits = best[1] if best else 1
+    col_splits = tiles // row_splits
+    mc = -(-m // row_splits)
+    nc = min(n, (-(-n // col_splits) + 15) // 16 * 16)
+    return mc, nc
+
+
+def _torch_blas() -> tuple[int, int | None] | None:
+    """Addresses of torch's own ``sgemm_`` and ``mkl_set_num_threads_local`` (None: torch has no MKL here)."""
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        tl = ctypes.CDLL(str(lib))
+        sgemm = ctypes.cast(tl.sgemm_, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+    try:
+        local = ctypes.cast(tl.mkl_set_num_threads_local, ctypes.c_void_p).value
+    except AttributeError:
+        return None  # a BLAS without per-thread control would thread each tile by itself
+    return (sgemm, local) if sgemm else None
+
+
+@functools.cache
+def get() -> CpuPool | None:
+    """The process's pool, started on first use with ``torch.get_num_threads()`` threads; None when it is switched
+    off (``STRATA_CPU_POOL=0``), torch has one thread, or torch's MKL or a C compiler is missing."""
+    threads = torch.get_num_threads()
+    if not envs.STRATA_CPU_POOL or threads < 2:
+        return None
+    blas = _torch_blas()
+    if blas is None:
+        log.warning("torch has no MKL sgemm here: the CPU engine keeps torch's threads")
+        return None
+    lib = cpu_kernel.load_pool()
+    if lib is None:
+        return None
+    started = lib.strata_pool_start(threads, _SPIN_NS, _YIELD_NS, blas[1])
+    pool = CpuPool(lib, started, blas[0])
+    for other in (cpu_kernel.load(), cpu_kernel.load_layer_ops()):
+        if other is not None:
+            other.strata_set_pool(ctypes.c_void_p(pool.run_fn))
+    return pool
