@@ -25,12 +25,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 SETTINGS: dict[str, dict[str, str]] = {
-    "default": {},  # strataserve's defaults: GOMP_SPINCOUNT=10000, thread governor on
-    "passive": {"OMP_WAIT_POLICY": "PASSIVE", "STRATA_CPU_THREADS": "fixed"},  # the default before issue 16
-    "spin10k": {"GOMP_SPINCOUNT": "10000", "STRATA_CPU_THREADS": "fixed"},  # the default's spin, 2 threads always
-    "spin100k": {"GOMP_SPINCOUNT": "100000", "STRATA_CPU_THREADS": "fixed"},
-    "gomp_default": {"GOMP_SPINCOUNT": "300000", "STRATA_CPU_THREADS": "fixed"},  # libgomp's own default
-    "active": {"OMP_WAIT_POLICY": "ACTIVE", "STRATA_CPU_THREADS": "fixed"},  # spin (almost) forever
+    "default": {},  # strataserve's defaults: the work-sharing pool (runner/cpu_pool.py), torch held at one thread
+    # torch's own OpenMP threads instead of the pool (the default before 2026-12-03: GOMP_SPINCOUNT=10000 and the
+    # thread governor); the OpenMP settings below all run without the pool, or they would change nothing
+    "no_pool": {"STRATA_CPU_POOL": "0"},
+    "passive": {"STRATA_CPU_POOL": "0", "OMP_WAIT_POLICY": "PASSIVE", "STRATA_CPU_THREADS": "fixed"},
+    "spin10k": {"STRATA_CPU_POOL": "0", "GOMP_SPINCOUNT": "10000", "STRATA_CPU_THREADS": "fixed"},
+    "spin100k": {"STRATA_CPU_POOL": "0", "GOMP_SPINCOUNT": "100000", "STRATA_CPU_THREADS": "fixed"},
+    "gomp_default": {"STRATA_CPU_POOL": "0", "GOMP_SPINCOUNT": "300000", "STRATA_CPU_THREADS": "fixed"},
+    "active": {"STRATA_CPU_POOL": "0", "OMP_WAIT_POLICY": "ACTIVE", "STRATA_CPU_THREADS": "fixed"},
     "threads1": {"STRATA_CPU_THREADS": "fixed", "STRATA_BENCH_THREADS": "1"},
     "torch_ops": {"STRATA_CPU_LAYER_OPS": "0"},  # the layer's elementwise ops as PyTorch ops, not runner/cpu_ops.py's C
     "before": {},  # the defaults of the tree given by --before
