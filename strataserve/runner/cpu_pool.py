@@ -12,9 +12,11 @@ the results equal ``F.linear``'s bit for bit (tested). ``STRATA_CPU_POOL=0`` kee
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -61,6 +63,20 @@ class CpuPool:
             if self._torch_threads != 1:
                 torch.set_num_threads(self._torch_threads)
             self._torch_threads = None
+
+    @contextlib.contextmanager
+    def torch_released(self) -> Iterator[None]:
+        """Torch's own thread count inside the block while it is held (the sampler's sort and softmax over a large
+        vocabulary are torch ops that gain from every thread), held at one thread again after it."""
+        held = self._torch_threads
+        if held is None or held == 1:
+            yield
+            return
+        torch.set_num_threads(held)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(1)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
         """``F.linear`` for float32 ``x`` ``[m, k]`` (rows contiguous) and contiguous ``weight`` ``[n, k]`` / ``bias``

@@ -19,6 +19,7 @@ tokens travel to pinned host memory behind an event, and the next step's chunks 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -308,7 +309,8 @@ class ModelRunner(ModelRunnerBase):
                 mask = structured.result()
                 apply_token_bitmask(logits, mask.rows, mask.bitmask)
             if not self.supports_async:  # synchronous: the sampler's host lists, as any Sampler subclass returns them
-                ids, logprobs = self.sampler(logits, reqs)
+                with self.cpu_pool.torch_released() if self.cpu_pool is not None else contextlib.nullcontext():
+                    ids, logprobs = self.sampler(logits, reqs)
                 return LaunchedStep(req_ids, reqs, None, logprobs, ids, prompt_lps)
             tokens, logprobs = self.sampler.sample(logits, reqs)
         if self.tp.size > 1:  # the workers fill the next step's placeholders from these too

@@ -150,6 +150,19 @@ def test_the_engine_steps_on_the_pool_and_gives_torch_back(tmp_path, monkeypatch
     outs = llm.generate(["hello world", "the quick brown fox"], params)
     assert seen and set(seen) == {1}  # held at one thread while stepping: no OpenMP worker beside the pool's
     assert torch.get_num_threads() == before  # ... and given back once idle
+    # a sampled (not greedy) step's sampler gets torch's own count back for its sort / softmax over the vocabulary
+    sampler_threads: list[int] = []
+    sample = core.runner.sampler.__call__
+
+    def spy_sampler(logits, reqs):
+        sampler_threads.append(torch.get_num_threads())
+        return sample(logits, reqs)
+
+    monkeypatch.setattr(core.runner, "sampler", spy_sampler)
+    seen.clear()
+    llm.generate(["hello world"], SamplingParams(temperature=0.8, top_p=0.9, max_tokens=4, seed=1))
+    assert sampler_threads and set(sampler_threads) == {before} and set(seen) == {1}
+    assert torch.get_num_threads() == before
     monkeypatch.setattr(envs, "STRATA_CPU_POOL", False)
     monkeypatch.setattr(cpu_pool, "get", cpu_pool.get.__wrapped__)  # decide afresh: switched off
     off = LLM(model=str(ckpt), dtype="float32", device="cpu", block_size=4, num_blocks=128)
