@@ -124,14 +124,6 @@ def test_a_forked_child_runs_every_chunk_itself():
     pytest.fail("the forked child hung")
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_the_engine_steps_on_the_pool_and_gives_torch_back(tmp_path, monkeypatch, two_threads):
     ckpt = make_tiny_checkpoint("llama", tmp_path / "m")
     before = torch.get_num_threads()

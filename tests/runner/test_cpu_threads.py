@@ -14,14 +14,6 @@ from strataserve.runner.cpu_threads import (CpuThreadGovernor, busy_fractions, m
                                              read_thread_times)
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_drops_a_thread_under_contention_and_probes_back_with_backoff(two_threads):
     gov = CpuThreadGovernor(max_threads=2, probe_s=1.0, max_probe_s=4.0)
     assert gov.observe(0.15, now=0.0) == 2  # a busy front end's short bursts: both threads stay
