@@ -161,3 +161,8 @@ def test_the_engine_steps_on_the_pool_and_gives_torch_back(tmp_path, monkeypatch
     assert off.engine.core.runner.cpu_pool is None and off.engine.core.thread_governor is not None
     assert [o.outputs[0].token_ids for o in off.generate(["hello world", "the quick brown fox"], params)] == \
         [o.outputs[0].token_ids for o in outs]
+    monkeypatch.setattr(cpu_pool, "get", lambda: POOL)
+    bf16 = LLM(model=str(ckpt), dtype="bfloat16", device="cpu", block_size=4, num_blocks=128)
+    assert bf16.engine.core.cpu_pool is None and bf16.engine.core.thread_governor is not None  # float32 only
+    bf16.generate(["hello world"], params)
+    assert torch.get_num_threads() == before
