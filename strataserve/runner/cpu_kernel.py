@@ -78,34 +78,53 @@ def _library(name: str) -> ctypes.CDLL | None:
         return None
 
 
+_p, _i32t, _i64, _f32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
+# Each library's exported functions: name -> (return type, argument types).
+_SIGNATURES: dict[str, dict[str, tuple[type | None, list]]] = {
+    "cpu_paged_attention": {
+        "strata_paged_attention": (ctypes.c_int, [_p, _i64, _p, _p, _p, _i32p, _i64, _i32p, _i32p, _i32p, _i32t,
+                                                  _i32t, _i32t, _i32t, _i32t, _f32, _i32t, _i32t]),
+        "strata_set_pool": (None, [_p]),
+    },
+    "cpu_layer_ops": {
+        "strata_add_rms_norm": (None, [_p, _i64, _p, _p, _p, _i64, _i64, _f32]),
+        "strata_rotary_store": (None, [_p, _i64, _i64, _i32t, _i32t, _i32t, _p, _p, _p, _p, _f32, _p, _p, _p]),
+        "strata_silu_mul": (None, [_p, _i64, _p, _i64, _i64]),
+        "strata_set_pool": (None, [_p]),
+    },
+    "cpu_pool": {
+        "strata_pool_start": (ctypes.c_int, [ctypes.c_int, _i64, _i64, _p]),
+        "strata_pool_run": (None, [_p, _p, _i64]),
+        "strata_linear": (None, [_p, _p, _i64, _p, _p, _p, _i64, _i64, _i64, _i64, _i64]),
+    },
+}
+
+
+def _typed(name: str) -> ctypes.CDLL | None:
+    """``_library(name)`` with its functions' signatures set."""
+    lib = _library(name)
+    if lib is not None:
+        for fn, (res, args) in _SIGNATURES[name].items():
+            getattr(lib, fn).restype, getattr(lib, fn).argtypes = res, args
+    return lib
+
+
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled paged-attention library (built on first use), or None when it cannot be built here."""
-    lib = _library("cpu_paged_attention")
-    if lib is None:
-        return None
-    fn = lib.strata_paged_attention
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, _i32p,
-                   ctypes.c_int64, _i32p, _i32p, _i32p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
-                   ctypes.c_int32, ctypes.c_float, ctypes.c_int32, ctypes.c_int32]
-    lib.strata_set_pool.restype, lib.strata_set_pool.argtypes = None, [ctypes.c_void_p]
-    return lib
+    return _typed("cpu_paged_attention")
 
 
 @functools.cache
 def load_layer_ops() -> ctypes.CDLL | None:
     """The compiled layer-ops library (``cpu_layer_ops.c``), or None when it cannot be built here."""
-    lib = _library("cpu_layer_ops")
-    if lib is None:
-        return None
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-    for fn, args in ((lib.strata_add_rms_norm, [p, i64, p, p, p, i64, i64, f32]),
-                     (lib.strata_rotary_store, [p, i64, i64, i32, i32, i32, p, p, p, p, f32, p, p, p]),
-                     (lib.strata_silu_mul, [p, i64, p, i64, i64]),
-                     (lib.strata_set_pool, [p])):
-        fn.restype, fn.argtypes = None, args
-    return lib
+    return _typed("cpu_layer_ops")
+
+
+@functools.cache
+def load_pool() -> ctypes.CDLL | None:
+    """The compiled work-sharing pool (``cpu_pool.c``; ``runner/cpu_pool.py`` starts and drives it), or None."""
+    return _typed("cpu_pool")
 
 
 def _i32(t: torch.Tensor):
@@ -147,17 +166,3 @@ def paged_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v
                                     _i32(q_len), _i32(kv_lens), s, hq, hkv, d, bs, scale, window or 0, dtype)
     if rc != 0:
         raise RuntimeError(f"CPU paged attention failed with code {rc}")
-
-
-@functools.cache
-def load_pool() -> ctypes.CDLL | None:
-    """The compiled work-sharing pool (``cpu_pool.c``; ``runner/cpu_pool.py`` starts and drives it), or None."""
-    lib = _library("cpu_pool")
-    if lib is None:
-        return None
-    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    for fn, res, args in ((lib.strata_pool_start, i32, [i32, i64, i64, p]),
-                          (lib.strata_pool_run, None, [p, p, i64]),
-                          (lib.strata_linear, None, [p, p, i64, p, p, p, i64, i64, i64, i64, i64])):
-        fn.restype, fn.argtypes = res, args
-    return lib
