@@ -78,17 +78,17 @@ def _library(name: str) -> ctypes.CDLL | None:
         return None
 
 
-_p, _i32t, _i64, _f32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
+_p, _int32, _i64, _f32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 # Each library's exported functions: name -> (return type, argument types).
 _SIGNATURES: dict[str, dict[str, tuple[type | None, list]]] = {
     "cpu_paged_attention": {
-        "strata_paged_attention": (ctypes.c_int, [_p, _i64, _p, _p, _p, _i32p, _i64, _i32p, _i32p, _i32p, _i32t,
-                                                  _i32t, _i32t, _i32t, _i32t, _f32, _i32t, _i32t]),
+        "strata_paged_attention": (ctypes.c_int, [_p, _i64, _p, _p, _p, _i32p, _i64, _i32p, _i32p, _i32p, _int32,
+                                                  _int32, _int32, _int32, _int32, _f32, _int32, _int32]),
         "strata_set_pool": (None, [_p]),
     },
     "cpu_layer_ops": {
         "strata_add_rms_norm": (None, [_p, _i64, _p, _p, _p, _i64, _i64, _f32]),
-        "strata_rotary_store": (None, [_p, _i64, _i64, _i32t, _i32t, _i32t, _p, _p, _p, _p, _f32, _p, _p, _p]),
+        "strata_rotary_store": (None, [_p, _i64, _i64, _int32, _int32, _int32, _p, _p, _p, _p, _f32, _p, _p, _p]),
         "strata_silu_mul": (None, [_p, _i64, _p, _i64, _i64]),
         "strata_set_pool": (None, [_p]),
     },

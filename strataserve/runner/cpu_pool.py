@@ -100,14 +100,9 @@ def tile_shape(m: int, n: int, threads: int) -> tuple[int, int]:
     MKL packs again for every tile (x's rows of each tile, w's rows of each tile) add up to the fewest values: a
     decode step's few rows are split by columns only, a long prompt's also by rows. Columns in multiples of 16."""
     tiles = _TILES_PER_THREAD * max(threads, 1)
-    best = None
-    for row_splits in range(1, min(tiles, m) + 1):
-        if tiles % row_splits:
-            continue
-        packed = row_splits * n + (tiles // row_splits) * m
-        if best is None or packed < best[0]:
-            best = (packed, row_splits)
-    row_splits = best[1] if best else 1
+    splits = [r for r in range(1, min(tiles, m) + 1) if tiles % r == 0]  # 1 is always there
+    # values packed: all of w's rows once per row block, all of x's rows once per column block
+    row_splits = min(splits, key=lambda r: r * n + (tiles // r) * m)
     col_splits = tiles // row_splits
     mc = -(-m // row_splits)
     nc = min(n, (-(-n // col_splits) + 15) // 16 * 16)

@@ -28,11 +28,12 @@ class ExecutionPlan:
 
 
 def select_ops(mode: str, cfg: DecoderConfig, device: torch.device, max_num_seqs: int = 256, *,
-               cpu_kernel: bool = False) -> ExecutionPlan:
+               cpu_kernel: bool = False, dtype: torch.dtype = torch.float32) -> ExecutionPlan:
     """eager = PyTorch ops (with ``cpu_kernel``: on CPU the in-place paged-attention kernel and the C layer ops
     when they build, with the matmuls on the engine's thread pool, see ``runner/cpu_attention.py``,
     ``runner/cpu_ops.py`` and ``runner/cpu_pool.py``); triton = Triton kernels; graph = PyTorch ops in CUDA graphs; hybrid = kernels in
-    graphs. ``auto`` = hybrid on CUDA, eager on CPU."""
+    graphs. ``auto`` = hybrid on CUDA, eager on CPU. ``dtype``: the model's; the thread pool runs float32 matmuls
+    only, so a model in another dtype keeps torch's threads."""
     if mode == "auto":
         mode = "hybrid" if device.type == "cuda" else "eager"
     if mode == "eager":
@@ -42,7 +43,8 @@ def select_ops(mode: str, cfg: DecoderConfig, device: torch.device, max_num_seqs
                      and envs.STRATA_CPU_LAYER_OPS else None)
         if layer_ops is None:
             return ExecutionPlan(mode, TorchOps(attention), False)
-        return ExecutionPlan(mode, CpuOps(attention, layer_ops, cpu_pool.get()), False)
+        pool = cpu_pool.get() if dtype == torch.float32 else None
+        return ExecutionPlan(mode, CpuOps(attention, layer_ops, pool), False)
     if device.type != "cuda":
         raise ValueError(f"runner mode {mode!r} needs a CUDA device with triton; on {device.type} use mode='eager' "
                          "(or 'auto')")

@@ -85,12 +85,9 @@ class ModelRunner(ModelRunnerBase):
         self.block_size = config.cache.block_size
         # the in-place CPU paged-attention kernel reads model-dtype caches; fp8/int8 caches take the torch path
         self.plan = select_ops(config.runner.mode, self.model_config, self.device, config.scheduler.max_num_seqs,
-                               cpu_kernel=config.cache.kv_cache_dtype == "auto")
-        #: the CPU engine's work-sharing threads (``runner/cpu_pool.py``). They run float32 matmuls only, so a model in
-        #: another dtype keeps torch's threads (and the engine its thread governor).
+                               cpu_kernel=config.cache.kv_cache_dtype == "auto", dtype=self.dtype)
+        #: the CPU engine's work-sharing threads (``runner/cpu_pool.py``; float32 models only, see ``select_ops``)
         self.cpu_pool = getattr(self.plan.ops, "pool", None)
-        if self.cpu_pool is not None and self.dtype != torch.float32:
-            self.plan.ops.pool = self.cpu_pool = None  # type: ignore[attr-defined]
         # only the torch backend reads the per-group / per-segment views; kernel backends skip building them
         self._torch_views = isinstance(self.plan.ops.attention, TorchAttention)
         #: sliding window masked in attention: the eager backends (torch masks, CPU kernel bounds); elsewhere the

@@ -39,10 +39,14 @@ def test_linear_declines_what_it_does_not_take():
 
 
 @pytest.mark.parametrize("m,n,threads", [(1, 512, 2), (64, 4096, 2), (300, 1376, 2), (2048, 1376, 2), (64, 20, 4)])
-def test_tiles_cover_the_output(m, n, threads):
+def test_tiles_split_decode_by_columns_and_long_prompts_both_ways(m, n, threads):
     mc, nc = cpu_pool.tile_shape(m, n, threads)
     assert 1 <= mc <= m and 1 <= nc <= n and (nc == n or nc % 16 == 0)
     assert -(-m // mc) * -(-n // nc) >= 2  # something to share
+    if m <= 64 and n >= 512:
+        assert mc == m  # a decode step's rows stay whole: x is small, and re-packing w per row block would cost more
+    if m >= 2048:
+        assert mc < m and nc < n  # a long prompt: re-packing all of x per column tile would cost more
 
 
 _CHUNK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
@@ -105,11 +109,11 @@ def test_concurrent_callers_and_the_c_kernels_share_it():
     assert cpu_kernel.load() is not None and cpu_kernel.load_layer_ops() is not None  # handed the pool at start
 
 
-def test_a_forked_child_runs_every_chunk_itself():
+def test_a_forked_child_gets_right_results_without_hanging():
     x, w = torch.randn(64, 256), torch.randn(512, 256)
     want = torch.nn.functional.linear(x, w)
     pid = os.fork()
-    if pid == 0:  # the workers did not survive the fork; the child must not wait for them
+    if pid == 0:  # the workers did not survive the fork: the child must neither wait for them nor fail
         ok = torch.equal(POOL.linear(x, w), want)
         os._exit(0 if ok else 3)
     deadline = time.monotonic() + 60
