@@ -92,12 +92,41 @@ static inline __attribute__((always_inline)) void qk_f32(float *st, const float 
 #define qk_f32 qk_generic_f32
 #endif
 
+/* Scores sc[key][head] of n keys turned into unnormalised softmax weights exp(s - max over keys), in place; sum[h]
+ * receives head h's total. */
+#define MAX_HQ 256
+static inline void softmax_keys(float *sc, int n, int hq, float *sum) {
+    float m[MAX_HQ];
+    for (int h = 0; h < hq; ++h) {
+        m[h] = sc[h];
+        sum[h] = 0.0f;
+    }
+    for (int j = 1; j < n; ++j)
+#pragma omp simd
+        for (int h = 0; h < hq; ++h) m[h] = sc[(size_t)j * hq + h] > m[h] ? sc[(size_t)j * hq + h] : m[h];
+    for (int j = 0; j < n; ++j) {
+        float *st = sc + (size_t)j * hq;
+#pragma omp simd
+        for (int h = 0; h < hq; ++h) {
+            st[h] = exp_nonpos(st[h] - m[h]);
+            sum[h] += st[h];
+        }
+    }
+}
+
+/* acc[h] /= sum[h] for the hq heads of D values. */
+static inline void normalize_heads(float *acc, const float *sum, int hq, int D) {
+    for (int h = 0; h < hq; ++h) {
+        const float inv = 1.0f / sum[h];
+        for (int c = 0; c < D; ++c) acc[(size_t)h * D + c] *= inv;
+    }
+}
+
 /* One query row, cache element type T (LOAD converts one element to float), head dim D (a constant in the
  * specialised copies below, so the inner loops unroll into whole vectors). Keys are walked block by block, each
  * block's rows of hkv * D values read front to back for all heads at once (the reads stream; the next block is
  * prefetched while this one is used). Scores are kept key-major, sc[key][head], so the softmax statistics of all
  * heads are elementwise vector operations over the keys. */
-#define MAX_HQ 256
 #define DEFINE_ROW(NAME, T, LOAD, QK)                                                                               \
     static inline __attribute__((always_inline)) void NAME(                                                      \
         const float *q, float *acc, const T *kc, const T *vc, const int32_t *bt, int lo, int hi, int hq,          \
@@ -110,20 +139,8 @@ static inline __attribute__((always_inline)) void qk_f32(float *st, const float 
             const T *kp = kc + (size_t)bt[b] * block + (size_t)off * tok;                                         \
             for (; p < end; ++p, kp += tok) QK(sc + (size_t)(p - lo) * hq, q, kp, hq, g, D);                     \
         }                                                                                                         \
-        float m[MAX_HQ], sum[MAX_HQ];                                                                             \
-        for (int h = 0; h < hq; ++h) {                                                                            \
-            m[h] = sc[h];                                                                                         \
-            sum[h] = 0.0f;                                                                                        \
-        }                                                                                                         \
-        for (int j = 1; j < n; ++j)                                                                               \
-            _Pragma("omp simd") for (int h = 0; h < hq; ++h) m[h] = sc[(size_t)j * hq + h] > m[h] ? sc[(size_t)j * hq + h] : m[h]; \
-        for (int j = 0; j < n; ++j) {                                                                             \
-            float *st = sc + (size_t)j * hq;                                                                      \
-            _Pragma("omp simd") for (int h = 0; h < hq; ++h) {                                                    \
-                st[h] = exp_nonpos(st[h] - m[h]);                                                                 \
-                sum[h] += st[h];                                                                                  \
-            }                                                                                                     \
-        }                                                                                                         \
+        float sum[MAX_HQ];                                                                                        \
+        softmax_keys(sc, n, hq, sum);                                                                             \
         memset(acc, 0, sizeof(float) * (size_t)hq * D);                                                           \
         for (int p = lo; p < hi;) {                                                                               \
             const int b = p / bs, off = p % bs, end = hi < (b + 1) * bs ? hi : (b + 1) * bs;                      \
@@ -139,10 +156,7 @@ static inline __attribute__((always_inline)) void qk_f32(float *st, const float 
                 }                                                                                                 \
             }                                                                                                     \
         }                                                                                                         \
-        for (int h = 0; h < hq; ++h) {                                                                            \
-            const float inv = 1.0f / sum[h];                                                                      \
-            for (int c = 0; c < D; ++c) acc[(size_t)h * D + c] *= inv;                                            \
-        }                                                                                                         \
+        normalize_heads(acc, sum, hq, D);                                                                         \
     }
 
 DEFINE_QK(qk_bf16, uint16_t, LOAD_BF16)
@@ -165,6 +179,8 @@ DEFINE_ROW(row_f16, _Float16, LOAD_F16, qk_f16)
 DISPATCH_D(row_f32, float)
 DISPATCH_D(row_bf16, uint16_t)
 DISPATCH_D(row_f16, _Float16)
+
+#include "cpu_attention_avx512.h" /* row_f32_x16 on AVX-512 machines */
 
 struct attn_ctx {
     const void *q, *k_cache, *v_cache;
@@ -210,7 +226,12 @@ static void attn_chunk(void *p, int64_t c) {
         if (a->dtype == DT_F32) {
             const float *qr = (const float *)a->q + (size_t)r * a->q_row_stride;
             for (size_t e = 0; e < hd; ++e) qf[e] = qr[e] * scale;
-            row_f32_any(qf, acc, a->k_cache, a->v_cache, bt, lo, hi, hq, a->hkv, d, a->bs, sc);
+#ifdef STRATA_ROW_F32_X16
+            if (d % 16 == 0)
+                row_f32_x16_any(qf, acc, a->k_cache, a->v_cache, bt, lo, hi, hq, a->hkv, d, a->bs, sc);
+            else
+#endif
+                row_f32_any(qf, acc, a->k_cache, a->v_cache, bt, lo, hi, hq, a->hkv, d, a->bs, sc);
             memcpy((float *)a->out + (size_t)r * hd, acc, sizeof(float) * hd);
         } else if (a->dtype == DT_BF16) {
             const uint16_t *qr = (const uint16_t *)a->q + (size_t)r * a->q_row_stride;
