@@ -90,6 +90,7 @@ _SIGNATURES: dict[str, dict[str, tuple[type | None, list]]] = {
         "strata_add_rms_norm": (None, [_p, _i64, _p, _p, _p, _i64, _i64, _f32]),
         "strata_rotary_store": (None, [_p, _i64, _i64, _int32, _int32, _int32, _p, _p, _p, _p, _f32, _p, _p, _p]),
         "strata_silu_mul": (None, [_p, _i64, _p, _i64, _i64]),
+        "strata_row_argmax": (None, [_p, _i64, _p, _i64, _i64]),
         "strata_set_pool": (None, [_p]),
     },
     "cpu_pool": {

@@ -24,18 +24,30 @@ from typing import Sequence
 
 import torch
 
+from strataserve import envs
 from strataserve.types.outputs import TokenLogprobs
 from strataserve.types.sampling import SamplingParams
+from strataserve.runner import cpu_kernel
 from strataserve.runner.penalties import add_bias, apply_penalties, ban_tokens
 
 _MASK64 = (1 << 64) - 1
 
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
-    """``x.argmax(dim=-1)``. On CPU through ``max``, which returns the same first index of the largest value (NaN
-    counting as largest) in 0.35-0.78 of argmax's time (torch 2.13, ``benchmarks/cpu_argmax_ab.py``: 1-256 rows,
-    vocabularies of 4,096-151,936)."""
-    return x.max(dim=-1).indices if x.device.type == "cpu" else x.argmax(dim=-1)
+    """``x.argmax(dim=-1)``: the first index of the largest value, NaN counting as largest. On CPU a float32 matrix
+    takes the C pass of ``runner/cpu_layer_ops.c`` (0.29-0.45 of ``max``'s time at 64-256 rows), anything else
+    ``max(...).indices``, which keeps the same rule in 0.35-0.78 of argmax's time (torch 2.13,
+    ``benchmarks/cpu_argmax_ab.py``: 1-256 rows, vocabularies of 4,096-151,936)."""
+    if x.device.type != "cpu":
+        return x.argmax(dim=-1)
+    if (x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0 and x.stride(1) == 1
+            and envs.STRATA_CPU_LAYER_OPS):
+        lib = cpu_kernel.load_layer_ops()
+        if lib is not None:
+            out = torch.empty(x.shape[0], dtype=torch.int64)
+            lib.strata_row_argmax(x.data_ptr(), x.stride(0), out.data_ptr(), x.shape[0], x.shape[1])
+            return out
+    return x.max(dim=-1).indices
 
 
 @dataclass(slots=True)

@@ -378,3 +378,46 @@ def test_row_argmax_is_torch_argmax_with_ties_infinities_and_nan(dtype) -> None:
     got = row_argmax(x)
     assert torch.equal(got, x.argmax(dim=-1))
     assert got[3] == 100 and got[5] == 7 and got[6] == 0
+
+
+@pytest.mark.parametrize("cols", [1, 15, 64, 65, 191, 4096, 151936])
+def test_row_argmax_c_pass_matches_argmax_on_strided_rows(cols) -> None:
+    """float32 on CPU takes the C pass (cpu_layer_ops.c): rows of a wider matrix (a row stride past the width),
+    the largest value in the unvectorised tail, signed-zero ties, a row of -inf, NaN after the largest value."""
+    gen = torch.Generator().manual_seed(cols)
+    wide = torch.randn(40, cols + 7, generator=gen)
+    x = wide[:, :cols]
+    x[1, -1] = 100.0  # in the tail past the last full vector
+    x[2] = torch.where(torch.arange(cols) % 3 == 0, 0.0, -1.0)
+    x[2, cols // 2] = -0.0  # ties between 0.0 and -0.0: the first wins
+    x[3] = float("-inf")
+    x[4, 0], x[4, -1] = 50.0, float("nan")
+    x[5] = torch.randint(0, 3, (cols,), generator=gen).float()  # many ties
+    assert x.stride(0) == cols + 7
+    got = row_argmax(x)
+    assert got.dtype == torch.int64 and torch.equal(got, x.argmax(dim=-1))
+    if cols > 1:
+        assert got[1] == cols - 1 and got[4] == cols - 1
+    assert got[3] == 0
+
+
+def test_row_argmax_takes_the_c_pass_unless_switched_off(monkeypatch) -> None:
+    """The C pass is what runs for float32 on CPU (a broken library would be noticed), and
+    STRATA_CPU_LAYER_OPS=0 leaves torch's max."""
+    from strataserve import envs
+    from strataserve.runner import cpu_kernel
+
+    calls = []
+    lib = cpu_kernel.load_layer_ops()
+    assert lib is not None, "the test machine has a C compiler"
+
+    class Spy:
+        def strata_row_argmax(self, *args):
+            calls.append(args)
+            return lib.strata_row_argmax(*args)
+
+    monkeypatch.setattr(cpu_kernel, "load_layer_ops", lambda: Spy())
+    x = torch.randn(8, 300, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(row_argmax(x), x.argmax(-1)) and len(calls) == 1
+    monkeypatch.setattr(envs, "STRATA_CPU_LAYER_OPS", False)
+    assert torch.equal(row_argmax(x), x.argmax(-1)) and len(calls) == 1
