@@ -108,3 +108,25 @@ def test_logit_bias_greedy_matches_hf_sequence_bias(family_ckpt):
                             logit_bias={str(t): b for t, b in bias.items()})
     got = [list(r.outputs[0].token_ids) for r in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want, family
+
+
+def test_long_prompts_through_the_prompt_tiles_match_hf(family_ckpt):
+    """Prompts of 140-290 tokens: on CPU with torch's MKL their attention runs as tiles of sgemm
+    (runner/cpu_attention_gemm.h), whole and, with a 160-token budget, as a 130-row chunk after 160 cached tokens.
+    Greedy tokens equal HF's and the chosen tokens' logprobs match its log-softmax."""
+    family, path, hf = family_ckpt
+    rng = random.Random(5)
+    prompts = [[rng.randrange(5, hf.config.vocab_size) for _ in range(n)] for n in (140, 200, 290)]
+    expected = _hf_greedy(hf, prompts)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=1)
+    for budget in (2048, 160):
+        llm = LLM(model=str(path), dtype="float32", device="cpu", num_blocks=128, max_num_batched_tokens=budget,
+                  enable_prefix_caching=False)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outs] == expected, (family, budget)
+        for p, out in zip(prompts, outs):
+            comp = out.outputs[0]
+            with torch.inference_mode():
+                ref = torch.log_softmax(hf(torch.tensor([p + list(comp.token_ids)])).logits[0].float(), dim=-1)
+            for i, (tok, lp) in enumerate(zip(comp.token_ids, comp.logprobs)):
+                assert abs(lp[tok].logprob - ref[len(p) - 1 + i][tok].item()) < 1e-4, (family, budget, i)

@@ -85,6 +85,7 @@ _SIGNATURES: dict[str, dict[str, tuple[type | None, list]]] = {
         "strata_paged_attention": (ctypes.c_int, [_p, _i64, _p, _p, _p, _i32p, _i64, _i32p, _i32p, _i32p, _int32,
                                                   _int32, _int32, _int32, _int32, _f32, _int32, _int32]),
         "strata_set_pool": (None, [_p]),
+        "strata_set_blas": (None, [_p, _p]),
     },
     "cpu_layer_ops": {
         "strata_add_rms_norm": (None, [_p, _i64, _p, _p, _p, _i64, _i64, _f32]),
@@ -111,9 +112,30 @@ def _typed(name: str) -> ctypes.CDLL | None:
 
 
 @functools.cache
+def torch_blas() -> tuple[int, int] | None:
+    """Addresses of torch's own ``sgemm_`` and ``mkl_set_num_threads_local`` (None: torch has no MKL here)."""
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        tl = ctypes.CDLL(str(lib))
+        sgemm = ctypes.cast(tl.sgemm_, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+    try:
+        local = ctypes.cast(tl.mkl_set_num_threads_local, ctypes.c_void_p).value
+    except AttributeError:
+        return None  # a BLAS without per-thread control would thread each tile by itself
+    return (sgemm, local) if sgemm else None
+
+
+@functools.cache
 def load() -> ctypes.CDLL | None:
-    """The compiled paged-attention library (built on first use), or None when it cannot be built here."""
-    return _typed("cpu_paged_attention")
+    """The compiled paged-attention library (built on first use), or None when it cannot be built here. With
+    torch's MKL it gets its ``sgemm_``, for long float32 prompt chunks (``cpu_attention_gemm.h``)."""
+    lib = _typed("cpu_paged_attention")
+    blas = torch_blas()
+    if lib is not None and blas is not None:
+        lib.strata_set_blas(ctypes.c_void_p(blas[0]), ctypes.c_void_p(blas[1]))
+    return lib
 
 
 @functools.cache

@@ -192,19 +192,23 @@ struct attn_ctx {
     _Atomic int failed;
 };
 
-/* Scratch of the calling thread (scores, scaled q, accumulator), grown as needed and kept between calls. */
-static float *scratch(size_t floats) {
-    static __thread float *buf = NULL;
-    static __thread size_t cap = 0;
-    if (floats > cap) {
-        free(buf);
-        buf = malloc(sizeof(float) * floats);
-        cap = buf ? floats : 0;
+/* A thread's buffer of at least `floats`, grown as needed and kept between calls (buf, cap: its thread-locals). */
+static float *grown(float **buf, size_t *cap, size_t floats) { /* NULL when out of memory */
+    if (floats > *cap) {
+        free(*buf);
+        *buf = malloc(sizeof(float) * floats);
+        *cap = *buf ? floats : 0;
     }
-    return buf;
+    return *buf;
 }
+/* Scratch of the calling thread (scores, scaled q, accumulator; a tile's q, scores and output). */
+static __thread float *scratch_buf = NULL;
+static __thread size_t scratch_cap = 0;
+static float *scratch(size_t floats) { return grown(&scratch_buf, &scratch_cap, floats); }
 
 #define ROWS_PER_CHUNK 2
+
+#include "cpu_attention_gemm.h" /* long float32 prompt chunks as tiles of matrix products */
 
 static void attn_chunk(void *p, int64_t c) {
     struct attn_ctx *a = p;
@@ -269,16 +273,30 @@ int strata_paged_attention(const void *q, int64_t q_row_stride, void *out, const
     }
     if (rows <= 0) return 0;
     if (window > 0 && window < max_keys) max_keys = window;
-    int32_t *item = malloc(sizeof(int32_t) * 2 * (size_t)rows); /* (sequence, query index) of each work item */
-    if (!item) return -3;
-    for (int s = 0, i = 0; s < num_seqs; ++s)
-        for (int j = 0; j < q_len[s]; ++j, ++i) {
-            item[2 * i] = s;
-            item[2 * i + 1] = j;
+    /* (sequence, query index) of each row taken alone; the long float32 prompt chunks go to the tiles instead */
+    int32_t *item = malloc(sizeof(int32_t) * 2 * (size_t)rows), *tiled = malloc(sizeof(int32_t) * (size_t)num_seqs);
+    if (!item || !tiled) {
+        free(item);
+        free(tiled);
+        return -3;
+    }
+    int n_items = 0, n_tiled = 0;
+    for (int s = 0; s < num_seqs; ++s) {
+        if (dtype == DT_F32 && attn_sgemm && q_len[s] >= GEMM_MIN_ROWS) {
+            tiled[n_tiled++] = s;
+            continue;
         }
+        for (int j = 0; j < q_len[s]; ++j, ++n_items) {
+            item[2 * n_items] = s;
+            item[2 * n_items + 1] = j;
+        }
+    }
     struct attn_ctx a = {q, k_cache, v_cache, out, q_row_stride, bt_stride, block_tables, q_start, q_len, kv_lens,
-                         item, rows, hq, hkv, d, bs, window, dtype, max_keys, scale, 0};
-    par_run(attn_chunk, &a, (rows + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK);
+                         item, n_items, hq, hkv, d, bs, window, dtype, max_keys, scale, 0};
+    if (n_items) par_run(attn_chunk, &a, (n_items + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK);
+    int rc = a.failed ? -3 : 0;
+    if (rc == 0 && n_tiled) rc = gemm_attention(&a, tiled, n_tiled);
     free(item);
-    return a.failed ? -3 : 0;
+    free(tiled);
+    return rc;
 }

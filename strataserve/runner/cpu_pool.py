@@ -17,7 +17,6 @@ import ctypes
 import functools
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
@@ -109,21 +108,6 @@ def tile_shape(m: int, n: int, threads: int) -> tuple[int, int]:
     return mc, nc
 
 
-def _torch_blas() -> tuple[int, int | None] | None:
-    """Addresses of torch's own ``sgemm_`` and ``mkl_set_num_threads_local`` (None: torch has no MKL here)."""
-    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-    try:
-        tl = ctypes.CDLL(str(lib))
-        sgemm = ctypes.cast(tl.sgemm_, ctypes.c_void_p).value
-    except (OSError, AttributeError):
-        return None
-    try:
-        local = ctypes.cast(tl.mkl_set_num_threads_local, ctypes.c_void_p).value
-    except AttributeError:
-        return None  # a BLAS without per-thread control would thread each tile by itself
-    return (sgemm, local) if sgemm else None
-
-
 @functools.cache
 def get() -> CpuPool | None:
     """The process's pool, started on first use with ``torch.get_num_threads()`` threads; None when it is switched
@@ -131,7 +115,7 @@ def get() -> CpuPool | None:
     threads = torch.get_num_threads()
     if not envs.STRATA_CPU_POOL or threads < 2:
         return None
-    blas = _torch_blas()
+    blas = cpu_kernel.torch_blas()
     if blas is None:
         log.warning("torch has no MKL sgemm here: the CPU engine keeps torch's threads")
         return None

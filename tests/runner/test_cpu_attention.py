@@ -2,6 +2,7 @@
 and the backend against the torch gather + SDPA backend on a mixed step built by the real input batcher."""
 from __future__ import annotations
 
+import ctypes
 import random
 
 import pytest
@@ -32,23 +33,16 @@ def dense(q, k, v, window):
     return torch.einsum("hqk,khd->qhd", s.masked_fill(~allowed, float("-inf")).softmax(-1), v)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-# Head dims that are a multiple of 16 take the AVX-512 row on machines that have it (cpu_attention_avx512.h):
-# 14 heads leave a tail of score pairs short of sixteen, 80 is not one of its compiled-in head dims.
-@pytest.mark.parametrize("hq,hkv,d,window", [(8, 4, 32, None), (6, 2, 24, None), (4, 4, 64, 7), (2, 1, 128, None),
-                                             (14, 2, 64, None), (16, 8, 80, 5), (32, 8, 128, 11)])
-def test_kernel_matches_dense_attention(dtype, hq, hkv, d, window):
-    """Decode rows, chunks after cached tokens and fresh chunks in scattered blocks of size 4; q is a strided view
-    of a fused qkv tensor, as the decoder hands it over."""
-    bs, nblocks = 4, 300
-    rng = random.Random(hq * d)
-    gen = torch.Generator().manual_seed(hq * d)
+def _against_dense(dtype, hq, hkv, d, window, q_len, kv_len, bs=4, seed=0):
+    """Sequences of q_len query rows and kv_len keys each in scattered blocks of size bs, q a strided view of a
+    fused qkv tensor (as the decoder hands it over), a gap row after each sequence: the kernel against ``dense``."""
+    nblocks = sum(-(-n // bs) for n in kv_len) + 8
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
     k_cache = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
     v_cache = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
     free = list(range(nblocks))
     rng.shuffle(free)
-    q_len = [1] * 9 + [rng.randint(2, 9) for _ in range(4)]
-    kv_len = [rng.randint(1, 60) if n == 1 else n + rng.choice([0, rng.randint(1, 30)]) for n in q_len]
     tables = [[free.pop() for _ in range(-(-n // bs))] for n in kv_len]
     width = max(len(t) for t in tables) + 1  # a column past every table: padding must never be read
     bt = torch.zeros(len(tables), width, dtype=torch.int32)
@@ -72,6 +66,62 @@ def test_kernel_matches_dense_attention(dtype, hq, hkv, d, window):
         ref = dense(q[s:s + q_len[i]], k, v, window)
         torch.testing.assert_close(out[s:s + q_len[i]].double(), ref, atol=TOL[dtype], rtol=TOL[dtype])
         assert (out[s + q_len[i]] == 7.0).all()  # the gap row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+# Head dims that are a multiple of 16 take the AVX-512 row on machines that have it (cpu_attention_avx512.h):
+# 14 heads leave a tail of score pairs short of sixteen, 80 is not one of its compiled-in head dims.
+@pytest.mark.parametrize("hq,hkv,d,window", [(8, 4, 32, None), (6, 2, 24, None), (4, 4, 64, 7), (2, 1, 128, None),
+                                             (14, 2, 64, None), (16, 8, 80, 5), (32, 8, 128, 11)])
+def test_kernel_matches_dense_attention(dtype, hq, hkv, d, window):
+    """Decode rows, chunks after cached tokens and fresh chunks, all shorter than the tiles' minimum."""
+    rng = random.Random(hq * d)
+    q_len = [1] * 9 + [rng.randint(2, 9) for _ in range(4)]
+    kv_len = [rng.randint(1, 60) if n == 1 else n + rng.choice([0, rng.randint(1, 30)]) for n in q_len]
+    _against_dense(dtype, hq, hkv, d, window, q_len, kv_len, seed=hq * d)
+
+
+def _set_blas(lib, blas) -> None:
+    lib.strata_set_blas(*((None, None) if blas is None else (ctypes.c_void_p(a) for a in blas)))
+
+
+@pytest.mark.parametrize("hq,hkv,d,window,bs", [(8, 4, 32, None, 4), (14, 2, 64, None, 16), (4, 4, 64, 20, 16),
+                                                (16, 8, 128, None, 16), (6, 2, 24, 9, 4)])
+def test_long_prompt_chunks_take_the_tiles_and_match_dense_attention(hq, hkv, d, window, bs):
+    """float32 chunks of >= 128 rows go through tiles of sgemm (cpu_attention_gemm.h): a fresh prompt over three
+    tiles (64 + 64 + 22 rows), a chunk of 130 after 100 cached tokens (64 + 64 + 2), one of exactly 128 rows, one
+    of 127 (rows path), and decode rows in the same call; with a window a tile's later rows see keys its first rows
+    do not. torch's sgemm sits behind a counting callback: two products per (tile, KV head) prove that the tiles
+    ran."""
+    blas = cpu_kernel.torch_blas()
+    if blas is None:
+        pytest.skip("torch has no MKL sgemm here: the tiles are not used")
+    ip, fp, vp = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_float), ctypes.c_void_p
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ip, ip, ip, fp, vp, ip, vp, ip, fp, vp, ip)
+    real, calls = proto(blas[0]), []
+
+    def counting_sgemm(*args):
+        calls.append(1)
+        real(*args)
+
+    fn = proto(counting_sgemm)
+    lib = cpu_kernel.load()
+    _set_blas(lib, (ctypes.cast(fn, ctypes.c_void_p).value, blas[1]))
+    try:
+        _against_dense(torch.float32, hq, hkv, d, window, [150, 130, 128, 127, 1, 1, 1],
+                       [150, 230, 128, 160, 33, 200, 5], bs=bs, seed=d + hq)
+    finally:
+        _set_blas(lib, blas)
+    assert len(calls) == 2 * hkv * (3 + 3 + 2)
+
+
+def test_without_blas_long_prompt_chunks_take_the_rows():
+    lib = cpu_kernel.load()
+    lib.strata_set_blas(None, None)
+    try:
+        _against_dense(torch.float32, 8, 4, 32, None, [140, 1], [160, 12], seed=3)
+    finally:
+        _set_blas(lib, cpu_kernel.torch_blas())
 
 
 def test_backend_matches_torch_backend_on_a_built_step():
