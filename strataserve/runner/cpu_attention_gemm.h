@@ -109,6 +109,7 @@ static void tile_chunk(void *p, int64_t c) {
 }
 
 /* The caller's copy of the long sequences' K/V, kept between calls (each calling thread has its own). */
+#define GATHERED_KEEP ((size_t)16 << 20) /* floats (64 MiB) of K/V copy kept between calls; more is freed */
 static __thread float *gathered_buf = NULL;
 static __thread size_t gathered_cap = 0;
 static float *gathered(size_t floats) { return grown(&gathered_buf, &gathered_cap, floats); }
@@ -143,5 +144,10 @@ static int gemm_attention(struct attn_ctx *a, const int32_t *seqs, int n) {
     par_run(tile_chunk, &G, tiles);
     free(kv_at);
     free(tile);
+    if (gathered_cap > GATHERED_KEEP) { /* a long context's copy is not held after its step */
+        free(gathered_buf);
+        gathered_buf = NULL;
+        gathered_cap = 0;
+    }
     return a->failed ? -3 : 0;
 }
