@@ -41,15 +41,17 @@ struct gemm_ctx {
     int32_t n_seqs, n_tiles;
 };
 
-/* Copy sequence seqs[c / hkv]'s keys of KV head c % hkv out of the blocks. */
+/* Copy sequence seqs[c / hkv]'s keys of KV head c % hkv out of the blocks: those its first query row's window
+ * reaches and after (all of them without a window), each at its own index. */
 static void gather_chunk(void *p, int64_t c) {
     const struct gemm_ctx *G = p;
     const struct attn_ctx *a = G->a;
     const int i = (int)(c / a->hkv), kh = (int)(c % a->hkv), s = G->seqs[i], n = a->kv_lens[s], d = a->d;
+    const int first = n - a->q_len[s], from = (a->window > 0 && first - a->window + 1 > 0) ? first - a->window + 1 : 0;
     const int32_t *bt = a->block_tables + (size_t)s * a->bt_stride;
     const size_t tok = (size_t)a->hkv * d, block = (size_t)a->bs * tok;
     float *k = G->kv + G->kv_at[i] + (size_t)kh * 2 * n * d, *v = k + (size_t)n * d;
-    for (int t = 0; t < n; ++t) {
+    for (int t = from; t < n; ++t) {
         const size_t at = (size_t)bt[t / a->bs] * block + (size_t)(t % a->bs) * tok + (size_t)kh * d;
         memcpy(k + (size_t)t * d, (const float *)a->k_cache + at, sizeof(float) * d);
         memcpy(v + (size_t)t * d, (const float *)a->v_cache + at, sizeof(float) * d);
