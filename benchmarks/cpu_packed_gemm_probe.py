@@ -1,4 +1,5 @@
-"""A probe, not a path the engine takes: MKL's packed GEMM against ``F.linear`` on one thread, decode-sized rows.
+"""MKL's packed GEMM (the engine's opt-in ``STRATA_CPU_PACKED_WEIGHTS``) against ``F.linear``, one thread,
+decode-sized rows.
 
 ``F.linear`` (and the engine's pool, which calls the same ``sgemm_`` per tile) makes MKL pack the weight again on
 every call; with few rows that copy is a large share of the work (``perf``: ~30% of a Qwen3-0.6B-shaped decode step

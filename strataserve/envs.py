@@ -86,6 +86,10 @@ STRATA_CPU_LAYER_OPS: bool = os.environ.get("STRATA_CPU_LAYER_OPS", "1") != "0"
 #: "0": the CPU engine's matmuls and C kernels run on torch's OpenMP threads instead of the work-sharing pool of
 #: ``runner/cpu_pool.py`` (whose caller never waits for a thread that another process keeps off its core).
 STRATA_CPU_POOL: bool = os.environ.get("STRATA_CPU_POOL", "1") != "0"
+#: "1": the pool's float32 matmuls of 2-256 rows run on weights packed once by MKL (``cblas_sgemm_pack``) instead of
+#: packed again on every call: 0.35-0.84 of the time at 8-64 rows for a 0.6B-class model's shapes, but the results
+#: are no longer bit-identical to ``F.linear`` and each packed weight keeps a copy of its size next to the original.
+STRATA_CPU_PACKED_WEIGHTS: bool = os.environ.get("STRATA_CPU_PACKED_WEIGHTS", "0") == "1"
 #: where compiled CPU kernels (one file per source, compiler and CPU) and the GPU's batch-1 GEMV tuning choices
 #: (``runner/tuning_cache.py``, one file per GPU, versions and shapes) are kept; delete it to measure afresh.
 STRATA_KERNEL_CACHE: str = os.environ.get("STRATA_KERNEL_CACHE") or os.path.join(

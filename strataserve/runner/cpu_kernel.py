@@ -98,6 +98,7 @@ _SIGNATURES: dict[str, dict[str, tuple[type | None, list]]] = {
         "strata_pool_start": (ctypes.c_int, [ctypes.c_int, _i64, _i64, _p]),
         "strata_pool_run": (None, [_p, _p, _i64]),
         "strata_linear": (None, [_p, _p, _i64, _p, _p, _p, _i64, _i64, _i64, _i64, _i64]),
+        "strata_linear_packed": (None, [_p, _p, _i64, _p, _p, _p, _i64, _i64, _i64, _i64, _i64]),
     },
 }
 
@@ -125,6 +126,40 @@ def torch_blas() -> tuple[int, int] | None:
     except AttributeError:
         return None  # a BLAS without per-thread control would thread each tile by itself
     return (sgemm, local) if sgemm else None
+
+
+class MklPacking:
+    """MKL's packed GEMM from torch's own copy: ``pack(w)`` packs a contiguous float32 ``[n, k]`` weight as the
+    transposed B operand once; ``compute`` is ``cblas_sgemm_compute``'s address for ``cpu_pool.c``."""
+
+    ROW_MAJOR, TRANS, B_MATRIX = 101, 112, 162
+    PACK_ROWS = 64  # the row count given to the packing (the packed B serves any row count)
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._size = lib.cblas_sgemm_pack_get_size
+        self._size.restype, self._size.argtypes = ctypes.c_size_t, [ctypes.c_int] * 4
+        self._pack = lib.cblas_sgemm_pack
+        self._pack.restype = None
+        self._pack.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, _p, ctypes.c_int, _p]
+        self.compute: int = ctypes.cast(lib.cblas_sgemm_compute, ctypes.c_void_p).value  # type: ignore[assignment]
+
+    def pack(self, w: torch.Tensor) -> torch.Tensor:
+        n, k = w.shape
+        out = torch.empty(-(-self._size(self.B_MATRIX, self.PACK_ROWS, n, k) // 4), dtype=torch.float32)
+        self._pack(self.ROW_MAJOR, self.B_MATRIX, self.TRANS, self.PACK_ROWS, n, k, 1.0, w.data_ptr(), k,
+                   out.data_ptr())
+        return out
+
+
+@functools.cache
+def mkl_packing() -> MklPacking | None:
+    """torch's MKL packed GEMM, or None where torch has no MKL (or one without it)."""
+    if torch_blas() is None:
+        return None
+    try:
+        return MklPacking(ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")))
+    except (OSError, AttributeError):
+        return None
 
 
 @functools.cache

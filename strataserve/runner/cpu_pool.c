@@ -198,3 +198,40 @@ void strata_linear(void *sgemm_fn, const float *x, int64_t ldx, const float *w, 
     strata_pool_run(linear_chunk, &L, ((m + mc - 1) / mc) * L.n_tiles);
     if (mkl_local) mkl_local(&before);
 }
+
+/* ------------------------------------------------------------------ float32 linear over weights packed once */
+/* MKL's cblas_sgemm_compute (row-major, LP64 ints): C = op(A) * B, B given in the packed format of
+ * cblas_sgemm_pack, which folded alpha in. */
+typedef void (*sgemm_compute_t)(int layout, int transa, int transb, int m, int n, int k, const float *a, int lda,
+                                const float *b, int ldb, float beta, float *c, int ldc);
+enum { ROW_MAJOR = 101, NO_TRANS = 111, PACKED = 151 };
+
+struct packed_ctx {
+    sgemm_compute_t compute;
+    const float *x, *bias;
+    const void *const *packed; /* one packed weight slice per column tile */
+    float *y;
+    int64_t ldx, m, n, k, mc, nc, n_tiles;
+};
+
+static void packed_chunk(void *p, int64_t c) {
+    const struct packed_ctx *L = p;
+    const int64_t m0 = (c / L->n_tiles) * L->mc, j = c % L->n_tiles, n0 = j * L->nc;
+    const int m = (int)(L->m - m0 < L->mc ? L->m - m0 : L->mc), n = (int)(L->n - n0 < L->nc ? L->n - n0 : L->nc);
+    float *y = L->y + m0 * L->n + n0;
+    if (L->bias)
+        for (int r = 0; r < m; ++r)
+            for (int i = 0; i < n; ++i) y[(int64_t)r * L->n + i] = L->bias[n0 + i];
+    L->compute(ROW_MAJOR, NO_TRANS, PACKED, m, n, (int)L->k, L->x + m0 * L->ldx, (int)L->ldx, L->packed[j],
+               (int)L->k, L->bias ? 1.0f : 0.0f, y, (int)L->n);
+}
+
+/* y (contiguous [m, n]) = x ([m, k], rows ldx apart) @ w^T (+ bias), w given as its column tiles of nc output
+ * features each, packed by cblas_sgemm_pack (B, transposed); tiles of mc rows by nc columns. */
+void strata_linear_packed(void *compute_fn, const float *x, int64_t ldx, const void *const *packed, const float *bias,
+                          float *y, int64_t m, int64_t n, int64_t k, int64_t mc, int64_t nc) {
+    struct packed_ctx L = {(sgemm_compute_t)compute_fn, x, bias, packed, y, ldx, m, n, k, mc, nc, (n + nc - 1) / nc};
+    const int before = mkl_local ? mkl_local(&ONE) : 0;
+    strata_pool_run(packed_chunk, &L, ((m + mc - 1) / mc) * L.n_tiles);
+    if (mkl_local) mkl_local(&before);
+}

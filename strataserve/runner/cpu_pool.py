@@ -9,6 +9,11 @@ While a CPU engine steps, its matmuls, attention and layer ops run on the pool a
 (``hold_torch`` / ``release_torch``), so no OpenMP worker spins beside the pool's. The matmuls are MKL's own
 ``sgemm`` (torch's copy), one single-threaded call per tile of the output: the same kernel on the same operands, so
 the results equal ``F.linear``'s bit for bit (tested). ``STRATA_CPU_POOL=0`` keeps torch's threads.
+
+Opt-in, ``STRATA_CPU_PACKED_WEIGHTS=1``: matmuls of 2-256 rows run over each weight packed once by MKL
+(``cblas_sgemm_pack``, kept on the weight tensor) instead of packed again on every call, which is most of a
+decode step's matmul time at a 0.6B-class model's widths. Within float32 rounding of ``F.linear``, not bit for bit,
+and each packed weight keeps a copy of its own size.
 """
 from __future__ import annotations
 
@@ -33,6 +38,9 @@ _YIELD_NS = 20_000
 # Output tiles per thread: two, so that the dynamic hand-out evens out a thread that starts late; each tile is one
 # sgemm call that packs its share of both operands again, so more would cost more.
 _TILES_PER_THREAD = 2
+# With STRATA_CPU_PACKED_WEIGHTS, matmuls of 2 to this many rows use the weights packed once; longer prompts pay
+# MKL's own packing over enough rows that it hardly counts.
+_PACKED_MAX_ROWS = 256
 
 
 class CpuPool:
@@ -88,10 +96,45 @@ class CpuPool:
         m, k = x.shape
         n = weight.shape[0]
         y = torch.empty(m, n, dtype=_F32)
+        packing = cpu_kernel.mkl_packing() if envs.STRATA_CPU_PACKED_WEIGHTS and 2 <= m <= _PACKED_MAX_ROWS else None
+        if packing is not None:
+            packed = self._packed(weight, packing)
+            row_tiles = max(1, _TILES_PER_THREAD * self.threads // len(packed.tiles))
+            self._lib.strata_linear_packed(packing.compute, x.data_ptr(), x.stride(0), packed.ptrs,
+                                           None if bias is None else bias.data_ptr(), y.data_ptr(), m, n, k,
+                                           -(-m // row_tiles), packed.nc)
+            return y
         mc, nc = tile_shape(m, n, self.threads)
         self._lib.strata_linear(self._sgemm, x.data_ptr(), x.stride(0), weight.data_ptr(),
                                 None if bias is None else bias.data_ptr(), y.data_ptr(), m, n, k, mc, nc)
         return y
+
+    def _packed(self, weight: torch.Tensor, packing: cpu_kernel.MklPacking) -> _PackedWeight:
+        """``weight``'s column tiles (a decode step's split) packed once, kept on the tensor itself so that they
+        live and die with it; packed again if the weight was written in place since."""
+        version = _version(weight)
+        entry = getattr(weight, "_strata_packed", None)
+        if entry is None or entry.version != version or version is None:
+            nc = tile_shape(1, weight.shape[0], self.threads)[1]
+            tiles = [packing.pack(weight[n0:n0 + nc]) for n0 in range(0, weight.shape[0], nc)]
+            entry = _PackedWeight(nc, tiles, (ctypes.c_void_p * len(tiles))(*(t.data_ptr() for t in tiles)), version)
+            weight._strata_packed = entry  # type: ignore[attr-defined]
+        return entry
+
+
+class _PackedWeight:
+    __slots__ = ("nc", "tiles", "ptrs", "version")
+
+    def __init__(self, nc: int, tiles: list[torch.Tensor], ptrs: ctypes.Array, version: int | None) -> None:
+        self.nc, self.tiles, self.ptrs, self.version = nc, tiles, ptrs, version
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's in-place write counter (None for inference tensors, which have none: packed on every call)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def tile_shape(m: int, n: int, threads: int) -> tuple[int, int]:

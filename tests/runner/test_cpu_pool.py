@@ -170,3 +170,50 @@ def test_the_engine_steps_on_the_pool_and_gives_torch_back(tmp_path, monkeypatch
     assert bf16.engine.core.cpu_pool is None and bf16.engine.core.thread_governor is not None  # float32 only
     bf16.generate(["hello world"], params)
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("m", [2, 17, 64, 256])
+@pytest.mark.parametrize("n,k", [(4096, 1024), (1376, 256), (100, 33)])
+def test_packed_weights_match_f_linear(m, n, k, monkeypatch):
+    """STRATA_CPU_PACKED_WEIGHTS: 2-256 rows run over the weight packed once (MKL's cblas_sgemm_pack / compute).
+    Not bit-identical to F.linear, but within float32 rounding of it, bias and strided rows included."""
+    if cpu_kernel.mkl_packing() is None:
+        pytest.skip("torch's MKL has no packed GEMM here")
+    monkeypatch.setattr(envs, "STRATA_CPU_PACKED_WEIGHTS", True)
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = torch.randn(m, k + 3, generator=gen)[:, :k]
+    w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    ref, ref_b = torch.nn.functional.linear(x, w), torch.nn.functional.linear(x, w, b)
+    got = POOL.linear(x, w)
+    assert hasattr(w, "_strata_packed")  # the packed route ran
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-5 * k ** 0.5)
+    torch.testing.assert_close(POOL.linear(x, w, b), ref_b, rtol=1e-5, atol=2e-5 * k ** 0.5)
+
+
+def test_packed_weights_follow_in_place_writes_and_leave_other_row_counts_alone(monkeypatch):
+    if cpu_kernel.mkl_packing() is None:
+        pytest.skip("torch's MKL has no packed GEMM here")
+    monkeypatch.setattr(envs, "STRATA_CPU_PACKED_WEIGHTS", True)
+    x, w = torch.randn(8, 64), torch.randn(96, 64)
+    first = POOL.linear(x, w)
+    w.mul_(-2.0)  # a weight reloaded in place must not be served from its old packing
+    torch.testing.assert_close(POOL.linear(x, w), -2.0 * first, rtol=1e-5, atol=1e-4)
+    one, many = torch.randn(1, 64), torch.randn(257, 64)  # one row and more than 256: MKL's own sgemm, exact
+    assert torch.equal(POOL.linear(one, w), torch.nn.functional.linear(one, w))
+    assert torch.equal(POOL.linear(many, w), torch.nn.functional.linear(many, w))
+
+
+def test_the_engine_with_packed_weights_matches_hf_greedy(tmp_path, monkeypatch, two_threads):
+    from _tiny_models import hf_greedy, load_hf_model
+
+    if cpu_kernel.mkl_packing() is None:
+        pytest.skip("torch's MKL has no packed GEMM here")
+    monkeypatch.setattr(envs, "STRATA_CPU_PACKED_WEIGHTS", True)
+    ckpt = make_tiny_checkpoint("qwen3", tmp_path / "m")
+    prompts = [[5 + (7 * i + 3 * j) % 500 for j in range(6 + 5 * i)] for i in range(6)]
+    llm = LLM(model=str(ckpt), dtype="float32", device="cpu", block_size=4, num_blocks=256)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == hf_greedy(load_hf_model(ckpt), prompts, 12)
+    packed = [n for n, p in llm.engine.core.runner.model.named_parameters() if hasattr(p, "_strata_packed")]
+    assert len(packed) >= 4 * 2, packed  # the decode steps' matmuls of both layers ran on packed weights
