@@ -113,13 +113,21 @@ def _typed(name: str) -> ctypes.CDLL | None:
 
 
 @functools.cache
+def _libtorch_cpu() -> ctypes.CDLL | None:
+    """torch's own libtorch_cpu (where its MKL is linked in), or None."""
+    try:
+        return ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    except OSError:
+        return None
+
+
+@functools.cache
 def torch_blas() -> tuple[int, int] | None:
     """Addresses of torch's own ``sgemm_`` and ``mkl_set_num_threads_local`` (None: torch has no MKL here)."""
-    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    tl = _libtorch_cpu()
     try:
-        tl = ctypes.CDLL(str(lib))
-        sgemm = ctypes.cast(tl.sgemm_, ctypes.c_void_p).value
-    except (OSError, AttributeError):
+        sgemm = ctypes.cast(tl.sgemm_, ctypes.c_void_p).value  # type: ignore[union-attr]
+    except AttributeError:
         return None
     try:
         local = ctypes.cast(tl.mkl_set_num_threads_local, ctypes.c_void_p).value
@@ -157,8 +165,8 @@ def mkl_packing() -> MklPacking | None:
     if torch_blas() is None:
         return None
     try:
-        return MklPacking(ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")))
-    except (OSError, AttributeError):
+        return MklPacking(_libtorch_cpu())  # type: ignore[arg-type]
+    except AttributeError:
         return None
 
 

@@ -97,8 +97,8 @@ class CpuPool:
         n = weight.shape[0]
         y = torch.empty(m, n, dtype=_F32)
         packing = cpu_kernel.mkl_packing() if envs.STRATA_CPU_PACKED_WEIGHTS and 2 <= m <= _PACKED_MAX_ROWS else None
-        if packing is not None:
-            packed = self._packed(weight, packing)
+        packed = None if packing is None else self._packed(weight, packing)
+        if packing is not None and packed is not None:
             row_tiles = max(1, _TILES_PER_THREAD * self.threads // len(packed.tiles))
             self._lib.strata_linear_packed(packing.compute, x.data_ptr(), x.stride(0), packed.ptrs,
                                            None if bias is None else bias.data_ptr(), y.data_ptr(), m, n, k,
@@ -109,12 +109,15 @@ class CpuPool:
                                 None if bias is None else bias.data_ptr(), y.data_ptr(), m, n, k, mc, nc)
         return y
 
-    def _packed(self, weight: torch.Tensor, packing: cpu_kernel.MklPacking) -> _PackedWeight:
+    def _packed(self, weight: torch.Tensor, packing: cpu_kernel.MklPacking) -> _PackedWeight | None:
         """``weight``'s column tiles (a decode step's split) packed once, kept on the tensor itself so that they
-        live and die with it; packed again if the weight was written in place since."""
+        live and die with it; packed again if the weight was written in place since. None for a tensor that counts
+        no writes (an inference tensor): it would have to be packed on every call."""
         version = _version(weight)
+        if version is None:
+            return None
         entry = getattr(weight, "_strata_packed", None)
-        if entry is None or entry.version != version or version is None:
+        if entry is None or entry.version != version:
             nc = tile_shape(1, weight.shape[0], self.threads)[1]
             tiles = [packing.pack(weight[n0:n0 + nc]) for n0 in range(0, weight.shape[0], nc)]
             entry = _PackedWeight(nc, tiles, (ctypes.c_void_p * len(tiles))(*(t.data_ptr() for t in tiles)), version)
@@ -130,7 +133,7 @@ class _PackedWeight:
 
 
 def _version(t: torch.Tensor) -> int | None:
-    """The tensor's in-place write counter (None for inference tensors, which have none: packed on every call)."""
+    """The tensor's in-place write counter (None for inference tensors, which keep none)."""
     try:
         return t._version
     except RuntimeError:

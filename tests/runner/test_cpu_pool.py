@@ -201,6 +201,9 @@ def test_packed_weights_follow_in_place_writes_and_leave_other_row_counts_alone(
     one, many = torch.randn(1, 64), torch.randn(257, 64)  # one row and more than 256: MKL's own sgemm, exact
     assert torch.equal(POOL.linear(one, w), torch.nn.functional.linear(one, w))
     assert torch.equal(POOL.linear(many, w), torch.nn.functional.linear(many, w))
+    with torch.inference_mode():  # an inference tensor counts no writes: never packed, MKL's own sgemm
+        wi = torch.randn(96, 64)
+    assert torch.equal(POOL.linear(x, wi), torch.nn.functional.linear(x, wi)) and not hasattr(wi, "_strata_packed")
 
 
 def test_the_engine_with_packed_weights_matches_hf_greedy(tmp_path, monkeypatch, two_threads):
