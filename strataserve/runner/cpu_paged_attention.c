@@ -1,4 +1,5 @@
-/* Paged attention on the CPU, reading K/V from the blocks in place (no gather into a contiguous copy).
+/* Paged attention on the CPU, reading K/V from the blocks in place (no gather into a contiguous copy), except for
+ * long float32 prompt chunks, which are copied out once and run as tiles of sgemm (cpu_attention_gemm.h).
  *
  * Math, for one query row of sequence s at position pos = kv_lens[s] - query_len + i and query head h, keys
  * [lo, pos] with lo = max(0, pos - window + 1) (window <= 0: lo = 0), kv head kh = h / (hq / hkv):
@@ -11,7 +12,8 @@
  * sum of V. Each key's K (then V) row of hkv * d values is read once for all query heads, in block order, so the
  * reads stream through memory. Rows (one per query) are handed out two at a time to the engine's threads
  * (cpu_par.h: the work-sharing pool, or OpenMP without it; the library links libgomp.so.1, which resolves to the
- * copy torch already loaded).
+ * copy torch already loaded). On AVX-512 machines float32 rows with a head dim that is a multiple of 16 take
+ * cpu_attention_avx512.h's row.
  * exp is a polynomial that gcc vectorises (libm's expf stays scalar without -ffast-math, which we avoid: a
  * -ffast-math shared object sets flush-to-zero for the whole process).
  */
