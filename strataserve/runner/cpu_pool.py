@@ -11,7 +11,7 @@ While a CPU engine steps, its matmuls, attention and layer ops run on the pool a
 the results equal ``F.linear``'s bit for bit (tested). ``STRATA_CPU_POOL=0`` keeps torch's threads.
 
 Opt-in, ``STRATA_CPU_PACKED_WEIGHTS=1``: matmuls of 2-256 rows run over each weight packed once by MKL
-(``cblas_sgemm_pack``, kept on the weight tensor) instead of packed again on every call, which is most of a
+(``cblas_sgemm_pack``, kept while the weight lives) instead of packed again on every call, which is most of a
 decode step's matmul time at a 0.6B-class model's widths. Within float32 rounding of ``F.linear``, not bit for bit,
 and each packed weight keeps a copy of its own size.
 """
@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import functools
 import logging
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -51,6 +52,9 @@ class CpuPool:
         self.threads = threads
         self._sgemm = sgemm
         self._torch_threads: int | None = None  # torch's count while held at one thread
+        # STRATA_CPU_PACKED_WEIGHTS: id(weight) -> (a weak reference to it, its packed tiles). Not a
+        # WeakKeyDictionary: that compares keys with ==, which a tensor answers elementwise.
+        self._packed_weights: dict[int, tuple[weakref.ref, _PackedWeight]] = {}
 
     @property
     def run_fn(self) -> int:
@@ -110,19 +114,30 @@ class CpuPool:
         return y
 
     def _packed(self, weight: torch.Tensor, packing: cpu_kernel.MklPacking) -> _PackedWeight | None:
-        """``weight``'s column tiles (a decode step's split) packed once, kept on the tensor itself so that they
-        live and die with it; packed again if the weight was written in place since. None for a tensor that counts
-        no writes (an inference tensor): it would have to be packed on every call."""
+        """``weight``'s column tiles (a decode step's split) packed once, kept while the tensor lives (weakly keyed:
+        nothing is attached to the tensor, so copying or pickling it carries no pointers); packed again if the
+        weight was written in place since. None for a tensor that counts no writes (an inference tensor): it would
+        have to be packed on every call."""
         version = _version(weight)
         if version is None:
             return None
-        entry = getattr(weight, "_strata_packed", None)
+        entry = self._packed_entry(weight)
         if entry is None or entry.version != version:
             nc = tile_shape(1, weight.shape[0], self.threads)[1]
             tiles = [packing.pack(weight[n0:n0 + nc]) for n0 in range(0, weight.shape[0], nc)]
             entry = _PackedWeight(nc, tiles, (ctypes.c_void_p * len(tiles))(*(t.data_ptr() for t in tiles)), version)
-            weight._strata_packed = entry  # type: ignore[attr-defined]
+            key, table = id(weight), self._packed_weights
+            # the entry goes when the weight does (before its id can be reused)
+            table[key] = (weakref.ref(weight, lambda _, k=key: table.pop(k, None)), entry)
         return entry
+
+    def _packed_entry(self, weight: torch.Tensor) -> _PackedWeight | None:
+        hit = self._packed_weights.get(id(weight))
+        return hit[1] if hit is not None and hit[0]() is weight else None
+
+    def is_packed(self, weight: torch.Tensor) -> bool:
+        """Whether ``weight`` has a packed copy (it went through the packed route)."""
+        return self._packed_entry(weight) is not None
 
 
 class _PackedWeight:

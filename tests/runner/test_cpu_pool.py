@@ -185,7 +185,7 @@ def test_packed_weights_match_f_linear(m, n, k, monkeypatch):
     w, b = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
     ref, ref_b = torch.nn.functional.linear(x, w), torch.nn.functional.linear(x, w, b)
     got = POOL.linear(x, w)
-    assert hasattr(w, "_strata_packed")  # the packed route ran
+    assert POOL.is_packed(w)  # the packed route ran
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-5 * k ** 0.5)
     torch.testing.assert_close(POOL.linear(x, w, b), ref_b, rtol=1e-5, atol=2e-5 * k ** 0.5)
 
@@ -203,7 +203,16 @@ def test_packed_weights_follow_in_place_writes_and_leave_other_row_counts_alone(
     assert torch.equal(POOL.linear(many, w), torch.nn.functional.linear(many, w))
     with torch.inference_mode():  # an inference tensor counts no writes: never packed, MKL's own sgemm
         wi = torch.randn(96, 64)
-    assert torch.equal(POOL.linear(x, wi), torch.nn.functional.linear(x, wi)) and not hasattr(wi, "_strata_packed")
+    assert torch.equal(POOL.linear(x, wi), torch.nn.functional.linear(x, wi)) and not POOL.is_packed(wi)
+    import copy
+    import pickle
+
+    clone = copy.deepcopy(w)  # nothing rides on the tensor: a copy is packed afresh, a pickle carries no pointers
+    assert not POOL.is_packed(clone) and torch.equal(pickle.loads(pickle.dumps(w)), w)
+    torch.testing.assert_close(POOL.linear(x, clone), POOL.linear(x, w), rtol=0, atol=0)
+    held = len(POOL._packed_weights)
+    del w, clone  # the packed copies go with their weights: nothing leaks across engines in one process
+    assert len(POOL._packed_weights) == held - 2
 
 
 def test_the_engine_with_packed_weights_matches_hf_greedy(tmp_path, monkeypatch, two_threads):
@@ -218,5 +227,5 @@ def test_the_engine_with_packed_weights_matches_hf_greedy(tmp_path, monkeypatch,
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == hf_greedy(load_hf_model(ckpt), prompts, 12)
-    packed = [n for n, p in llm.engine.core.runner.model.named_parameters() if hasattr(p, "_strata_packed")]
+    packed = [n for n, p in llm.engine.core.runner.model.named_parameters() if POOL.is_packed(p)]
     assert len(packed) >= 4 * 2, packed  # the decode steps' matmuls of both layers ran on packed weights
