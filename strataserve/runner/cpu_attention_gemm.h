@@ -1,5 +1,5 @@
 /* Float32 prompt chunks of cpu_paged_attention.c as matrix products on BLAS sgemm (torch's MKL, handed over by
- * strata_set_blas). Included by that file after exp_nonpos, par_run, grown and scratch.
+ * strata_set_blas). Included by that file after exp_nonpos, par_run, grown, scratch and window_start.
  *
  * Why: a query row alone reads each of its keys for one dot product per head, so a long prompt's attention ran at
  * ~15 GFLOP/s per core against ~150 for MKL's sgemm; at 2,048 tokens it was 60% of a Qwen3-0.6B-shaped prefill.
@@ -38,7 +38,6 @@ struct gemm_ctx {
     const int64_t *kv_at; /* seqs[i]'s K/V copy starts at kv + kv_at[i] (floats) */
     const int32_t *tile;  /* per tile: (index into seqs, first row, KV head) */
     float *kv;            /* per sequence, per KV head: K [keys, D] then V [keys, D] */
-    int32_t n_seqs, n_tiles;
 };
 
 /* Copy sequence seqs[c / hkv]'s keys of KV head c % hkv out of the blocks: those its first query row's window
@@ -47,7 +46,7 @@ static void gather_chunk(void *p, int64_t c) {
     const struct gemm_ctx *G = p;
     const struct attn_ctx *a = G->a;
     const int i = (int)(c / a->hkv), kh = (int)(c % a->hkv), s = G->seqs[i], n = a->kv_lens[s], d = a->d;
-    const int first = n - a->q_len[s], from = (a->window > 0 && first - a->window + 1 > 0) ? first - a->window + 1 : 0;
+    const int from = window_start(n - a->q_len[s], a->window);
     const int32_t *bt = a->block_tables + (size_t)s * a->bt_stride;
     const size_t tok = (size_t)a->hkv * d, block = (size_t)a->bs * tok;
     float *k = G->kv + G->kv_at[i] + (size_t)kh * 2 * n * d, *v = k + (size_t)n * d;
@@ -65,7 +64,7 @@ static void tile_chunk(void *p, int64_t c) {
     const int d = a->d, hq = a->hq, g = hq / a->hkv, n = a->kv_lens[s], ql = a->q_len[s];
     const int rows = ql - j0 < TILE_ROWS ? ql - j0 : TILE_ROWS, m = rows * g, window = a->window;
     const int first = n - ql + j0, last = first + rows - 1; /* positions of the tile's first and last rows */
-    const int lo = (window > 0 && first - window + 1 > 0) ? first - window + 1 : 0, keys = last + 1 - lo;
+    const int lo = window_start(first, window), keys = last + 1 - lo;
     float *buf = scratch((size_t)m * (2 * d + keys + 1));
     if (!buf) {
         a->failed = 1;
@@ -85,7 +84,7 @@ static void tile_chunk(void *p, int64_t c) {
     attn_sgemm("T", "N", &keys, &m, &d, &one, k + (size_t)lo * d, &d, q, &d, &zero, sc, &keys);
     for (int x = 0; x < m; ++x) {
         const int pos = first + x / g;
-        const int from = (window > 0 && pos - window + 1 > lo) ? pos - window + 1 - lo : 0, to = pos + 1 - lo;
+        const int from = window_start(pos, window) - lo, to = pos + 1 - lo; /* pos >= first: from >= 0 */
         float *row = sc + (size_t)x * keys, mx = row[from], l = 0.0f;
 #pragma omp simd reduction(max:mx)
         for (int t = from + 1; t < to; ++t) mx = row[t] > mx ? row[t] : mx;
@@ -141,7 +140,7 @@ static int gemm_attention(struct attn_ctx *a, const int32_t *seqs, int n) {
                 tile[3 * t + 1] = j0;
                 tile[3 * t + 2] = kh;
             }
-    struct gemm_ctx G = {a, seqs, kv_at, tile, kv, n, tiles};
+    struct gemm_ctx G = {a, seqs, kv_at, tile, kv};
     par_run(gather_chunk, &G, (int64_t)n * a->hkv);
     par_run(tile_chunk, &G, tiles);
     free(kv_at);

@@ -210,6 +210,11 @@ static float *scratch(size_t floats) { return grown(&scratch_buf, &scratch_cap, 
 
 #define ROWS_PER_CHUNK 2
 
+/* The first key a query at position pos sees: pos - window + 1 with a window (window > 0), else 0. */
+static inline int window_start(int pos, int window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
 #include "cpu_attention_gemm.h" /* long float32 prompt chunks as tiles of matrix products */
 
 static void attn_chunk(void *p, int64_t c) {
@@ -226,7 +231,7 @@ static void attn_chunk(void *p, int64_t c) {
     for (int i = (int)c * ROWS_PER_CHUNK; i < end; ++i) {
         const int s = a->item[2 * i], j = a->item[2 * i + 1], r = a->q_start[s] + j;
         const int pos = a->kv_lens[s] - a->q_len[s] + j, window = a->window;
-        const int lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0, hi = pos + 1;
+        const int lo = window_start(pos, window), hi = pos + 1;
         const int32_t *bt = a->block_tables + (size_t)s * a->bt_stride;
         const float scale = a->scale;
         if (a->dtype == DT_F32) {

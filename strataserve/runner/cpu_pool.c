@@ -167,6 +167,13 @@ void strata_pool_run(chunk_fn fn, void *ctx, int64_t n) {
 typedef void (*sgemm_t)(const char *, const char *, const int *, const int *, const int *, const float *,
                         const float *, const int *, const float *, const int *, const float *, float *, const int *);
 
+/* A tile's m rows (ldy apart) of n outputs start as the bias: as torch's addmm, the product is then added with
+ * beta = 1. */
+static void fill_bias(float *y, int64_t ldy, const float *bias, int m, int n) {
+    for (int r = 0; r < m; ++r)
+        for (int j = 0; j < n; ++j) y[(int64_t)r * ldy + j] = bias[j];
+}
+
 struct linear_ctx {
     sgemm_t sgemm;
     const float *x, *w, *bias;
@@ -181,9 +188,7 @@ static void linear_chunk(void *p, int64_t c) {
     const int k = (int)L->k, ldx = (int)L->ldx, ldy = (int)L->n;
     const float one = 1.0f, zero = 0.0f;
     float *y = L->y + m0 * L->n + n0;
-    if (L->bias) /* as torch's addmm: the output starts as the bias, and the product is added with beta = 1 */
-        for (int r = 0; r < m; ++r)
-            for (int j = 0; j < n; ++j) y[(int64_t)r * L->n + j] = L->bias[n0 + j];
+    if (L->bias) fill_bias(y, L->n, L->bias + n0, m, n);
     /* row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T = w x^T */
     L->sgemm("T", "N", &n, &m, &k, &one, L->w + n0 * L->k, &k, L->x + m0 * L->ldx, &ldx, L->bias ? &one : &zero,
              y, &ldy);
@@ -219,9 +224,7 @@ static void packed_chunk(void *p, int64_t c) {
     const int64_t m0 = (c / L->n_tiles) * L->mc, j = c % L->n_tiles, n0 = j * L->nc;
     const int m = (int)(L->m - m0 < L->mc ? L->m - m0 : L->mc), n = (int)(L->n - n0 < L->nc ? L->n - n0 : L->nc);
     float *y = L->y + m0 * L->n + n0;
-    if (L->bias)
-        for (int r = 0; r < m; ++r)
-            for (int i = 0; i < n; ++i) y[(int64_t)r * L->n + i] = L->bias[n0 + i];
+    if (L->bias) fill_bias(y, L->n, L->bias + n0, m, n);
     L->compute(ROW_MAJOR, NO_TRANS, PACKED, m, n, (int)L->k, L->x + m0 * L->ldx, (int)L->ldx, L->packed[j],
                (int)L->k, L->bias ? 1.0f : 0.0f, y, (int)L->n);
 }
