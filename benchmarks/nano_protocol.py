@@ -5,7 +5,7 @@ temperature 0.6: ``--temperature 0.6``). Meant for a fresh process, so the figur
 
     PYTHONPATH=. python benchmarks/nano_protocol.py MODEL_DIR [--kv-cache-dtype fp8] [--max-num-batched-tokens N]
         [--max-model-len 4096] [--gpu-memory-utilization F] [--target-step-ms 0|auto|MS] [--warmup nano|bench]
-        [--gc default|freeze|relaxed]
+        [--gc default|freeze|relaxed] [--log]
 The line also gives the timed generate's Python GC collections per generation: [count, total ms, longest ms].
 One JSON line.
 """
@@ -56,7 +56,13 @@ def main() -> None:
                    help="Python GC after init: as is; gc.freeze() of the start-up heap; freeze + gen0 threshold 50,000")
     p.add_argument("--warmup", choices=("nano", "bench"), default="nano",
                    help="nano: one short prompt (bench.py); bench: gpu_bench's 256 prompts of 8-64 outputs")
+    p.add_argument("--log", action="store_true", help="strataserve's INFO logs to stderr (the start-up tunings' choices)")
     args = p.parse_args()
+    if args.log:
+        import logging
+
+        logging.basicConfig(level=logging.WARNING)
+        logging.getLogger("strataserve").setLevel(logging.INFO)
     import torch
 
     from gpu_bench import nano_warmup, nano_workload

@@ -26,6 +26,20 @@ if STRATA_DECODE_ROPE_MAX_ROWS < 1:
 STRATA_GEMV_TUNE: bool = os.environ.get("STRATA_GEMV_TUNE", "1") != "0"
 #: at start-up, time cuBLAS against the few-rows Triton GEMM per weight shape for decode matmuls of 2-64 rows (run 19).
 STRATA_GEMM_TUNE: bool = os.environ.get("STRATA_GEMM_TUNE", "1") != "0"
+
+
+def _row_classes(text: str) -> tuple[int, ...]:
+    try:
+        rows = tuple(int(r) for r in text.split(","))
+    except ValueError:
+        rows = ()
+    if not rows or rows[0] < 2 or any(b <= a for a, b in zip(rows, rows[1:])):
+        raise ValueError(f"STRATA_GEMM_ROWS={text!r}: use increasing row counts >= 2, comma-separated (e.g. 16,64)")
+    return rows
+
+
+#: ... the row classes it times: a step of r rows takes the plan of the smallest class >= r; larger steps keep cuBLAS.
+STRATA_GEMM_ROWS: tuple[int, ...] = _row_classes(os.environ.get("STRATA_GEMM_ROWS", "16,64"))
 #: ... and gate_up with the SiLU-and-mul as its epilogue against that matmul + the activation's own launch (run 20).
 STRATA_GEMM_SILU: bool = os.environ.get("STRATA_GEMM_SILU", "1") != "0"
 #: the same tuning also times each RMSNorm / SiLU-mul + matmul pair against one GEMV with the op as its prologue.

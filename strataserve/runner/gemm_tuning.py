@@ -6,9 +6,12 @@ step's matmuls in their order (``benchmarks/skinny_chain_ab.py``, Llama-3.1-8B s
 faster of the two, 0.837 of the weights' floor against cuBLAS's 0.803, and the full batch-64 step 0.787 of the
 roofline against 0.760 (gate_up, down and lm_head go to the Triton GEMM; qkv and o stay cuBLAS). Two row counts are
 timed, 16 (for steps of 2-16 rows) and 64 (17-64); with ``BLOCK_M`` = 64 the weights are read once either way, and
-fewer rows only leave some of each tile's rows masked. Larger steps keep cuBLAS. Then gate_up with the SiLU-and-mul
-as its epilogue (``skinny_gemm_silu_mul``) is timed against the pair it replaces (gate_up's choice + the
-activation's launch), run 20. The choices are kept on disk beside the batch-1 ones.
+fewer rows only leave some of each tile's rows masked. Larger steps keep cuBLAS, unless ``STRATA_GEMM_ROWS`` adds
+classes: run 24 timed 128 and 256 at the Qwen3-0.6B shape, where the Triton GEMM won 2 of 10 (shape, class) pairs
+by 2-3% and the SiLU epilogue 1 of 2 by 7%, and nano-vllm's workload gained 0.5-0.7% (inside the spread between
+rounds), so the default stays. Then gate_up with the SiLU-and-mul as its epilogue (``skinny_gemm_silu_mul``) is
+timed against the pair it replaces (gate_up's choice + the activation's launch), run 20. The choices are kept on
+disk beside the batch-1 ones.
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from strataserve.runner.gemv_tuning import _graph_seconds, one_row_weights, rank
 
 log = logging.getLogger(__name__)
 
-#: (largest row count a plan applies to, the row count it is timed at): steps of 2-16 rows, then 17-64
-ROW_CLASSES = ((16, 16), (64, 64))
+#: (largest row count a plan applies to, the row count it is timed at): by default steps of 2-16 rows, then 17-64
+#: (``STRATA_GEMM_ROWS``)
+ROW_CLASSES = tuple((rows, rows) for rows in envs.STRATA_GEMM_ROWS)
 MAX_ROWS = ROW_CLASSES[-1][0]
 # Run 19's fastest per 8B projection at 64 rows out of 16 (skinny_chain_ab.CANDIDATES): gate_up 64x256x64, down
 # 64x32x256, lm_head 64x128x128 / 64x256x64, qkv 64x64x128, o 64x32x256 (evict-first: within 1%), plus a split one

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from strataserve import envs
@@ -26,6 +27,17 @@ def test_row_classes():
     assert [gemm_tuning.plan_rows(r) for r in (0, 1, 2, 16, 17, 64, 65, 4096)] == [None, None, 16, 16, 64, 64,
                                                                                     None, None]
     assert gemm_tuning.MAX_ROWS == 64
+
+
+def test_row_classes_from_the_environment(monkeypatch):
+    """``STRATA_GEMM_ROWS`` (run 24): more classes send larger steps to their own plans; bad lists are refused."""
+    assert envs._row_classes("16,64,128,256") == (16, 64, 128, 256)
+    for bad in ("", "64,16", "1,64", "16,16", "16;64", "a"):
+        with pytest.raises(ValueError, match="STRATA_GEMM_ROWS"):
+            envs._row_classes(bad)
+    monkeypatch.setattr(gemm_tuning, "ROW_CLASSES", tuple((r, r) for r in envs._row_classes("16,64,128,256")))
+    assert [gemm_tuning.plan_rows(r) for r in (1, 2, 64, 65, 128, 129, 256, 257)] == [None, 16, 64, 128, 128, 256,
+                                                                                    256, None]
 
 
 def test_gemm_choices_are_kept_and_reused(tmp_path, monkeypatch):
