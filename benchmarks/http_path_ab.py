@@ -10,6 +10,10 @@ tree put first on PYTHONPATH and extra ``strata serve`` flags (``NAME=VALUE`` it
 
     python benchmarks/http_path_ab.py --variant main=. --variant si4=.:"--stream-interval 4" --rounds 3
 
+``--marginal N`` serves N requests too (after the usual run, same variant) and adds each process's CPU per output
+token between the two runs: start-up, warm-up and drain cancel out, so ``marginal_api_us`` / ``marginal_engine_us``
+/ ``marginal_client_us`` are the steady-state costs that share the cores.
+
 ``--busy-first S`` spins one core from this process for the first S seconds of each served run (another job that
 comes and goes while the server is under load: does the engine get its threads back once it has left?).
 """
@@ -50,13 +54,15 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def offline(tree: str, model: str, args: argparse.Namespace) -> float:
+def offline(tree: str, model: str, args: argparse.Namespace) -> tuple[float, float]:
+    """Output tok/s of the offline engine and its CPU per output token (µs, all its threads)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, str(HERE / "offline_throughput.py"), "--model", model, "--num-requests",
            str(args.num_requests), "--input-len", "32", "256", "--output-len", "32", "256",
            "--max-num-batched-tokens", "2048", "--kv-cache-memory-gib", "2"]
     line = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    return float(dict(kv.split("=", 1) for kv in line.split())["tok_per_s"])
+    res = dict(kv.split("=", 1) for kv in line.split())
+    return float(res["tok_per_s"]), round(1e6 * float(res["cpu_s"]) / float(res["output_tokens"]), 1)
 
 
 def _spin(seconds: float) -> None:
@@ -91,12 +97,22 @@ def served(tree: str, extra: list[str], model: str, args: argparse.Namespace, tm
     res = json.loads(out.read_text())
     tok = res["output_throughput"] * res["duration"]
     client = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime  # includes the client's start-up
-    return {"http_tok_s": round(res["output_throughput"], 1), "failed": res["failed"],
+    return {"http_tok_s": round(res["output_throughput"], 1), "failed": res["failed"], "tokens": tok,
+            "duration_s": res["duration"], "cpu_s": {"api": c1[api] - c0[api], "client": client,
+                                                     "engine": sum(c1[p] - c0[p] for p in procs[1:])},
             "api_us": round(1e6 * (c1[api] - c0[api]) / tok, 1),
             "engine_us": round(1e6 * sum(c1[p] - c0[p] for p in procs[1:]) / tok, 1),
             "engine_cores": round(sum(c1[p] - c0[p] for p in procs[1:]) / res["duration"], 2),
             "client_us": round(1e6 * client / tok, 1), "ttft_p50_ms": round(res["median_ttft_ms"], 1),
             "itl_p50_ms": round(res["median_itl_ms"], 1)}
+
+
+def marginal(short: dict, long: dict) -> dict:
+    """CPU per output token of each process between a short and a long served run: start-up, warm-up and drain
+    cancel out, so these are the steady-state costs."""
+    dt = long["tokens"] - short["tokens"]
+    us = {f"marginal_{k}_us": round(1e6 * (long["cpu_s"][k] - short["cpu_s"][k]) / dt, 1) for k in short["cpu_s"]}
+    return {**us, "marginal_tok_s": round(dt / (long["duration_s"] - short["duration_s"]), 1)}
 
 
 def main() -> None:
@@ -107,6 +123,9 @@ def main() -> None:
     p.add_argument("--skip-offline", action="store_true")
     p.add_argument("--busy-first", type=float, default=0.0, help="spin one core for the first S seconds of each "
                    "served run")
+    p.add_argument("--marginal", type=int, default=0, metavar="N",
+                   help="also serve N requests per variant and round, and report each process's CPU per token "
+                   "between the two runs (marginal_*_us)")
     args = p.parse_args()
     variants = []
     for v in args.variant:
@@ -117,11 +136,17 @@ def main() -> None:
         tmp = Path(d)
         model = str(write_random_llama(tmp / "tiny-llama"))
         for r in range(args.rounds):
-            off = None if args.skip_offline else offline(variants[0][1], model, args)
+            off, off_us = (None, None) if args.skip_offline else offline(variants[0][1], model, args)
             for name, tree, extra in (variants if r % 2 == 0 else variants[::-1]):
                 res = served(tree, extra, model, args, tmp)
+                if args.marginal:
+                    longer = argparse.Namespace(**{**vars(args), "num_requests": args.marginal})
+                    res.update(marginal(res, served(tree, extra, model, longer, tmp)))
+                for key in ("tokens", "duration_s", "cpu_s"):
+                    res.pop(key)
                 ratio = round(res["http_tok_s"] / off, 3) if off else None
-                line = {"variant": name, "round": r, "offline_tok_s": off, **res, "ratio": ratio,
+                line = {"variant": name, "round": r, "offline_tok_s": off, "offline_engine_us": off_us, **res,
+                        "ratio": ratio,
                         "load": round(os.getloadavg()[0], 2)}
                 print(" ".join(f"{k}={v}" for k, v in line.items()), flush=True)
 
