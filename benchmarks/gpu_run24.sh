@@ -10,8 +10,10 @@ source benchmarks/device_setup.sh "$1"
 ROUNDS=${2:-2}
 CKPT=/tmp/q06
 if phase nanoab; then
-  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
-  variants=${NANO_VARIANTS:-"base= wide=STRATA_GEMM_ROWS=16,64,128,256,STRATA_PDL_MAX_ROWS=256 pdl256=STRATA_PDL_MAX_ROWS=256"}
+  [ -d $CKPT ] || python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path
+import gpu_bench; gpu_bench.write_random_qwen3(Path('$CKPT'))"
+  wide=STRATA_GEMM_ROWS=16,64,128,256,STRATA_PDL_MAX_ROWS=256
+  variants=${NANO_VARIANTS:-"base= wide=$wide pdl256=STRATA_PDL_MAX_ROWS=256"}
   args=()
   for v in $variants; do args+=(--variant "$v"); done
   timeout "${NANO_TIMEOUT:-540}" python3 benchmarks/nano_env_ab.py $CKPT --rounds "$ROUNDS" "${args[@]}" \

@@ -4,7 +4,8 @@ Each round runs the offline engine on the workload (all requests at once, the fi
 every variant (order alternating per round), ``strata serve`` driven by ``strata bench serve --max-concurrency 64
 --ignore-eos``. Per-process CPU per output token is read from /proc (API process, engine core, load generator:
 the latter includes its start-up) to show where the cores go. A variant is ``NAME=TREE[:SERVER ARGS]``: the source
-tree put first on PYTHONPATH and extra ``strata serve`` flags (``NAME=VALUE`` items: the server's environment). One line per (round, variant):
+tree put first on PYTHONPATH and extra ``strata serve`` flags (``NAME=VALUE`` items: the server's environment).
+One line per (round, variant):
 
     variant=... round=... offline_tok_s=... http_tok_s=... ratio=... api_us=... engine_us=... client_us=...
 
@@ -97,14 +98,12 @@ def served(tree: str, extra: list[str], model: str, args: argparse.Namespace, tm
     res = json.loads(out.read_text())
     tok = res["output_throughput"] * res["duration"]
     client = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime  # includes the client's start-up
+    cpu = {"api": c1[api] - c0[api], "engine": sum(c1[p] - c0[p] for p in procs[1:]), "client": client}
     return {"http_tok_s": round(res["output_throughput"], 1), "failed": res["failed"], "tokens": tok,
-            "duration_s": res["duration"], "cpu_s": {"api": c1[api] - c0[api], "client": client,
-                                                     "engine": sum(c1[p] - c0[p] for p in procs[1:])},
-            "api_us": round(1e6 * (c1[api] - c0[api]) / tok, 1),
-            "engine_us": round(1e6 * sum(c1[p] - c0[p] for p in procs[1:]) / tok, 1),
-            "engine_cores": round(sum(c1[p] - c0[p] for p in procs[1:]) / res["duration"], 2),
-            "client_us": round(1e6 * client / tok, 1), "ttft_p50_ms": round(res["median_ttft_ms"], 1),
-            "itl_p50_ms": round(res["median_itl_ms"], 1)}
+            "duration_s": res["duration"], "cpu_s": cpu, "api_us": round(1e6 * cpu["api"] / tok, 1),
+            "engine_us": round(1e6 * cpu["engine"] / tok, 1),
+            "engine_cores": round(cpu["engine"] / res["duration"], 2), "client_us": round(1e6 * client / tok, 1),
+            "ttft_p50_ms": round(res["median_ttft_ms"], 1), "itl_p50_ms": round(res["median_itl_ms"], 1)}
 
 
 def marginal(short: dict, long: dict) -> dict:

@@ -50,7 +50,7 @@ def main() -> None:
                                  env={**os.environ, **env}, capture_output=True, text=True, timeout=args.timeout)
             lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
             row = json.loads(lines[-1]) if out.returncode == 0 and lines else {"error": out.stderr[-500:]}
-            tuning = [line[-1500:] for line in out.stderr.splitlines() if "GEMM tuning" in line or "SiLU epilogue" in line]
+            tuning = [line for line in out.stderr.splitlines() if "GEMM tuning" in line or "SiLU epilogue" in line]
             print(json.dumps({**row, "variant": name, "env": env, "round": r, "tuning_log": tuning}), flush=True)
 
 
