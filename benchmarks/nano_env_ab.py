@@ -3,17 +3,16 @@ order per round, so that a switch in ``strataserve/envs.py`` can be compared wit
 device (the first process of a call tends to run fastest) spread over the variants. One JSON line per (round,
 variant): nano_protocol's line plus ``variant``, ``round`` and the start-up GEMM tuning's log lines.
 
-    python benchmarks/nano_env_ab.py MODEL_DIR --rounds 3 --variant base= \\
-        --variant wide=STRATA_GEMM_ROWS=16,64,128,256,STRATA_PDL_MAX_ROWS=256
-A variant is ``NAME=VAR=VALUE,VAR=VALUE...`` (a value may hold commas: each item starting with an upper-case name
-and ``=`` begins a new variable).
+    python benchmarks/nano_env_ab.py MODEL_DIR --rounds 3 --variant base --variant wide \\
+        --env wide:STRATA_GEMM_ROWS=16,64,128,256 --env wide:STRATA_PDL_MAX_ROWS=256
+``--env NAME:VAR=VALUE`` sets VAR for variant NAME's processes (``serve_startup.py``'s convention); a variant with
+none runs in this process's environment.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,29 +20,22 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def parse_env(text: str) -> dict[str, str]:
-    env: dict[str, str] = {}
-    name = None
-    for item in text.split(",") if text else []:
-        m = re.match(r"^([A-Z][A-Z0-9_]*)=(.*)$", item)
-        if m:
-            name = m.group(1)
-            env[name] = m.group(2)
-        elif name is not None:
-            env[name] += "," + item
-        else:
-            raise SystemExit(f"cannot read {text!r}: items are VAR=VALUE")
-    return env
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
-    p.add_argument("--variant", action="append", required=True, help="NAME=VAR=VALUE,... (repeat)")
+    p.add_argument("--variant", action="append", required=True, help="NAME (repeat)")
+    p.add_argument("--env", action="append", default=[], help="NAME:VAR=VALUE for variant NAME (repeat)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--timeout", type=float, default=150)
     args, extra = p.parse_known_args()
-    variants = [(name, parse_env(rest)) for name, _, rest in (v.partition("=") for v in args.variant)]
+    envs: dict[str, dict[str, str]] = {name: {} for name in args.variant}
+    for spec in args.env:
+        name, _, assign = spec.partition(":")
+        var, _, value = assign.partition("=")
+        if name not in envs or not var:
+            raise SystemExit(f"--env {spec!r}: use NAME:VAR=VALUE with NAME one of the variants {args.variant}")
+        envs[name][var] = value
+    variants = list(envs.items())
     for r in range(args.rounds):
         for name, env in variants if r % 2 == 0 else variants[::-1]:
             out = subprocess.run([sys.executable, str(HERE / "nano_protocol.py"), args.model, "--log", *extra],
