@@ -21,8 +21,7 @@ matmul on its fastest Triton configuration even where cuBLAS timed up to 10% fas
 shape: does PDL's overlap pay inside the step?). Run 21's: ``ropein`` is the default with the rotary + KV store
 inside decode attention up to 64 rows (``STRATA_DECODE_ROPE_MAX_ROWS=64``), ``attnBxWxS`` the default with decode
 attention launched at block_n B, W warps, S stages in every regime (``triton_ops.DECODE_CONFIGS``),
-``ropein-attnBxWxS`` both. Run 25's: ``nosk`` is the default without the stream-K candidates (the few-rows GEMM's
-tile grid only: the code before run 25).
+``ropein-attnBxWxS`` both.
 One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
@@ -67,7 +66,7 @@ def main() -> None:
     args = p.parse_args()
     bw = kb.copy_bandwidth()
     final = gemv_tuning.CANDIDATES  # (read once: the variants below rebind it)
-    tune_gemm, cache, all_candidates = gemm_tuning.tune_gemm, envs.STRATA_KERNEL_CACHE, gemm_tuning.CANDIDATES
+    tune_gemm, cache = gemm_tuning.tune_gemm, envs.STRATA_KERNEL_CACHE
     rope_rows, decode_configs = envs.STRATA_DECODE_ROPE_MAX_ROWS, triton_ops.DECODE_CONFIGS
     for shape in args.shapes.split(","):
         cfg = CONFIGS[shape]()
@@ -90,11 +89,6 @@ def main() -> None:
                 # gemmall: its own tuning record (the margin is not part of the record's key)
                 gemm_tuning.tune_gemm = functools.partial(tune_gemm, min_gain=-0.1) if variant == "gemmall" \
                     else tune_gemm
-                if variant == "nosk":  # the tile-grid candidates only (the code before run 25)
-                    gemm_tuning.CANDIDATES = gemm_tuning.TILE_CANDIDATES  # (the record's key reads it)
-                    gemm_tuning.tune_gemm = functools.partial(tune_gemm, candidates=gemm_tuning.TILE_CANDIDATES)
-                else:
-                    gemm_tuning.CANDIDATES = all_candidates
                 envs.STRATA_KERNEL_CACHE = cache + ("-gemmall" if variant == "gemmall" else "")
                 skinny_chain_ab.set_pdl(True if variant.startswith("pdlall") else False if variant in ("run18", "pdl1")
                                         else None, envs.STRATA_PDL_PREFETCH)

@@ -75,14 +75,6 @@ def dot(a, b, IEEE: tl.constexpr):
     return tl.dot(a, b)
 
 
-@triton.jit
-def dot_acc(a, b, acc, IEEE: tl.constexpr):
-    """acc + a @ b as one tl.dot (the accumulate inside the tensor-core op); IEEE as in ``dot``."""
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
 # ----------------------------------------------------------------------------- programmatic dependent launch
 @functools.lru_cache(maxsize=None)
 def _hopper_or_newer(index: int) -> bool:

@@ -21,11 +21,10 @@ import triton
 import triton.language as tl
 
 from strataserve import envs
-from strataserve.kernels._common import (check, check_float, check_same_device, dot_acc, pdl_args, pdl_wait,
-                                        prefetch_l2, sm_count)
+from strataserve.kernels._common import (check, check_float, check_same_device, pdl_args, pdl_wait, prefetch_l2,
+                                        sm_count)
 from strataserve.kernels.activation import silu_and_mul_ref
 from strataserve.kernels.gemv import gemv_ref
-from strataserve.kernels.stream_k_gemm import INTERPRETER_SMS, launch_stream_k
 
 
 @triton.jit(do_not_specialize=["M"])  # one compile for every decode batch size (graph capture would compile each)
@@ -73,9 +72,9 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_s
             wmask = nmask[None, :] & kmask[:, None]
             x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
         w = tl.load(wp, mask=wmask, other=0.0, eviction_policy=EVICT)
-        acc = dot_acc(x, w, acc, IEEE)
+        acc = _dot(x, w, acc, IEEE)
         if SILU:
-            acc_up = dot_acc(x, tl.load(wp + up_off, mask=wmask, other=0.0, eviction_policy=EVICT), acc_up, IEEE)
+            acc_up = _dot(x, tl.load(wp + up_off, mask=wmask, other=0.0, eviction_policy=EVICT), acc_up, IEEE)
         xp += BLOCK_K
         wp += BLOCK_K
     omask = mmask[:, None] & nmask[None, :]
@@ -106,6 +105,13 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, p_ptr, sem_ptr, M, N, K, x_s
 
 
 @triton.jit
+def _dot(x, w, acc, IEEE: tl.constexpr):
+    if IEEE:  # float32 stays float32 (tl.dot's float32 default is tf32 on GPUs; see _common.dot)
+        return tl.dot(x, w, acc, input_precision="ieee")
+    return tl.dot(x, w, acc)
+
+
+@triton.jit
 def _split_reduce_kernel(p_ptr, b_ptr, y_ptr, M, N, y_sm, splits, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
                          PDL: tl.constexpr):
     """y[m, n] = sum over s of partial[s, m, n] (+ bias[n]), in a fixed order."""
@@ -132,14 +138,10 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     evict_first: bool = False  # stream W past L2 (read once per step), so x and the partials stay cached
-    #: > 0: a stream-K launch of this many programs per SM (``stream_k_gemm.py``) instead of the tile grid;
-    #: ``split_k`` must then be 1
-    stream_k: int = 0
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}/s{self.split_k}/w{self.num_warps}"
-                f"/st{self.num_stages}" + ("/ef" if self.evict_first else "")
-                + (f"/sk{self.stream_k}" if self.stream_k else ""))
+                f"/st{self.num_stages}" + ("/ef" if self.evict_first else ""))
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -157,8 +159,7 @@ def skinny_gemm_silu_mul(x: torch.Tensor, weight: torch.Tensor, config: GemmConf
     never written; ``config.split_k`` must be 1."""
     check(weight.dim() == 2 and weight.shape[0] % 2 == 0,
           f"weight: expected the [gate; up] rows [2I, K], got {tuple(weight.shape)}")
-    check(config.split_k == 1 and not config.stream_k,
-          f"config: the SiLU epilogue runs unsplit, got split_k={config.split_k}, stream_k={config.stream_k}")
+    check(config.split_k == 1, f"config: the SiLU epilogue runs unsplit, got split_k={config.split_k}")
     return _launch(x, weight, None, config, None, silu=True)
 
 
@@ -176,13 +177,10 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         check(bias.shape == (N,) and bias.is_contiguous(), f"bias: expected contiguous shape ({N},)")
     check_same_device(x=x, weight=weight)
     c = config
-    check(c.split_k >= 1 and c.block_m >= 16 and c.block_n >= 16 and c.block_k >= 16 and c.stream_k >= 0
-          and (c.split_k == 1 or not c.stream_k), f"config: invalid {c}")
+    check(c.split_k >= 1 and c.block_m >= 16 and c.block_n >= 16 and c.block_k >= 16, f"config: invalid {c}")
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return y
-    if c.stream_k:
-        return _launch_stream_k(x, weight, bias, y, c, tickets)
     # each split gets a whole number of K tiles; the last may be shorter (or, rounding, absent: fewer splits)
     k_per_split = triton.cdiv(triton.cdiv(K, c.split_k), c.block_k) * c.block_k
     splits = triton.cdiv(K, k_per_split)
@@ -211,22 +209,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         _split_reduce_kernel[(triton.cdiv(M * N, block),)](part, b, y, M, N, y.stride(0), splits,
                                                            HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
                                                            **pdl)
-    return y
-
-
-def _launch_stream_k(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-                     c: GemmConfig, tickets: torch.Tensor | None) -> torch.Tensor:
-    tiles = triton.cdiv(x.shape[0], c.block_m) * triton.cdiv(y.shape[1], c.block_n)
-    if tickets is None:  # (the runner passes its own buffer: a fresh one costs a fill launch)
-        tickets = torch.zeros(tiles, dtype=torch.int32, device=x.device)
-    check(tickets.dtype == torch.int32 and tickets.numel() >= tiles and tickets.device == x.device,
-          f"tickets: expected int32 zeros on {x.device} with >= {tiles} elements")
-    pdl = pdl_args(x, x.shape[0])
-    line = 128 // weight.element_size()
-    prefetch = triton.next_power_of_2(triton.cdiv(c.num_stages * c.block_k, line)) \
-        if pdl["PDL"] and envs.STRATA_PDL_PREFETCH else 0
-    sms = sm_count(x.device.index or 0) if x.device.type == "cuda" else INTERPRETER_SMS
-    launch_stream_k(x, weight, bias, y, tickets, sms, c, pdl, prefetch, line)
     return y
 
 

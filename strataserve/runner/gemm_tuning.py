@@ -36,18 +36,9 @@ MAX_ROWS = ROW_CLASSES[-1][0]
 # 64x32x256, lm_head 64x128x128 / 64x256x64, qkv 64x64x128, o 64x32x256 (evict-first: within 1%), plus a split one
 # (down with PDL). Each candidate is a compile on an empty Triton cache, so the list stays short: three split-4
 # configurations (64x128x128, 64x64x128, 64x256x64) were tried in 19c-19d and chosen for no shape.
-TILE_CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 32, 256, 1, 4, 4),
-                   GemmConfig(64, 256, 64, 1, 4, 4), GemmConfig(64, 128, 128, 1, 8, 4),
-                   GemmConfig(64, 32, 256, 1, 4, 4, evict_first=True),
-                   GemmConfig(64, 64, 128, 2, 4, 4, evict_first=True))
-# Stream-K launches (``kernels/stream_k_gemm.py``): every SM streams an equal share of the weight, where the tile
-# grid above fills the GPU in whole waves only (qkv at 64-column tiles: 96 tiles for 132 SMs). One or two programs
-# per SM, as the tile's shared memory allows.
-STREAM_K_CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4, evict_first=True, stream_k=1),
-                       GemmConfig(64, 64, 64, 1, 4, 4, evict_first=True, stream_k=2),
-                       GemmConfig(64, 128, 64, 1, 8, 4, evict_first=True, stream_k=1),
-                       GemmConfig(64, 32, 256, 1, 4, 3, evict_first=True, stream_k=1))
-CANDIDATES = TILE_CANDIDATES + STREAM_K_CANDIDATES
+CANDIDATES = (GemmConfig(64, 64, 128, 1, 4, 4), GemmConfig(64, 32, 256, 1, 4, 4),
+              GemmConfig(64, 256, 64, 1, 4, 4), GemmConfig(64, 128, 128, 1, 8, 4),
+              GemmConfig(64, 32, 256, 1, 4, 4, evict_first=True), GemmConfig(64, 64, 128, 2, 4, 4, evict_first=True))
 
 
 # The gate_up matmul with the SiLU-and-mul as its epilogue (``skinny_gemm_silu_mul``): two accumulators per tile

@@ -7,7 +7,6 @@ import torch
 from strataserve.kernels.activation import silu_and_mul
 from strataserve.kernels.skinny_gemm import (GemmConfig, skinny_gemm, skinny_gemm_ref, skinny_gemm_silu_mul,
                                              skinny_gemm_silu_mul_ref)
-from strataserve.kernels.stream_k_gemm import stream_k_programs
 
 from ._helpers import DTYPES, assert_close
 
@@ -36,49 +35,6 @@ def test_skinny_gemm(device, dtype, M, N, K, split, bias, combine):
         assert_close(got, ref, TOL[dtype], f"skinny gemm {M}x{N}x{K} split {split} (launch {rep})")
         if combine:
             assert int(tickets.abs().sum()) == 0
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M,N,K,per_sm,bias", [
-    (16, 64, 256, 1, False),   # 4 tiles x 8 K tiles over 3 programs: every tile shared by two runs
-    (5, 37, 200, 2, True),     # ragged M, N and K; 6 programs for 21 iterations: runs of 4 across tile borders
-    (70, 40, 96, 1, True),     # two row blocks (tiles walk columns, then rows)
-    (20, 48, 512, 5, False),   # 15 programs for 48 iterations: runs shorter than a tile, 4-5 runs per tile
-    (3, 160, 64, 1, True),     # 10 tiles of 2 K tiles over runs of 7: some whole (written directly), some shared
-])
-def test_stream_k(device, dtype, M, N, K, per_sm, bias):
-    """Stream-K: equal runs of (tile, K tile) iterations; a tile shared by runs is combined by the last of them.
-    Equal to the reference, bit-identical between launches (the runs are added in run order), and the tickets are
-    left at zero for the next launch."""
-    from strataserve.kernels.stream_k_gemm import INTERPRETER_SMS
-
-    x = torch.randn(M, K, device=device, dtype=dtype)
-    w = torch.randn(2 * N, K, device=device, dtype=dtype)[::2]
-    b = torch.randn(N, device=device, dtype=dtype) if bias else None
-    cfg = GemmConfig(block_m=16, block_n=16, block_k=32, stream_k=per_sm)
-    tickets = torch.zeros(64, dtype=torch.int32, device=device)
-    ref = skinny_gemm_ref(x, w, b)
-    first = None
-    for rep in range(2):
-        got = skinny_gemm(x, w, b, cfg, tickets=tickets)
-        assert got.shape == (M, N) and got.dtype == dtype
-        assert_close(got, ref, TOL[dtype], f"stream-K {M}x{N}x{K} x{per_sm} (launch {rep})")
-        assert int(tickets.abs().sum()) == 0
-        if first is None:
-            first = got
-        else:
-            assert torch.equal(got, first)
-    if device == "cpu":  # the layout the cases above were written for
-        total = -(-M // 16) * -(-N // 16) * -(-K // 32)
-        programs, per = stream_k_programs(total, INTERPRETER_SMS, per_sm)
-        assert programs * per >= total > (programs - 1) * per
-    assert_close(skinny_gemm(x, w, b, cfg), ref, TOL[dtype], "stream-K, tickets made by the launch")
-
-
-def test_stream_k_programs():
-    assert stream_k_programs(3072, 132, 1) == (128, 24)  # qkv at 64 rows (96 tiles x 32): 4 SMs left idle
-    assert stream_k_programs(10, 132, 1) == (10, 1)  # fewer iterations than SMs: one each
-    assert stream_k_programs(100, 3, 2) == (6, 17)
 
 
 def test_skinny_gemm_strided_rows_and_empty(device):
@@ -111,8 +67,6 @@ def test_skinny_gemm_silu_mul_bad_inputs(device):
         skinny_gemm_silu_mul(x, torch.randn(5, 8, device=device))
     with pytest.raises(ValueError, match="runs unsplit"):
         skinny_gemm_silu_mul(x, torch.randn(4, 8, device=device), GemmConfig(split_k=2))
-    with pytest.raises(ValueError, match="runs unsplit"):
-        skinny_gemm_silu_mul(x, torch.randn(4, 8, device=device), GemmConfig(stream_k=1))
 
 
 def test_skinny_gemm_bad_inputs(device):
@@ -125,8 +79,6 @@ def test_skinny_gemm_bad_inputs(device):
         skinny_gemm(torch.randn(2, 8, device=device), w, torch.randn(5, device=device))
     with pytest.raises(ValueError, match="config: invalid"):
         skinny_gemm(torch.randn(2, 8, device=device), w, config=GemmConfig(split_k=0))
-    with pytest.raises(ValueError, match="config: invalid"):
-        skinny_gemm(torch.randn(2, 8, device=device), w, config=GemmConfig(split_k=2, stream_k=1))
     with pytest.raises(ValueError, match="tickets: expected int32 zeros"):
         skinny_gemm(torch.randn(2, 64, device=device), torch.randn(40, 64, device=device),
                     config=GemmConfig(16, 16, 16, split_k=2), tickets=torch.zeros(2, dtype=torch.int32, device=device))
