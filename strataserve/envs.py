@@ -67,9 +67,6 @@ STRATA_DECODE_ATTN_CONFIGS: bool = os.environ.get("STRATA_DECODE_ATTN_CONFIGS", 
 STRATA_DECODE_SPLIT_TARGET: int = int(os.environ.get("STRATA_DECODE_SPLIT_TARGET", "6"))
 if STRATA_DECODE_SPLIT_TARGET < 0:
     raise ValueError(f"STRATA_DECODE_SPLIT_TARGET={STRATA_DECODE_SPLIT_TARGET}: use 0 (off) or a positive count")
-#: decode launches with a fixed split count (batch 1 to a few rows at 8 kv heads) combine the splits in the kernel,
-#: as adaptive splits do, instead of in a reduce launch (run 25; run 8 measured it without PDL: slower at batch 1).
-STRATA_DECODE_COMBINE: bool = os.environ.get("STRATA_DECODE_COMBINE", "0") != "0"
 #: steps with prompt tokens replay CUDA graphs per token bucket, captured on first use (hybrid runner, one rank;
 #: ``runner/mixed_graph.py``); "0": they run eagerly. Issue 12, docs/gpu_notes.md run 9.
 STRATA_MIXED_GRAPHS: bool = os.environ.get("STRATA_MIXED_GRAPHS", "1") != "0"

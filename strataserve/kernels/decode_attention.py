@@ -70,8 +70,7 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
                          IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr,
                          INT: tl.constexpr, ASM: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_B: tl.constexpr,
                          BLOCK_S: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
-                         EARLY: tl.constexpr, BLOCK_L: tl.constexpr, LINE: tl.constexpr,
-                         COMBINE: tl.constexpr = False):
+                         EARLY: tl.constexpr, BLOCK_L: tl.constexpr, LINE: tl.constexpr):
     if not EARLY:
         pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
@@ -198,10 +197,6 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
             _store_partial_and_combine(out, lse, po_ptr, pl_ptr, o_ptr, sem_ptr + b * tl.num_programs(1) + kvh,
                                        b, heads, offs_d, hmask, hd_mask, split, num_splits, po_sb, po_sh, po_ss,
                                        pl_sb, pl_sh, o_sb, o_sh, BLOCK_H, BLOCK_D, BLOCK_S)
-    elif COMBINE:  # fixed splits, combined by the row's last program (no reduce launch)
-        _store_partial_and_combine(out, lse, po_ptr, pl_ptr, o_ptr, sem_ptr + b * tl.num_programs(1) + kvh,
-                                   b, heads, offs_d, hmask, hd_mask, split, num_splits, po_sb, po_sh, po_ss,
-                                   pl_sb, pl_sh, o_sb, o_sh, BLOCK_H, BLOCK_D, BLOCK_S)
     else:
         # DIRECT (one split): po_ptr is the final output, so no partials and no reduce kernel
         tl.store(po_ptr + b * po_sb + heads[:, None] * po_sh + split * po_ss + offs_d[None, :],
@@ -276,7 +271,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            reverse: bool = True, k_scale: torch.Tensor | None = None,
                            v_scale: torch.Tensor | None = None, split_target: int = 0, num_sms: int = 132,
                            semaphores: torch.Tensor | None = None, split_all_below: int = 2,
-                           rope: DecodeRope | None = None, combine: bool = False) -> torch.Tensor:
+                           rope: DecodeRope | None = None) -> torch.Tensor:
     """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B];
     ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache.
 
@@ -288,8 +283,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     >= B * Hkv, which the kernel leaves zeroed (a caller that keeps one buffer saves a memset per launch; None
     allocates one); ``split_all_below``: programs per SM under which adaptive splits cut equal rows too (0: never).
     ``rope``: q is not rotated yet, and the new tokens' k/v (``DecodeRope``) are rotated, stored and attended to in
-    this launch (module docstring). ``combine``: a fixed split count (not adaptive) is combined by each row's last
-    program, as adaptive splits are, instead of by a reduce launch (``semaphores`` as above).
+    this launch (module docstring).
     """
     quant = check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]", k_scale, v_scale)
     B, Hq, D = q.shape
@@ -318,9 +312,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if semaphores is not None:
         check(semaphores.dtype == torch.int32 and semaphores.numel() >= B * Hkv and semaphores.is_contiguous(),
               f"semaphores: need contiguous int32 zeros with >= {B * Hkv} elements")
-    combine = combine and not direct and not adaptive
-    sems = q  # unused unless adaptive or combine
-    if adaptive or combine:
+    sems = q  # unused unless adaptive
+    if adaptive:
         sems = semaphores if semaphores is not None else torch.zeros(B * Hkv, dtype=torch.int32, device=q.device)
     if direct:
         partial, lse = out, out  # lse is never written in DIRECT mode
@@ -347,8 +340,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_S=max(2, next_pow2(splits)), ROPE=rope is not None, HAS_NORM=has_norm,
         EARLY=rope is not None and pdl["PDL"] and envs.STRATA_PDL_PREFETCH,
         BLOCK_L=next_pow2(triton.cdiv(D, line)), LINE=line,
-        COMBINE=combine, num_warps=num_warps, num_stages=num_stages, **pdl)
-    if direct or adaptive or combine:
+        num_warps=num_warps, num_stages=num_stages, **pdl)
+    if direct or adaptive:
         return out
     _paged_decode_reduce_kernel[(B, Hq)](
         partial, lse, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),

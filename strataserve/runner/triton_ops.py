@@ -123,7 +123,9 @@ class TritonAttention:
             return decode_rows <= envs.STRATA_DECODE_ROPE_MAX_ROWS
         return decode_launch(1, self.num_kv_heads, self.num_sms, self.programs_per_sm, self.split_target)[1] == 0
 
-    def _tickets(self, n: int, device: torch.device) -> torch.Tensor:
+    def _tickets(self, n: int, device: torch.device) -> torch.Tensor | None:
+        if not self.split_target:
+            return None
         if self._semaphores is None or self._semaphores.numel() < n or self._semaphores.device != device:
             # allocated once for the largest batch seen (first use is warm-up / the largest graph bucket)
             self._semaphores = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
@@ -149,13 +151,12 @@ class TritonAttention:
             splits, target = decode_launch(nd, hkv, self.num_sms, self.programs_per_sm, self.split_target,
                                            padded=meta.decode_rows_padded)
             block_n, warps, stages = decode_config(nd, hkv, self.num_sms)
-            combine = not target and splits > 1 and envs.STRATA_DECODE_COMBINE
             paged_decode_attention(q3[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                                    self.scale, num_splits=splits, out=out[:nd], reverse=self.reverse,
                                    block_n=block_n, num_warps=warps, num_stages=stages,
                                    split_target=target, num_sms=self.num_sms,
-                                   semaphores=self._tickets(nd * hkv, q.device) if target or combine else None,
-                                   rope=rope, combine=combine, **sc)
+                                   semaphores=self._tickets(nd * hkv, q.device) if target else None, rope=rope,
+                                   **sc)
         if meta.prefills or meta.prefill_tiles is not None:
             assert meta.prefill_seq_lens is not None, "build_input_batch sets prefill_seq_lens once per step"
             max_q = max((seg.query_len for seg in meta.prefills), default=0)

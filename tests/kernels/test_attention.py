@@ -48,39 +48,6 @@ def test_paged_decode(device, dtype, lens, Hq, Hkv, D, bs, splits, reverse):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lens,Hq,Hkv,D,bs,splits,rope", [
-    ([77], 8, 2, 64, 16, 4, False),              # batch 1, GQA 4: the split partials combined by the last program
-    ([0, 17, 300], 2, 2, 16, 16, 7, False),      # a padding row and empty splits (lse -inf) among the partials
-    ([130], 4, 1, 32, 16, 3, True),              # with the rotary + KV store inside (batch 1 under PDL)
-])
-def test_paged_decode_fixed_splits_combined(device, dtype, lens, Hq, Hkv, D, bs, splits, rope):
-    """``combine=True``: a fixed split count combined in the kernel by each row's last program (a ticket per row
-    and kv head, left at zero) gives the reduce launch's result, launch after launch on the same tickets."""
-    kc, vc, tables = _paged_cache(device, dtype, lens, Hkv, D, bs)
-    B = len(lens)
-    qkv = torch.randn(B, Hq + 2 * Hkv, D, device=device, dtype=dtype)
-    q, k, v = qkv[:, :Hq], qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:]
-    ctx = torch.tensor(lens, dtype=torch.int32, device=device)
-    dr = None
-    if rope:
-        pos = (ctx - 1).clamp(min=0).long()
-        slots = (tables.long().gather(1, pos.view(-1, 1) // bs).view(-1) * bs + pos % bs).masked_fill(ctx == 0, -1)
-        dr = DecodeRope(pos, k, v, build_cos_sin_cache(D, 512, 1e6, RopeScaling(), device=device), slots)
-    kc0, vc0 = kc.clone(), vc.clone()
-    want = paged_decode_attention(q, kc0, vc0, tables, ctx, D ** -0.5, num_splits=splits, block_n=16, rope=dr)
-    sems = torch.zeros(B * Hkv, dtype=torch.int32, device=device)
-    for launch in range(2):
-        kcc, vcc = kc.clone(), vc.clone()
-        got = paged_decode_attention(q, kcc, vcc, tables, ctx, D ** -0.5, num_splits=splits, block_n=16, rope=dr,
-                                     combine=True, semaphores=sems)
-        assert_close(got, want, ATTN_TOL[dtype], f"combined in the kernel (launch {launch})")
-        assert int(sems.abs().sum()) == 0, "tickets not reset"
-        assert torch.equal(kcc, kc0) and torch.equal(vcc, vc0), "the same caches as the reduce-launch path"
-    if not rope:
-        assert_close(got, paged_decode_attention_ref(q, kc, vc, tables, ctx, D ** -0.5), ATTN_TOL[dtype], "vs ref")
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lens,Hq,Hkv,D,bs,splits,target,norm", [
     ([5, 123, 1, 40], 4, 2, 32, 16, None, 0, False),   # GQA, default splits, the new token in each row's last split
     ([77, 0], 6, 1, 64, 8, 3, 0, True),                 # MQA, Qwen3 q/k norm, a padding row (slot -1)
