@@ -21,8 +21,7 @@ matmul on its fastest Triton configuration even where cuBLAS timed up to 10% fas
 shape: does PDL's overlap pay inside the step?). Run 21's: ``ropein`` is the default with the rotary + KV store
 inside decode attention up to 64 rows (``STRATA_DECODE_ROPE_MAX_ROWS=64``), ``attnBxWxS`` the default with decode
 attention launched at block_n B, W warps, S stages in every regime (``triton_ops.DECODE_CONFIGS``),
-``ropein-attnBxWxS`` both. Run 27's: ``heads`` is the default with ``STRATA_DECODE_HEADS_FIRST=1`` (decode
-attention's grid as (kv heads, rows, splits)), ``rows`` the default with it off.
+``ropein-attnBxWxS`` both.
 One JSON line per
 (shape, round, variant) with ms/step, the roofline fraction and the tuning's choices:
 
@@ -69,7 +68,6 @@ def main() -> None:
     final = gemv_tuning.CANDIDATES  # (read once: the variants below rebind it)
     tune_gemm, cache = gemm_tuning.tune_gemm, envs.STRATA_KERNEL_CACHE
     rope_rows, decode_configs = envs.STRATA_DECODE_ROPE_MAX_ROWS, triton_ops.DECODE_CONFIGS
-    heads_first = envs.STRATA_DECODE_HEADS_FIRST
     for shape in args.shapes.split(","):
         cfg = CONFIGS[shape]()
         for rnd in range(args.rounds):
@@ -82,7 +80,6 @@ def main() -> None:
                 envs.STRATA_PDL_PREFETCH = variant not in ("noprefetch", "run17")
                 envs.STRATA_DECODE_ROPE_IN_ATTENTION = variant not in ("ropesep", "run17")
                 envs.STRATA_DECODE_ROPE_MAX_ROWS = 64 if variant.startswith("ropein") else rope_rows
-                envs.STRATA_DECODE_HEADS_FIRST = variant == "heads" or (variant != "rows" and heads_first)
                 attn = variant.rpartition("attn")[2] if "attn" in variant else ""
                 triton_ops.DECODE_CONFIGS = dict.fromkeys(decode_configs, tuple(int(x) for x in attn.split("x"))) \
                     if attn else decode_configs

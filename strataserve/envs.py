@@ -67,9 +67,6 @@ STRATA_DECODE_ATTN_CONFIGS: bool = os.environ.get("STRATA_DECODE_ATTN_CONFIGS", 
 STRATA_DECODE_SPLIT_TARGET: int = int(os.environ.get("STRATA_DECODE_SPLIT_TARGET", "6"))
 if STRATA_DECODE_SPLIT_TARGET < 0:
     raise ValueError(f"STRATA_DECODE_SPLIT_TARGET={STRATA_DECODE_SPLIT_TARGET}: use 0 (off) or a positive count")
-#: decode attention's grid puts a row's kv heads next to each other (kv heads, rows, splits), so the programs reading the
-#: same cache blocks start together; "0": (rows, kv heads, splits). Run 27.
-STRATA_DECODE_HEADS_FIRST: bool = os.environ.get("STRATA_DECODE_HEADS_FIRST", "0") != "0"
 #: steps with prompt tokens replay CUDA graphs per token bucket, captured on first use (hybrid runner, one rank;
 #: ``runner/mixed_graph.py``); "0": they run eagerly. Issue 12, docs/gpu_notes.md run 9.
 STRATA_MIXED_GRAPHS: bool = os.environ.get("STRATA_MIXED_GRAPHS", "1") != "0"

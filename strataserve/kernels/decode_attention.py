@@ -70,35 +70,26 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
                          IEEE: tl.constexpr, DIRECT: tl.constexpr, REVERSE: tl.constexpr, QUANT: tl.constexpr,
                          INT: tl.constexpr, ASM: tl.constexpr, ADAPTIVE: tl.constexpr, BLOCK_B: tl.constexpr,
                          BLOCK_S: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
-                         EARLY: tl.constexpr, BLOCK_L: tl.constexpr, LINE: tl.constexpr,
-                         HEADS_FIRST: tl.constexpr = False):
+                         EARLY: tl.constexpr, BLOCK_L: tl.constexpr, LINE: tl.constexpr):
     if not EARLY:
         pdl_wait(PDL)
-    if HEADS_FIRST:  # grid (kv heads, rows, splits): a row's kv heads, which share its cache blocks, start together
-        kvh = tl.program_id(0)
-        b = tl.program_id(1).to(tl.int64)
-        nb = tl.num_programs(1)
-        nh = tl.num_programs(0)
-    else:
-        b = tl.program_id(0).to(tl.int64)
-        kvh = tl.program_id(1)
-        nb = tl.num_programs(0)
-        nh = tl.num_programs(1)
+    b = tl.program_id(0).to(tl.int64)
     if REVERSE:  # the GPU starts programs in id order: with rows sorted by length, the longest go first
-        b = nb - 1 - b
+        b = tl.num_programs(0) - 1 - b
+    kvh = tl.program_id(1)
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     ctx = tl.load(ctx_ptr + b)
     if ADAPTIVE:  # this row's split count from its length against the whole step's (module docstring)
         offs_b = tl.arange(0, BLOCK_B)
-        lens = tl.load(ctx_ptr + offs_b, mask=offs_b < nb, other=0).to(tl.int64)
+        lens = tl.load(ctx_ptr + offs_b, mask=offs_b < tl.num_programs(0), other=0).to(tl.int64)
         total = tl.sum(lens)
-        chunk = tl.maximum(tl.cdiv(total * nh, slots), BLOCK_N)
+        chunk = tl.maximum(tl.cdiv(total * tl.num_programs(1), slots), BLOCK_N)
         chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
         # longer than the mean of the real rows (a graph bucket's padding rows have length 0): only those split,
         # unless the real rows leave the machine short of programs (``few``: their count below which all may)
         n_real = tl.sum((lens > 0).to(tl.int64))
-        longer = (ctx * n_real > total) | ((n_real * nh < few) & (chunk >= 4 * BLOCK_N))
+        longer = (ctx * n_real > total) | ((n_real * tl.num_programs(1) < few) & (chunk >= 4 * BLOCK_N))
         num_splits = tl.where(longer, tl.minimum(tl.maximum(tl.cdiv(ctx, chunk), 1), num_splits), 1).to(tl.int32)
         if split >= num_splits:
             return
@@ -203,7 +194,7 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, po_ptr, pl_ptr,
             tl.store(o_ptr + b * o_sb + heads[:, None] * o_sh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
                      mask=hd_mask)
         else:
-            _store_partial_and_combine(out, lse, po_ptr, pl_ptr, o_ptr, sem_ptr + b * nh + kvh,
+            _store_partial_and_combine(out, lse, po_ptr, pl_ptr, o_ptr, sem_ptr + b * tl.num_programs(1) + kvh,
                                        b, heads, offs_d, hmask, hd_mask, split, num_splits, po_sb, po_sh, po_ss,
                                        pl_sb, pl_sh, o_sb, o_sh, BLOCK_H, BLOCK_D, BLOCK_S)
     else:
@@ -280,7 +271,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            reverse: bool = True, k_scale: torch.Tensor | None = None,
                            v_scale: torch.Tensor | None = None, split_target: int = 0, num_sms: int = 132,
                            semaphores: torch.Tensor | None = None, split_all_below: int = 2,
-                           rope: DecodeRope | None = None, heads_first: bool | None = None) -> torch.Tensor:
+                           rope: DecodeRope | None = None) -> torch.Tensor:
     """``q`` [B, Hq, D]; caches [NB, BS, Hkv, D]; ``block_tables`` [B, max_blocks]; ``context_lens`` [B];
     ``k_scale``/``v_scale`` [Hkv] for an fp8/int8 cache.
 
@@ -292,8 +283,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     >= B * Hkv, which the kernel leaves zeroed (a caller that keeps one buffer saves a memset per launch; None
     allocates one); ``split_all_below``: programs per SM under which adaptive splits cut equal rows too (0: never).
     ``rope``: q is not rotated yet, and the new tokens' k/v (``DecodeRope``) are rotated, stored and attended to in
-    this launch (module docstring). ``heads_first`` (default ``STRATA_DECODE_HEADS_FIRST``): the grid puts a row's kv
-    heads next to each other, so the programs that read the same cache blocks run together.
+    this launch (module docstring).
     """
     quant = check_paged_qkv(q, k_cache, v_cache, "[batch, q_heads, head_dim]", k_scale, v_scale)
     B, Hq, D = q.shape
@@ -337,8 +327,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         (k_cache, is_int, asm), v_cache = word_view(k_cache), word_view(v_cache)[0]
     pdl = pdl_args(q, B)
     line = 128 // k_cache.element_size()  # cache elements per 128-byte line
-    heads_first = envs.STRATA_DECODE_HEADS_FIRST if heads_first is None else heads_first
-    _paged_decode_kernel[(Hkv, B, splits) if heads_first else (B, Hkv, splits)](
+    _paged_decode_kernel[(B, Hkv, splits)](
         q, k_cache, v_cache, block_tables, context_lens, partial, lse, out, sems, k_scale if quant else q,
         v_scale if quant else q,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
@@ -351,7 +340,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_S=max(2, next_pow2(splits)), ROPE=rope is not None, HAS_NORM=has_norm,
         EARLY=rope is not None and pdl["PDL"] and envs.STRATA_PDL_PREFETCH,
         BLOCK_L=next_pow2(triton.cdiv(D, line)), LINE=line,
-        HEADS_FIRST=heads_first, num_warps=num_warps, num_stages=num_stages, **pdl)
+        num_warps=num_warps, num_stages=num_stages, **pdl)
     if direct or adaptive:
         return out
     _paged_decode_reduce_kernel[(B, Hq)](

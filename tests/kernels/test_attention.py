@@ -47,39 +47,6 @@ def test_paged_decode(device, dtype, lens, Hq, Hkv, D, bs, splits, reverse):
     assert_close(out, paged_decode_attention_ref(q, kc, vc, tables, ctx, scale), ATTN_TOL[dtype], "decode")
 
 
-@pytest.mark.parametrize("lens,Hkv,splits,target,rope", [
-    ([5, 123, 1, 40], 2, 4, 0, False),        # fixed splits + the reduce launch
-    ([0, 17, 300], 2, 1, 0, False),           # one split: written directly
-    ([200, 9, 300, 0], 2, 4, 4, False),       # adaptive splits, combined in the kernel
-    ([77, 130], 1, 3, 0, True),               # the rotary + KV store inside
-])
-def test_paged_decode_heads_first_grid(device, lens, Hkv, splits, target, rope):
-    """``heads_first``: the grid (kv heads, rows, splits) instead of (rows, kv heads, splits) only reorders the
-    programs, so the output (and the caches with ``rope``) are bit-identical."""
-    D, bs, Hq = 32, 16, 4 * Hkv
-    kc, vc, tables = _paged_cache(device, torch.float32, lens, Hkv, D, bs)
-    B = len(lens)
-    qkv = torch.randn(B, Hq + 2 * Hkv, D, device=device)
-    q, k, v = qkv[:, :Hq], qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:]
-    ctx = torch.tensor(lens, dtype=torch.int32, device=device)
-    dr = None
-    if rope:
-        pos = (ctx - 1).clamp(min=0).long()
-        slots = (tables.long().gather(1, pos.view(-1, 1) // bs).view(-1) * bs + pos % bs).masked_fill(ctx == 0, -1)
-        dr = DecodeRope(pos, k, v, build_cos_sin_cache(D, 512, 1e6, RopeScaling(), device=device), slots)
-    outs = []
-    for heads_first in (False, True):
-        kcc, vcc = kc.clone(), vc.clone()
-        out = paged_decode_attention(q, kcc, vcc, tables, ctx, D ** -0.5, num_splits=splits, block_n=16, rope=dr,
-                                     split_target=target, num_sms=2, heads_first=heads_first,
-                                     semaphores=torch.zeros(B * Hkv, dtype=torch.int32, device=device))
-        outs.append((out, kcc, vcc))
-    assert all(torch.equal(a, b) for a, b in zip(*outs))
-    if not rope:
-        assert_close(outs[1][0], paged_decode_attention_ref(q, kc, vc, tables, ctx, D ** -0.5), ATTN_TOL[torch.float32],
-                     "heads first vs ref")
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lens,Hq,Hkv,D,bs,splits,target,norm", [
     ([5, 123, 1, 40], 4, 2, 32, 16, None, 0, False),   # GQA, default splits, the new token in each row's last split
