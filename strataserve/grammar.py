@@ -44,6 +44,24 @@ def build_grammar(spec: GuidedDecodingParams) -> Any:
         raise ValueError(f"invalid guided decoding {kind}: {_reason(exc)}") from None
 
 
+def compile_spec(compiler: Any, spec: GuidedDecodingParams) -> Any:
+    """``spec`` compiled by an xgrammar ``GrammarCompiler``, from its source text. Not ``compile_grammar`` of
+    ``build_grammar``'s ``Grammar``: that prints the grammar and parses it again, and the printed ``"\\x85c"``
+    (U+0085, then "c") reads back as U+085C (xgrammar 0.2.9), so a choice or an enum with such text would be
+    unreachable and the output something else."""
+    kind = spec.kind
+    try:
+        if kind == "json":
+            return compiler.compile_json_schema(spec.json, any_whitespace=False)
+        if kind == "json_object":
+            return compiler.compile_builtin_json_grammar()
+        if kind == "regex":
+            return compiler.compile_regex(spec.regex)
+        return compiler.compile_grammar(choice_grammar(spec.choice or []) if kind == "choice" else spec.grammar)
+    except Exception as exc:  # noqa: BLE001 - as build_grammar
+        raise ValueError(f"invalid guided decoding {kind}: {_reason(exc)}") from None
+
+
 #: xgrammar's C++ log prefix, "[02:07:08] /project/cpp/json_schema_converter.cc:5088: ": its clock and source
 #: path say nothing to the caller
 _LOG_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from strataserve.grammar import build_grammar, load_xgrammar
+from strataserve.grammar import compile_spec, load_xgrammar
 from strataserve.types.sampling import GuidedDecodingParams
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class StructuredOutputManager:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        compiled = self._get_compiler().compile_grammar(build_grammar(spec))
+        compiled = compile_spec(self._get_compiler(), spec)
         with self._lock:
             self._cache[key] = compiled
             if len(self._cache) > _CACHE_SIZE:

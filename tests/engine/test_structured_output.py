@@ -187,3 +187,20 @@ def test_check_guided_compiles_a_valid_spec_once_and_always_rejects_a_bad_one(mo
         with pytest.raises(ValueError, match="invalid guided decoding json"):
             grammar.check_guided(bad)
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("spec, accepted", [
+    (GuidedDecodingParams(choice=["a\x85c", "b"]), "a\x85c"),
+    (GuidedDecodingParams(json={"enum": ["a\x85c", "a\x1fA"]}), '"a\x85c"'),
+    (GuidedDecodingParams(json={"enum": ["a\x85c", "a\x1fA"]}), '"a\\u001fA"'),
+    (GuidedDecodingParams(grammar='root ::= "a\\u0085c"'), "a\x85c"),
+    (GuidedDecodingParams(regex="a\x85c"), "a\x85c"),
+])
+def test_text_with_escapes_compiles_to_itself(ckpt, spec, accepted):
+    # xgrammar's compile_grammar(Grammar) goes through the grammar's printed form, where "\x85c" reads back as
+    # U+085C: the engine compiles from the source text, so the constraint accepts exactly what was asked
+    mgr = StructuredOutputManager(str(ckpt), 512, [2])
+    matcher = xgr.GrammarMatcher(mgr.compile(spec))
+    assert matcher.accept_string(accepted)
+    matcher.reset()
+    assert not matcher.accept_string(accepted.replace("\x85c", "\u085c").replace("u001fA", "u01fa"))
