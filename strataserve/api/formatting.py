@@ -10,10 +10,23 @@ from strataserve.types.outputs import Logprob
 _json = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
 
+# JSON leaves U+0085, U+2028 and U+2029 unescaped, but str.splitlines() ends a line at each, and so do SSE readers
+# built on it (httpx's ``iter_lines``): a token that decodes to one would cut its event in two. Escaped, the JSON
+# decodes to the same text. In valid UTF-8 these byte sequences are always those characters.
+_LINE_BREAKS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def line_safe(data: bytes) -> bytes:
+    """``data`` (JSON) with the Unicode line breaks that JSON leaves raw written as escapes: one SSE line."""
+    if b"\xc2\x85" in data or b"\xe2\x80" in data:
+        for raw, escaped in _LINE_BREAKS:
+            data = data.replace(raw, escaped)
+    return data
+
 
 def sse(obj: Any) -> bytes:
     """One server-sent event carrying ``obj`` as JSON."""
-    return b"data: " + _json.encode(obj) + b"\n\n"
+    return b"data: " + line_safe(_json.encode(obj)) + b"\n\n"
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -125,16 +138,18 @@ class ChunkTemplate:
     __slots__ = ("_start", "_end")
 
     def __init__(self, head: dict[str, Any]) -> None:
-        body = _json.encode({**head, "choices": []})  # ...,"choices":[]}
+        body = line_safe(_json.encode({**head, "choices": []}))  # ...,"choices":[]}
         self._start = b"data: " + body[:-2] + b'{"index":'
         self._end = b"}]}\n\n"
 
     def text(self, index: int, text: str, logprobs: Any, finish_reason: str | None) -> bytes:
         """A completions chunk (``"text"``)."""
-        return b"".join((self._start, b"%d" % index, b',"text":', _json.encode(text), b',"logprobs":',
-                         _json.encode(logprobs), b',"finish_reason":', _json.encode(finish_reason), self._end))
+        return b"".join((self._start, b"%d" % index, b',"text":', line_safe(_json.encode(text)), b',"logprobs":',
+                         line_safe(_json.encode(logprobs)), b',"finish_reason":', _json.encode(finish_reason),
+                         self._end))
 
     def delta(self, index: int, delta: dict[str, Any], logprobs: Any, finish_reason: str | None) -> bytes:
         """A chat chunk (``"delta"``)."""
-        return b"".join((self._start, b"%d" % index, b',"delta":', _json.encode(delta), b',"logprobs":',
-                         _json.encode(logprobs), b',"finish_reason":', _json.encode(finish_reason), self._end))
+        return b"".join((self._start, b"%d" % index, b',"delta":', line_safe(_json.encode(delta)), b',"logprobs":',
+                         line_safe(_json.encode(logprobs)), b',"finish_reason":', _json.encode(finish_reason),
+                         self._end))

@@ -25,6 +25,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from strataserve.api.formatting import line_safe
 from strataserve.api.kserve_codec import (
     HEADER_LENGTH,
     decode_http_request,
@@ -82,7 +83,7 @@ async def _json_of(value: Any) -> Response:
 
 
 def _sse(event: Any) -> bytes:
-    return b"data: " + json_dumps(event) + b"\n\n"
+    return b"data: " + line_safe(json_dumps(event)) + b"\n\n"
 
 
 async def _sse_stream(first: Any, rest: AsyncIterator[Any], to_json: Callable[[Any], Any]) -> AsyncIterator[bytes]:

@@ -17,6 +17,7 @@ import msgspec
 from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.errors import APIError
+from strataserve.api.formatting import sse
 from strataserve.router.config import OpenAIUpstream
 from strataserve.router.metrics import NullTrace, RouteTrace
 from strataserve.router.backends.upstream import UpstreamBackend
@@ -173,7 +174,7 @@ class OpenAIUpstreamBackend(UpstreamBackend):
                 err = (self._timeout() if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError))
                        else APIError(502, f"model `{self.name}`: the upstream stream broke: {type(exc).__name__}",
                                      code="upstream_error", type="upstream_error"))
-                yield b"data: " + msgspec.json.encode(err.body()) + b"\n\n"
+                yield sse(err.body())
         finally:
             replica.outstanding -= 1
             if outcome == "ok":
