@@ -1,6 +1,7 @@
 """OpenAI response pieces built from engine outputs: logprobs in the completions and chat shapes, usage, SSE."""
 from __future__ import annotations
 
+import codecs
 from typing import Any
 
 import msgspec
@@ -39,21 +40,42 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 class TokenNamer:
-    """Text of single tokens for logprobs; uses the engine's decoded text when it sent one."""
+    """Text of single tokens for logprobs; uses the engine's decoded text when it sent one. A token that holds part
+    of a UTF-8 character (it decodes to U+FFFD alone) is named by its bytes, as OpenAI does ("bytes:\\xe2\\x80"),
+    and ``raw`` gives those bytes, so joining a completion's token bytes gives its text."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._cache: dict[int, str] = {}
 
     def __call__(self, token_id: int, lp: Logprob | None = None) -> str:
-        if lp is not None and lp.decoded_token is not None:
-            return lp.decoded_token
-        text = self._cache.get(token_id)
+        text = lp.decoded_token if lp is not None and lp.decoded_token is not None else self._cache.get(token_id)
         if text is None:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False)
             if len(self._cache) < 65536:
                 self._cache[token_id] = text
+        if "\ufffd" in text:
+            raw = self._partial(token_id)
+            if raw is not None:
+                return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
         return text
+
+    def raw(self, token_id: int, name: str) -> list[int]:
+        """The bytes of the token ``self(token_id)`` named ``name`` (the chat API's ``bytes``)."""
+        raw = self._partial(token_id) if name.startswith("bytes:") else None
+        return list(raw if raw is not None else name.encode())
+
+    def _partial(self, token_id: int) -> bytes | None:
+        """The token's bytes when they are not whole UTF-8 characters (else None: its text says it all)."""
+        read = getattr(self.tokenizer, "token_bytes", None)
+        raw = read(token_id) if read is not None else None
+        if raw is None:
+            return None
+        try:
+            raw.decode()
+        except UnicodeDecodeError:
+            return raw
+        return None
 
 
 def _ranked(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
@@ -65,7 +87,7 @@ def _ranked(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]
 class CompletionLogprobs:
     """Accumulates the completions-API ``logprobs`` object: tokens, token_logprobs, top_logprobs, text_offset."""
 
-    __slots__ = ("namer", "top_n", "offset", "tokens", "token_logprobs", "top_logprobs", "text_offset")
+    __slots__ = ("namer", "top_n", "offset", "tokens", "token_logprobs", "top_logprobs", "text_offset", "_utf8")
 
     def __init__(self, namer: TokenNamer, top_n: int, start_offset: int = 0) -> None:
         self.namer = namer
@@ -75,6 +97,8 @@ class CompletionLogprobs:
         self.token_logprobs: list[float | None] = []
         self.top_logprobs: list[dict[str, float] | None] = []
         self.text_offset: list[int] = []
+        # offsets index the text's characters; a token inside a character has that character's offset
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def add(self, token_ids: list[int], entries: list[dict[int, Logprob] | None] | None) -> dict[str, Any]:
         """Append these tokens; return just their part (for a stream chunk). A None entry (the first prompt token
@@ -87,8 +111,7 @@ class CompletionLogprobs:
                 self.tokens.append(text)
                 self.token_logprobs.append(None)
                 self.top_logprobs.append(None)
-                self.text_offset.append(self.offset)
-                self.offset += len(text)
+                self._advance(tid, text)
                 continue
             chosen = step.get(tid)
             text = self.namer(tid, chosen)
@@ -101,9 +124,16 @@ class CompletionLogprobs:
             if chosen is not None:
                 top.setdefault(text, chosen.logprob)
             self.top_logprobs.append(top)
-            self.text_offset.append(self.offset)
-            self.offset += len(text)
+            self._advance(tid, text)
         return self._slice(start)
+
+    def _advance(self, token_id: int, name: str) -> None:
+        raw = bytes(self.namer.raw(token_id, name))
+        # bytes still pending that this token does not continue (its first byte is no continuation byte) were an
+        # invalid character: one U+FFFD in the text, before this token
+        pending = self._utf8.getstate()[0]
+        self.text_offset.append(self.offset + (1 if pending and raw and not 0x80 <= raw[0] <= 0xBF else 0))
+        self.offset += len(self._utf8.decode(raw))
 
     def _slice(self, start: int) -> dict[str, Any]:
         return {"tokens": self.tokens[start:], "token_logprobs": self.token_logprobs[start:],
@@ -124,9 +154,9 @@ def chat_logprobs(namer: TokenNamer, token_ids: list[int], entries: list[dict[in
         top = []
         for t, lp in _ranked(step, top_n):
             name = namer(t, lp)
-            top.append({"token": name, "logprob": lp.logprob, "bytes": list(name.encode())})
+            top.append({"token": name, "logprob": lp.logprob, "bytes": namer.raw(t, name)})
         items.append({"token": text, "logprob": chosen.logprob if chosen is not None else -9999.0,
-                      "bytes": list(text.encode()), "top_logprobs": top})
+                      "bytes": namer.raw(tid, text), "top_logprobs": top})
     return items
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from strataserve.models.hf_config import read_eos_token_ids
+from strataserve.models.token_bytes import token_bytes_reader
 
 Message = dict[str, Any]
 
@@ -35,6 +36,7 @@ class Tokenizer:
         self.hf = hf_tokenizer
         #: every id that ends generation: config.json, generation_config.json, then the tokenizer's eos
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
+        self._token_bytes: Callable[[int], bytes | None] | None = None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> Tokenizer:
@@ -76,6 +78,13 @@ class Tokenizer:
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The raw bytes of one token (part of a UTF-8 character, for some), or None where the vocabulary does not
+        say (``models/token_bytes.py``)."""
+        if self._token_bytes is None:
+            self._token_bytes = token_bytes_reader(self.hf)
+        return self._token_bytes(token_id)
 
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """The chat template applied to ``messages`` (``[{"role": ..., "content": ...}, ...]``) as text."""

@@ -99,8 +99,15 @@ def test_completion_logprobs(client):
                                     logprobs=3, extra_body={"ignore_eos": True})
     lp = out.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
-    assert "".join(lp.tokens) == out.choices[0].text
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    # a token holding part of a UTF-8 character is named by its bytes, as OpenAI does ("bytes:\\xe2\\x80")
+    raw = [bytes.fromhex(t[6:].replace("\\x", "")) if t.startswith("bytes:") else t.encode() for t in lp.tokens]
+    assert b"".join(raw).decode(errors="replace") == out.choices[0].text
+    # offsets index the text's characters: a whole token sits at its offset; partial ones never go backwards
+    text = out.choices[0].text
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    for token, offset in zip(lp.tokens, lp.text_offset):
+        if not token.startswith("bytes:"):
+            assert text[offset:offset + len(token)] == token
     for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert chosen <= 0 and 1 <= len(top) <= 4
         # Greedy: the chosen token is the most likely one.
@@ -116,7 +123,10 @@ def test_chat_logprobs_top(client):
         assert len(item.top_logprobs) == 2
         assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
         assert math.isclose(item.logprob, item.top_logprobs[0].logprob, abs_tol=1e-5)
-        assert item.bytes == list(item.token.encode())
+        if not item.token.startswith("bytes:"):
+            assert item.bytes == list(item.token.encode())
+    # the tokens' bytes, joined, are the text (partial UTF-8 tokens carry their own bytes)
+    assert b"".join(bytes(item.bytes) for item in content).decode(errors="replace") == out.choices[0].message.content
 
 
 def test_seed_reproducible(client):
@@ -198,3 +208,23 @@ def test_logit_bias_with_the_openai_client(client, server):
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(logit_bias=bias, **kw)
         assert needle in err.value.body["message"] and err.value.body["param"] == "logit_bias", err.value.body
+
+
+def test_logprobs_name_partial_utf8_tokens_by_their_bytes(client, tiny_ckpt):
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(tiny_ckpt).encode("\u2028", add_special_tokens=False)
+    assert len(ids) == 3  # e2 80 a8: one byte token each in the tiny vocabulary
+    bias = {str(ids[0]): 100}  # forces the lone lead byte
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=1,
+                                          temperature=0.0, logprobs=True, top_logprobs=3, logit_bias=bias)
+    item = chat.choices[0].logprobs.content[0]
+    assert (item.token, item.bytes) == ("bytes:\\xe2", [0xE2])  # OpenAI's form, not U+FFFD's bytes
+    for top in item.top_logprobs:  # (logprobs are the model's, before the bias)
+        want = bytes.fromhex(top.token[6:].replace("\\x", "")) if top.token.startswith("bytes:") else top.token.encode()
+        assert top.bytes == list(want)
+    cmpl = client.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=0.0, logprobs=2,
+                                     logit_bias=bias)
+    lp = cmpl.choices[0].logprobs
+    assert lp.tokens == ["bytes:\\xe2", "bytes:\\xe2"]
+    assert lp.text_offset == [0, 1]  # the second lead byte ends the first (invalid) character: one U+FFFD
