@@ -107,6 +107,11 @@ def test_generate_and_generate_stream(kserve):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert json.loads(events[0])["text_output"] == "XY" and events[-1] == "[DONE]"
+    # U+2028 / U+0085 (raw in JSON, line breaks to iter_lines) stay inside their event
+    text = "x\u2028y\x85z\u2029"
+    with httpx.stream("POST", f"{kserve.base}/v2/models/py_text/generate_stream", json={"text_input": text}) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert len(lines) == 2 and json.loads(lines[0][6:])["text_output"] == text.upper() and lines[1] == "data: [DONE]"
 
 
 def test_decoupled_streams_over_http(kserve):
