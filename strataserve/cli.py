@@ -27,6 +27,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text}: must be > 0")
+    return value
+
+
 def _step_ms(text: str) -> float | None:
     """``--target-step-ms``: milliseconds >= 0, or ``auto`` (None: the engine decides, ``engine/step_budget.py``)."""
     if text == "auto":
@@ -122,6 +132,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-body-mib", type=float, default=16.0, help="larger bodies get 413")
     p.add_argument("--model-repository", default=None, help="serve this Triton-style model repository (KServe v2)")
     p.add_argument("--model-control-mode", default="none", choices=["none", "explicit", "poll"])
+    p.add_argument("--repository-poll-secs", type=_positive_float, default=1.0, metavar="S",
+                   help="poll mode: how often the repository is scanned for changes (Triton's flag)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="explicit mode: load this repository model at start (repeat; '*' = all)")
     p.add_argument("--grpc-port", type=_port, default=8001, help="KServe v2 gRPC port (0 = no gRPC)")
@@ -197,6 +209,7 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
                   max_body_bytes=int(args.max_request_body_mib * 2**20), uvicorn_log_level=args.uvicorn_log_level,
                   access_log=not args.disable_uvicorn_access_log, model_repository=args.model_repository,
                   model_control_mode=args.model_control_mode, load_models=tuple(args.load_model),
+                  repository_poll_s=args.repository_poll_secs,
                   grpc_port=args.grpc_port or None)
     try:
         server.update(_door_options(args))

@@ -87,6 +87,7 @@ class ServeOptions:
     model_repository: str | None = None
     model_control_mode: str = "none"
     load_models: tuple[str, ...] = ()  # explicit mode: load these at start ("*" = all)
+    repository_poll_s: float = 1.0  # poll mode: --repository-poll-secs
     grpc_port: int | None = 8001
     startup_timeout_s: float | None = None
     graceful_shutdown_s: float = 10.0  # --shutdown-timeout: the drain's limit
@@ -111,6 +112,7 @@ class ServeOptions:
         if config.model_repository:  # the file's repository wins over --model-repository
             server["model_repository"] = config.model_repository
             server["model_control_mode"] = config.model_control_mode
+            server["repository_poll_s"] = config.repository_poll_secs
         return cls(llms=llms, upstreams=ups, sla=SLAPolicy(classes, config.default_sla or "", keys),
                    extra_api_keys=tuple(keys), health_check_interval_s=config.health_check_interval_s,
                    affinity_chars=config.prefix_affinity_chars, affinity_slack=config.affinity_slack, **server)
@@ -185,7 +187,7 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
     model_server = None
     if options.model_repository:
         model_server = await start_model_server(options.model_repository, options.model_control_mode, registry,
-                                                options.load_models, console)
+                                                options.load_models, console, options.repository_poll_s)
     if model_server is not None or kserve:
         router.tensors = TensorRouter(model_server, kserve, router.non_tensor_cards)
     await router.start()

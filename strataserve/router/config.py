@@ -202,6 +202,7 @@ class RouterConfig(_Strict):
     models: list[ModelEntry] = Field(default_factory=list)
     model_repository: str | None = None
     model_control_mode: Literal["none", "explicit", "poll"] = "none"
+    repository_poll_secs: float = Field(1.0, gt=0)  # poll mode's scan interval
     sla_classes: dict[str, SLAClass] = Field(default_factory=lambda: {"default": SLAClass()})
     default_sla: str | None = None
     api_keys: list[APIKey] = Field(default_factory=list)
