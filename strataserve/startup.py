@@ -3,6 +3,7 @@
 Neutral module: the runner, the engine process and the API process all record into a ``Phases``."""
 from __future__ import annotations
 
+import gc
 import os
 import time
 from contextlib import contextmanager
@@ -44,3 +45,18 @@ class Phases:
 def format_phases(items: list[tuple[str, float]] | list[list]) -> str:
     """``weights 3.1 s · KV sizing 0.4 s · ...`` (phases under 5 ms left out)."""
     return " · ".join(f"{name} {sec:.2f} s" for name, sec in items if sec >= 0.005)
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive now (imports, tokenizer, model, app: ~260k in the API process)
+    out of the collector's generations, so a full collection walks only what came after: in the API process those
+    walks took ~85 ms each, every stream stalled meanwhile (``docs/performance.md``, "GC"). Objects frozen are
+    still freed by reference counting; only cycles among them stay. Call once a process is ready; returns how many
+    objects are frozen (0 with ``STRATA_GC_FREEZE=0``)."""
+    from strataserve import envs
+
+    if not envs.STRATA_GC_FREEZE:
+        return 0
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

@@ -43,7 +43,7 @@ from strataserve.router.router import Router
 from strataserve.router.sla import SLA, SLAPolicy
 from strataserve.router.supervisor import EngineSupervisor, RestartMetrics
 from strataserve.router.tensors import TensorRouter
-from strataserve.startup import process_age
+from strataserve.startup import freeze_startup_heap, process_age
 
 log = logging.getLogger("strataserve.server")
 
@@ -265,6 +265,7 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
             await asyncio.sleep(0.05)
         if server.started:
             app.state.console.start()  # the dashboard's history begins with the server
+            freeze_startup_heap()
             _banner(console, options, router, getattr(grpc_handle, "port", None))
             console.print(f"start-up: HTTP ready {process_age():.2f} s after the process started", soft_wrap=True)
         await serving

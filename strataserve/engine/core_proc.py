@@ -28,7 +28,7 @@ import zmq
 
 from strataserve.config import EngineConfig
 from strataserve.types.protocol import EngineCoreOutputs, EngineCoreRequest
-from strataserve.startup import Phases, process_age
+from strataserve.startup import Phases, freeze_startup_heap, process_age
 
 # Input message kinds: the first frame of a multipart message.
 ADD = b"A"
@@ -140,6 +140,7 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
         return
 
     def ready() -> None:  # sent once both sockets are connected, so the front's first send never waits
+        freeze_startup_heap()  # this process is the engine's own (serve_core may also run in a host's thread)
         if not _tell_front(handshake, info):
             raise SystemExit(0)  # the front went away while we loaded: nothing to serve, no traceback
 

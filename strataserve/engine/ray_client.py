@@ -23,6 +23,7 @@ import msgspec
 from strataserve.config import EngineConfig
 from strataserve.engine.core_client import CoreInfo
 from strataserve.engine.core_proc import ReadyInfo, core_ready_info, build_core, serve_core
+from strataserve.startup import freeze_startup_heap
 from strataserve.types.errors import EngineStartupError
 from strataserve.engine.zmq_client import ZmqCoreClient
 
@@ -65,7 +66,7 @@ class _CoreHost:
 
     def serve(self, input_addr: str, output_addr: str) -> None:
         # Never orphaned: Ray kills a (non-detached) actor when the process that made it dies.
-        serve_core(self.core, input_addr, output_addr, lambda: False)
+        serve_core(self.core, input_addr, output_addr, lambda: False, freeze_startup_heap)  # a worker of its own
 
 
 def _short(exc: BaseException) -> str:
