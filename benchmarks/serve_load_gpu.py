@@ -111,7 +111,8 @@ def bench(server: Server, workload: str, args: argparse.Namespace, seed: int, re
             "p99_tpot_ms")
     row = {k: (round(r[k], 3) if isinstance(r.get(k), float) else r.get(k)) for k in keys}
     row.update(api_cpu_pct=round(100 * (c1[0] - c0[0]) / wall, 1),
-               engine_cpu_pct=round(100 * (c1[1] - c0[1]) / wall, 1), client_wall_s=round(wall, 1))
+               engine_cpu_pct=round(100 * (c1[1] - c0[1]) / wall, 1), client_wall_s=round(wall, 1),
+               t0=round(t0, 3), t1=round(t1, 3))  # wall clock: other probes' records fall in this window
     return row
 
 
