@@ -12,3 +12,4 @@ python3 -c "import ast; t = ast.parse(open('benchmarks/gc_pauses.py').read()); p
   t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'PROBE'))" > /tmp/gcprobe/sitecustomize.py
 export PYTHONPATH=/tmp/gcprobe:$PYTHONPATH GC_PROBE_DIR=$OUTDIR/gc_probe
 serve_ab gc "${1:-3}" "freeze=." "no_freeze=. STRATA_GC_FREEZE=0"
+tar czf "$OUTDIR/gc_probe.tgz" -C "$OUTDIR/gc_probe" . && rm -rf "$OUTDIR/gc_probe"  # too many files to bring back
