@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from strataserve.config import EngineConfig
+from strataserve.startup import freeze_startup_heap
 from strataserve.models.parallel import SINGLE, TensorParallel, check_tensor_parallel
 
 # the control group waits for the next step as long as the server idles; the rendezvous only this long
@@ -241,6 +242,7 @@ def main() -> None:
         runner.cpu_pool.hold_torch()  # this process only steps the model: its matmuls run on the pool
     control = rank.control
     assert control is not None
+    freeze_startup_heap()  # as the engine core does: its model and runner need no collecting
     try:
         while True:
             try:
