@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Sequence
 
 from strataserve import envs
+from strataserve.cli_types import port, positive_float, positive_int, step_ms
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.step_budget import AUTO_TARGET_STEP_MS
 
@@ -20,61 +21,24 @@ if TYPE_CHECKING:
     from strataserve.api.server import ServeOptions
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds") from None
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"{text}: must be > 0")
-    return value
-
-
-def _step_ms(text: str) -> float | None:
-    """``--target-step-ms``: milliseconds >= 0, or ``auto`` (None: the engine decides, ``engine/step_budget.py``)."""
-    if text == "auto":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text}: give milliseconds (0 = off) or auto") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be >= 0 (0 turns step pacing off) or auto")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text}: a port is in 0..65535")
-    return value
-
-
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    g.add_argument("--max-model-len", type=_positive_int, default=None,
+    g.add_argument("--max-model-len", type=positive_int, default=None,
                    help="context length (default: the model's max_position_embeddings)")
-    g.add_argument("--max-num-seqs", type=_positive_int, default=SchedulerConfig.max_num_seqs)
-    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=SchedulerConfig.max_num_batched_tokens)
-    g.add_argument("--max-waiting-requests", type=_positive_int, default=SchedulerConfig.max_waiting_requests,
+    g.add_argument("--max-num-seqs", type=positive_int, default=SchedulerConfig.max_num_seqs)
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=SchedulerConfig.max_num_batched_tokens)
+    g.add_argument("--max-waiting-requests", type=positive_int, default=SchedulerConfig.max_waiting_requests,
                    help="waiting-queue limit; beyond it requests get 503 + Retry-After")
-    g.add_argument("--target-step-ms", type=_step_ms, default="auto",
+    g.add_argument("--target-step-ms", type=step_ms, default="auto",
                    help="while decodes run, cap each step's prefill tokens so the step takes about this long (the "
                         f"streams' inter-token latency); 0 = off; auto = {AUTO_TARGET_STEP_MS:g} where steps with "
                         "prompt tokens replay CUDA graphs (GPU, hybrid mode, one GPU), off elsewhere")
-    g.add_argument("--stream-interval", type=_positive_int, default=SchedulerConfig.stream_interval,
+    g.add_argument("--stream-interval", type=positive_int, default=SchedulerConfig.stream_interval,
                    help="streamed chunks carry at least this many tokens (the first token is sent at once): fewer "
                         "socket writes per token when the API process or the clients are short of CPU")
-    g.add_argument("--block-size", type=_positive_int, default=CacheConfig.block_size)
+    g.add_argument("--block-size", type=positive_int, default=CacheConfig.block_size)
     g.add_argument("--kv-cache-memory-gib", type=float, default=CacheConfig.kv_cache_memory_gib,
                    help="KV-cache budget on CPU, in GiB")
     g.add_argument("--gpu-memory-utilization", type=float, default=CacheConfig.gpu_memory_utilization,
@@ -85,7 +49,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache storage: auto = the model dtype; fp8 (e4m3) or int8 with per-head scales "
                         "(twice the blocks of bf16 for the same memory)")
     g.add_argument("--runner-mode", default="auto", choices=["auto", "eager", "triton", "graph", "hybrid"])
-    g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
+    g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
                    help="split the model over this many GPUs of this host (one process each, NCCL)")
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                    help="dummy: random weights in config.json's shapes, no weight files (benchmarks)")
@@ -121,7 +85,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="HF checkpoint folder (default: the embedded demo model, unless --model-repository)")
     p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=_port, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--api-key", default=envs.STRATA_API_KEY,
                    help="require 'Authorization: Bearer KEY' on HTTP and gRPC (the probes and docs stay open, "
                         "and /metrics unless --metrics-require-key)")
@@ -132,11 +96,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-body-mib", type=float, default=16.0, help="larger bodies get 413")
     p.add_argument("--model-repository", default=None, help="serve this Triton-style model repository (KServe v2)")
     p.add_argument("--model-control-mode", default="none", choices=["none", "explicit", "poll"])
-    p.add_argument("--repository-poll-secs", type=_positive_float, default=1.0, metavar="S",
+    p.add_argument("--repository-poll-secs", type=positive_float, default=1.0, metavar="S",
                    help="poll mode: how often the repository is scanned for changes (Triton's flag)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="explicit mode: load this repository model at start (repeat; '*' = all)")
-    p.add_argument("--grpc-port", type=_port, default=8001, help="KServe v2 gRPC port (0 = no gRPC)")
+    p.add_argument("--grpc-port", type=port, default=8001, help="KServe v2 gRPC port (0 = no gRPC)")
     p.add_argument("--config", default=None, metavar="FILE.yaml",
                    help="serve what this router config declares (local models, upstream OpenAI / KServe servers, "
                         "a model repository, SLA classes); engine flags given here are every local model's defaults")
@@ -154,16 +118,16 @@ def _add_door_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ssl-certfile", default=None, help="serve HTTPS and gRPC over TLS with this certificate (PEM)")
     g.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM)")
     g.add_argument("--metrics-require-key", action="store_true", help="/metrics needs the API key too")
-    g.add_argument("--requests-per-minute", type=_positive_int, default=None, help="per API key; beyond: 429")
-    g.add_argument("--tokens-per-minute", type=_positive_int, default=None,
+    g.add_argument("--requests-per-minute", type=positive_int, default=None, help="per API key; beyond: 429")
+    g.add_argument("--tokens-per-minute", type=positive_int, default=None,
                    help="per API key, counting prompt + n x max_tokens at admission; beyond: 429")
-    g.add_argument("--limit-n", type=_positive_int, default=None, help="largest n of one request (unset: 128)")
-    g.add_argument("--limit-max-tokens", type=_positive_int, default=None,
+    g.add_argument("--limit-n", type=positive_int, default=None, help="largest n of one request (unset: 128)")
+    g.add_argument("--limit-max-tokens", type=positive_int, default=None,
                    help="largest max_tokens of a request (unset: the context)")
-    g.add_argument("--limit-prompt-tokens", type=_positive_int, default=None,
+    g.add_argument("--limit-prompt-tokens", type=positive_int, default=None,
                    help="longest prompt, in tokens (unset: the context)")
-    g.add_argument("--limit-stop", type=_positive_int, default=None, help="most stop strings per request (unset: 16)")
-    g.add_argument("--limit-logit-bias", type=_positive_int, default=None, help="most logit_bias entries (unset: 300)")
+    g.add_argument("--limit-stop", type=positive_int, default=None, help="most stop strings per request (unset: 16)")
+    g.add_argument("--limit-logit-bias", type=positive_int, default=None, help="most logit_bias entries (unset: 300)")
     g.add_argument("--max-queued-mib", type=float, default=1024.0,
                    help="total size of the request bodies in flight; beyond it new requests get 503")
     g.add_argument("--grpc-max-message-mib", type=float, default=None,
@@ -337,7 +301,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("model", nargs="?", default=None, help="HF checkpoint folder (default: the demo model)")
     p.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
-    p.add_argument("--max-tokens", type=_positive_int, default=64)
+    p.add_argument("--max-tokens", type=positive_int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--chat", action="store_true", help="treat each prompt as a user chat message")
