@@ -191,6 +191,9 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
                     yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
                                                     "finish_reason": None}]})
         chunk = ChunkTemplate(head).text
+        # return_token_ids (vLLM): each chunk carries its new token ids, a choice's first one the prompt's too: the
+        # only output of a server without a tokenizer (--skip-tokenizer-init)
+        ids_unsent = set(range(len(prompts) * n)) if body.return_token_ids else set()
         streams = _streams(state, rid, prompts, params, (priority, trace))
         single = len(streams) == 1  # the usual case: no merge, one generator hop less per token
         async for item in (streams[0] if single else merge_streams(streams)):
@@ -207,9 +210,14 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
                     raise engine_abort_error(c.stop_reason)
                 lp = logprobs[k]
                 lp_part = lp.add(c.token_ids, c.logprobs) if lp is not None else None
-                if not c.text and c.finish_reason is None and lp_part is None:
+                ids = None
+                if body.return_token_ids:
+                    ids = {"prompt_token_ids": prompts[pi][1]} if k in ids_unsent else {}
+                    ids["token_ids"] = c.token_ids
+                    ids_unsent.discard(k)
+                elif not c.text and c.finish_reason is None and lp_part is None:
                     continue  # an incomplete multi-byte character: nothing to show yet
-                batch.append(chunk(k, c.text, lp_part, c.finish_reason))
+                batch.append(chunk(k, c.text, lp_part, c.finish_reason, ids))
             if batch:
                 yield b"".join(batch)
         if with_usage:

@@ -172,11 +172,13 @@ class ChunkTemplate:
         self._start = b"data: " + body[:-2] + b'{"index":'
         self._end = b"}]}\n\n"
 
-    def text(self, index: int, text: str, logprobs: Any, finish_reason: str | None) -> bytes:
-        """A completions chunk (``"text"``)."""
+    def text(self, index: int, text: str, logprobs: Any, finish_reason: str | None,
+             extra: dict[str, Any] | None = None) -> bytes:
+        """A completions chunk (``"text"``); ``extra`` keys (token ids) follow ``finish_reason``."""
+        tail = _json.encode(extra)[1:-1] if extra else b""  # '"token_ids":[...]' without its braces
         return b"".join((self._start, b"%d" % index, b',"text":', line_safe(_json.encode(text)), b',"logprobs":',
                          line_safe(_json.encode(logprobs)), b',"finish_reason":', _json.encode(finish_reason),
-                         self._end))
+                         b"," if tail else b"", tail, self._end))
 
     def delta(self, index: int, delta: dict[str, Any], logprobs: Any, finish_reason: str | None) -> bytes:
         """A chat chunk (``"delta"``)."""

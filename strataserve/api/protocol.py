@@ -75,7 +75,7 @@ class CompletionRequest(_SamplingFields):
     max_tokens: Int64 | None = 16
     logprobs: Int64 | None = None
     echo: bool = False
-    return_token_ids: bool = False  # vLLM extra: prompt_token_ids + token_ids in each (non-streamed) choice
+    return_token_ids: bool = False  # vLLM extra: prompt_token_ids + token_ids in each choice (streamed: per chunk)
     suffix: str | None = None
     best_of: Int64 | None = None
 

@@ -195,6 +195,9 @@ def test_logit_bias_with_the_openai_client(client, server):
     kw = dict(model=MODEL, prompt="bias me", max_tokens=6, temperature=0.0, extra_body={"ignore_eos": True,
                                                                                          "return_token_ids": True})
     plain = client.completions.create(**kw).choices[0].model_extra["token_ids"]
+    streamed = [i for ch in client.completions.create(stream=True, **kw) for c in ch.choices
+                for i in c.model_extra["token_ids"]]
+    assert streamed == plain  # return_token_ids streams each chunk's ids
     forced = client.completions.create(logit_bias={"7": 100}, **kw).choices[0].model_extra["token_ids"]
     assert forced == [7] * 6
     banned = client.completions.create(logit_bias={str(plain[0]): -100}, **kw).choices[0].model_extra["token_ids"]
