@@ -120,6 +120,7 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
     n = body.n
     namer = TokenNamer(state.tokenizer)
     parts: list[list[str]] = [[] for _ in range(n)]
+    token_ids: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[dict]] = [[] for _ in range(n)]
     finish: list[str | None] = [None] * n
     stop_reason: list[Any] = [None] * n
@@ -127,6 +128,7 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
     async for out in engine_stream(state, rid, prompt_ids, params, *job):
         for c in out.outputs:
             parts[c.index].append(c.text)
+            token_ids[c.index] += c.token_ids
             completion_tokens += len(c.token_ids)
             if top_n is not None:
                 lps[c.index].extend(chat_logprobs(namer, c.token_ids, c.logprobs, top_n))
@@ -136,12 +138,15 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
         if finish[i] == "abort":
             raise engine_abort_error(stop_reason[i])
     messages = [assistant_message(plan, "".join(parts[i]), finish[i]) for i in range(n)]
+    ids = body.return_token_ids  # vLLM's extra: the prompt's ids (the rendered template) and each choice's
     return {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
         "choices": [{"index": i, "message": messages[i][0],
                      "logprobs": {"content": lps[i]} if top_n is not None else None,
-                     "finish_reason": messages[i][1], "stop_reason": stop_reason[i]} for i in range(n)],
+                     "finish_reason": messages[i][1], "stop_reason": stop_reason[i],
+                     **({"token_ids": token_ids[i]} if ids else {})} for i in range(n)],
         "usage": usage(len(prompt_ids), completion_tokens),
+        **({"prompt_token_ids": prompt_ids} if ids else {}),
     }
 
 
@@ -155,8 +160,9 @@ def _events(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_id
             head["usage"] = None
         namer = TokenNamer(state.tokenizer)
         completion_tokens = 0
+        first = {"prompt_token_ids": prompt_ids} if body.return_token_ids else {}  # vLLM: on the first chunk
         yield b"".join(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                 "logprobs": None, "finish_reason": None}]})
+                                                 "logprobs": None, "finish_reason": None}], **first})
                        for i in range(body.n))
         chunk = ChunkTemplate(head).delta
         streamers = [ToolStreamer(plan) for _ in range(body.n)] if plan and plan.mode != "none" else None
@@ -166,15 +172,18 @@ def _events(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_id
                 completion_tokens += len(c.token_ids)
                 if c.finish_reason == "abort":
                     raise engine_abort_error(c.stop_reason)
-                if not c.text and c.finish_reason is None and top_n is None:
+                ids = {"token_ids": c.token_ids} if body.return_token_ids else None
+                if not c.text and c.finish_reason is None and top_n is None and ids is None:
                     continue  # an incomplete multi-byte character: nothing to show yet
                 lp = ({"content": chat_logprobs(namer, c.token_ids, c.logprobs, top_n)}
                       if top_n is not None else None)
                 if streamers is not None:
+                    if ids is not None:  # a tool call's chunks do not follow tokens: the ids ride on their own
+                        batch.append(chunk(c.index, {}, None, None, ids))
                     batch.extend(tool_events(streamers[c.index], chunk, c.index, c.text, lp, c.finish_reason))
                     continue
                 delta = {"content": c.text} if c.text or c.finish_reason is None else {}
-                batch.append(chunk(c.index, delta, lp, c.finish_reason))
+                batch.append(chunk(c.index, delta, lp, c.finish_reason, ids))
             if batch:
                 yield b"".join(batch)
         if with_usage:

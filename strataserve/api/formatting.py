@@ -175,13 +175,15 @@ class ChunkTemplate:
     def text(self, index: int, text: str, logprobs: Any, finish_reason: str | None,
              extra: dict[str, Any] | None = None) -> bytes:
         """A completions chunk (``"text"``); ``extra`` keys (token ids) follow ``finish_reason``."""
-        tail = _json.encode(extra)[1:-1] if extra else b""  # '"token_ids":[...]' without its braces
-        return b"".join((self._start, b"%d" % index, b',"text":', line_safe(_json.encode(text)), b',"logprobs":',
-                         line_safe(_json.encode(logprobs)), b',"finish_reason":', _json.encode(finish_reason),
-                         b"," if tail else b"", tail, self._end))
+        return self._choice(index, b',"text":', line_safe(_json.encode(text)), logprobs, finish_reason, extra)
 
-    def delta(self, index: int, delta: dict[str, Any], logprobs: Any, finish_reason: str | None) -> bytes:
-        """A chat chunk (``"delta"``)."""
-        return b"".join((self._start, b"%d" % index, b',"delta":', line_safe(_json.encode(delta)), b',"logprobs":',
-                         line_safe(_json.encode(logprobs)), b',"finish_reason":', _json.encode(finish_reason),
-                         self._end))
+    def delta(self, index: int, delta: dict[str, Any], logprobs: Any, finish_reason: str | None,
+              extra: dict[str, Any] | None = None) -> bytes:
+        """A chat chunk (``"delta"``); ``extra`` as for ``text``."""
+        return self._choice(index, b',"delta":', line_safe(_json.encode(delta)), logprobs, finish_reason, extra)
+
+    def _choice(self, index: int, key: bytes, value: bytes, logprobs: Any, finish_reason: str | None,
+                extra: dict[str, Any] | None) -> bytes:
+        tail = b"," + _json.encode(extra)[1:-1] if extra else b""  # ',"token_ids":[...]': the dict without braces
+        return b"".join((self._start, b"%d" % index, key, value, b',"logprobs":', line_safe(_json.encode(logprobs)),
+                         b',"finish_reason":', _json.encode(finish_reason), tail, self._end))

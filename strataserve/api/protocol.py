@@ -135,6 +135,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
+    return_token_ids: bool = False  # vLLM extra: prompt_token_ids (response) + token_ids per choice / chunk
 
 
 class TokenizeRequest(_Base):

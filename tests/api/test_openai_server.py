@@ -231,3 +231,20 @@ def test_logprobs_name_partial_utf8_tokens_by_their_bytes(client, tiny_ckpt):
     lp = cmpl.choices[0].logprobs
     assert lp.tokens == ["bytes:\\xe2", "bytes:\\xe2"]
     assert lp.text_offset == [0, 1]  # the second lead byte ends the first (invalid) character: one U+FFFD
+
+
+def test_chat_return_token_ids_streamed_and_not(client, server):
+    messages = [{"role": "user", "content": "ids please"}]
+    kw = dict(model=MODEL, messages=messages, max_tokens=6, temperature=0.0,
+              extra_body={"ignore_eos": True, "return_token_ids": True})
+    whole = client.chat.completions.create(**kw)
+    ids = whole.choices[0].model_extra["token_ids"]
+    assert len(ids) == 6
+    tok = httpx.post(f"{server.url}/tokenize", json={"model": MODEL, "messages": messages},
+                     headers=server.headers).json()
+    assert whole.model_extra["prompt_token_ids"] == tok["tokens"]  # the rendered template's ids
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, headers=server.headers).json()["prompt"]
+    assert whole.choices[0].message.content == text
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert chunks[0].model_extra["prompt_token_ids"] == tok["tokens"]
+    assert [i for ch in chunks for c in ch.choices for i in (c.model_extra or {}).get("token_ids", [])] == ids
