@@ -161,10 +161,13 @@ def _events(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_id
         namer = TokenNamer(state.tokenizer)
         completion_tokens = 0
         first = {"prompt_token_ids": prompt_ids} if body.return_token_ids else {}  # vLLM: on the first chunk
+        continuous = with_usage and body.stream_options.continuous_usage_stats  # usage on every chunk (vLLM)
+        if continuous:
+            first["usage"] = usage(len(prompt_ids), 0)
         yield b"".join(sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                  "logprobs": None, "finish_reason": None}], **first})
                        for i in range(body.n))
-        chunk = ChunkTemplate(head).delta
+        chunk = ChunkTemplate(head, (lambda: usage(len(prompt_ids), completion_tokens)) if continuous else None).delta
         streamers = [ToolStreamer(plan) for _ in range(body.n)] if plan and plan.mode != "none" else None
         async for out in engine_stream(state, rid, prompt_ids, params, priority, trace):
             batch = []  # one write per engine output, however many choices it advanced

@@ -179,6 +179,9 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
                                 "model": state.model_name}
         if with_usage:
             head["usage"] = None
+        # continuous_usage_stats (vLLM): every chunk carries the usage so far
+        continuous = with_usage and body.stream_options.continuous_usage_stats
+        total_prompt = sum(len(ids) for _, ids in prompts)
         namer = TokenNamer(state.tokenizer)
         logprobs: list[CompletionLogprobs | None] = []
         completion_tokens = 0
@@ -189,8 +192,9 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
                                 if body.logprobs is not None else None)
                 if prefix and not _echo_logprobs(body):  # else sent with the prompt's logprobs, below
                     yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
-                                                    "finish_reason": None}]})
-        chunk = ChunkTemplate(head).text
+                                                    "finish_reason": None}],
+                               **({"usage": usage(total_prompt, 0)} if continuous else {})})
+        chunk = ChunkTemplate(head, (lambda: usage(total_prompt, completion_tokens)) if continuous else None).text
         # return_token_ids (vLLM): each chunk carries its new token ids, a choice's first one the prompt's too: the
         # only output of a server without a tokenizer (--skip-tokenizer-init)
         ids_unsent = set(range(len(prompts) * n)) if body.return_token_ids else set()
@@ -221,7 +225,6 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
             if batch:
                 yield b"".join(batch)
         if with_usage:
-            total_prompt = sum(len(ids) for _, ids in prompts)
             yield sse({**head, "choices": [], "usage": usage(total_prompt, completion_tokens)})
 
     return events

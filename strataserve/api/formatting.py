@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import codecs
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -165,12 +165,17 @@ class ChunkTemplate:
     ...}]}``: only the per-token values are encoded per chunk (the hot path of a stream), byte-identical to
     ``sse`` of the same dict."""
 
-    __slots__ = ("_start", "_end")
+    __slots__ = ("_start", "_end", "_usage_of")
 
-    def __init__(self, head: dict[str, Any]) -> None:
+    def __init__(self, head: dict[str, Any], usage_of: Callable[[], dict[str, int]] | None = None) -> None:
+        """``usage_of``: each chunk ends with ``"usage": usage_of()`` in place of the head's own usage
+        (``stream_options.continuous_usage_stats``)."""
+        if usage_of is not None:
+            head = {k: v for k, v in head.items() if k != "usage"}
         body = line_safe(_json.encode({**head, "choices": []}))  # ...,"choices":[]}
         self._start = b"data: " + body[:-2] + b'{"index":'
         self._end = b"}]}\n\n"
+        self._usage_of = usage_of
 
     def text(self, index: int, text: str, logprobs: Any, finish_reason: str | None,
              extra: dict[str, Any] | None = None) -> bytes:
@@ -185,5 +190,6 @@ class ChunkTemplate:
     def _choice(self, index: int, key: bytes, value: bytes, logprobs: Any, finish_reason: str | None,
                 extra: dict[str, Any] | None) -> bytes:
         tail = b"," + _json.encode(extra)[1:-1] if extra else b""  # ',"token_ids":[...]': the dict without braces
+        end = self._end if self._usage_of is None else b'}],"usage":' + _json.encode(self._usage_of()) + b"}\n\n"
         return b"".join((self._start, b"%d" % index, key, value, b',"logprobs":', line_safe(_json.encode(logprobs)),
-                         b',"finish_reason":', _json.encode(finish_reason), tail, self._end))
+                         b',"finish_reason":', _json.encode(finish_reason), tail, end))

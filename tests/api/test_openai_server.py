@@ -248,3 +248,24 @@ def test_chat_return_token_ids_streamed_and_not(client, server):
     chunks = list(client.chat.completions.create(stream=True, **kw))
     assert chunks[0].model_extra["prompt_token_ids"] == tok["tokens"]
     assert [i for ch in chunks for c in ch.choices for i in (c.model_extra or {}).get("token_ids", [])] == ids
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_continuous_usage_stats(client, route):
+    kw = dict(model=MODEL, max_tokens=5, temperature=0.0, n=2, stream=True,
+              stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True})
+    if route == "chat":
+        chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "count"}], **kw))
+    else:
+        chunks = list(client.completions.create(prompt="count", **kw))
+    final = chunks[-1]
+    assert final.choices == [] and final.usage.completion_tokens == 10  # two choices of five
+    seen = [ch.usage for ch in chunks[:-1]]
+    assert all(u is not None and u.prompt_tokens == final.usage.prompt_tokens for u in seen)  # on every chunk
+    done = [u.completion_tokens for u in seen]
+    assert done == sorted(done) and done[0] <= 2 and done[-1] == 10  # the count so far, rising to the total
+    assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in seen)
+    plain = {**kw, "stream_options": {"include_usage": True}}
+    make = client.chat.completions.create if route == "chat" else client.completions.create
+    prompt = {"messages": [{"role": "user", "content": "count"}]} if route == "chat" else {"prompt": "count"}
+    assert all(ch.usage is None for ch in list(make(**prompt, **plain))[:-1])  # without it: only the last
