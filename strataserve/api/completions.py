@@ -214,14 +214,14 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
                     raise engine_abort_error(c.stop_reason)
                 lp = logprobs[k]
                 lp_part = lp.add(c.token_ids, c.logprobs) if lp is not None else None
-                ids = None
+                token_ids = None
                 if body.return_token_ids:
-                    ids = {"prompt_token_ids": prompts[pi][1]} if k in ids_unsent else {}
-                    ids["token_ids"] = c.token_ids
+                    token_ids = {"prompt_token_ids": prompts[pi][1]} if k in ids_unsent else {}
+                    token_ids["token_ids"] = c.token_ids
                     ids_unsent.discard(k)
                 elif not c.text and c.finish_reason is None and lp_part is None:
                     continue  # an incomplete multi-byte character: nothing to show yet
-                batch.append(chunk(k, c.text, lp_part, c.finish_reason, ids))
+                batch.append(chunk(k, c.text, lp_part, c.finish_reason, token_ids))
             if batch:
                 yield b"".join(batch)
         if with_usage:
