@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from strataserve.types.sampling import GuidedDecodingParams
 
@@ -28,20 +28,9 @@ def choice_grammar(choices: Sequence[str]) -> str:
 
 def build_grammar(spec: GuidedDecodingParams) -> Any:
     """The xgrammar ``Grammar`` of a spec (no tokenizer needed). Raises ValueError saying what is wrong with it."""
-    xgr = load_xgrammar()
-    kind = spec.kind
-    try:
-        if kind == "json":
-            return xgr.Grammar.from_json_schema(spec.json, any_whitespace=False)
-        if kind == "json_object":
-            return xgr.Grammar.builtin_json_grammar()
-        if kind == "regex":
-            return xgr.Grammar.from_regex(spec.regex)
-        if kind == "choice":
-            return xgr.Grammar.from_ebnf(choice_grammar(spec.choice or []))
-        return xgr.Grammar.from_ebnf(spec.grammar)
-    except Exception as exc:  # xgrammar raises RuntimeError / InvalidJSONError for bad input
-        raise ValueError(f"invalid guided decoding {kind}: {_reason(exc)}") from None
+    g = load_xgrammar().Grammar
+    return _by_kind(spec, lambda schema: g.from_json_schema(schema, any_whitespace=False), g.builtin_json_grammar,
+                    g.from_regex, g.from_ebnf)
 
 
 def compile_spec(compiler: Any, spec: GuidedDecodingParams) -> Any:
@@ -49,16 +38,24 @@ def compile_spec(compiler: Any, spec: GuidedDecodingParams) -> Any:
     ``build_grammar``'s ``Grammar``: that prints the grammar and parses it again, and the printed ``"\\x85c"``
     (U+0085, then "c") reads back as U+085C (xgrammar 0.2.9), so a choice or an enum with such text would be
     unreachable and the output something else."""
+    c = compiler
+    return _by_kind(spec, lambda schema: c.compile_json_schema(schema, any_whitespace=False),
+                    c.compile_builtin_json_grammar, c.compile_regex, c.compile_grammar)
+
+
+def _by_kind(spec: GuidedDecodingParams, json_schema: Callable[[Any], Any], json_object: Callable[[], Any],
+             regex: Callable[[str], Any], ebnf: Callable[[str], Any]) -> Any:
+    """The one of these builders that ``spec``'s kind calls for, applied to its source (a choice as EBNF)."""
     kind = spec.kind
     try:
         if kind == "json":
-            return compiler.compile_json_schema(spec.json, any_whitespace=False)
+            return json_schema(spec.json)
         if kind == "json_object":
-            return compiler.compile_builtin_json_grammar()
+            return json_object()
         if kind == "regex":
-            return compiler.compile_regex(spec.regex)
-        return compiler.compile_grammar(choice_grammar(spec.choice or []) if kind == "choice" else spec.grammar)
-    except Exception as exc:  # noqa: BLE001 - as build_grammar
+            return regex(spec.regex)
+        return ebnf(choice_grammar(spec.choice or []) if kind == "choice" else spec.grammar)
+    except Exception as exc:  # xgrammar raises RuntimeError / InvalidJSONError for bad input
         raise ValueError(f"invalid guided decoding {kind}: {_reason(exc)}") from None
 
 
