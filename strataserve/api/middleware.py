@@ -10,15 +10,24 @@
   data: the page asks for the key and sends it to the data routes.
 - Drain: while the server drains, the probes ``/health`` and ``/v2/health/ready`` answer 503 and every other
   route 503 + Retry-After; requests already admitted run to the end (they count in ``Door.inflight``).
+- JSON text must be Unicode: a lone UTF-16 surrogate escape (``"\\ud83d"``) is valid JSON syntax that Python's
+  parser lets through, but no tokenizer, codec or encoder downstream can take it, so it is refused here with a 400.
+- An exception no route handled gets its 500 here, before the response starts. Starlette's outermost handler
+  would send the same body and then re-raise, and the server would drop the client's kept-alive connection.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import json
+import logging
+
 import msgspec
 
 from strataserve.api.door import Door, draining_error
 from strataserve.api.errors import APIError
+
+log = logging.getLogger("strataserve.api")
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -52,7 +61,7 @@ class GuardMiddleware:
             if door.draining and path in _DRAIN_PROBES:
                 await _send_error(send, draining_error(), path)
                 return
-            await self.app(scope, receive, send)
+            await _answering_500(self.app, scope, receive, send)
             return
         headers = dict(scope["headers"])
         auth = headers.get(b"authorization")
@@ -74,7 +83,7 @@ class GuardMiddleware:
 
     async def _guarded(self, scope: Scope, receive: Callable, send: Callable, declared: int) -> None:
         if scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
+            await _answering_500(self.app, scope, receive, send)
             return
         limit = self.max_body_bytes
         chunks: list[bytes] = []
@@ -99,6 +108,11 @@ class GuardMiddleware:
                 await _send_error(send, err, scope["path"])
                 return
         body = b"".join(chunks)
+        surrogate = _lone_surrogate(body, scope)
+        if surrogate is not None:
+            self.door.queued_bytes -= extra
+            await _send_error(send, surrogate, scope["path"])
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -109,9 +123,48 @@ class GuardMiddleware:
             return await receive()  # after the body: wait for the disconnect, as the server would
 
         try:
-            await self.app(scope, replay, send)
+            await _answering_500(self.app, scope, replay, send)
         finally:
             self.door.queued_bytes -= extra
+
+
+async def _answering_500(app: Callable, scope: Scope, receive: Callable, send: Callable) -> None:
+    started = False
+
+    async def tracking_send(message: Message) -> None:
+        nonlocal started
+        started = True
+        await send(message)
+
+    try:
+        await app(scope, receive, tracking_send)
+    except Exception as exc:
+        if started:  # the status line is out: only dropping the connection tells the client it is cut short
+            raise
+        log.exception("unhandled error while serving %s", scope["path"])
+        await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}"), scope["path"])
+
+
+def _lone_surrogate(body: bytes, scope: Scope) -> APIError | None:
+    """A 400 for a JSON body that escapes half of a UTF-16 surrogate pair, else None. The byte scan finds every
+    ``\\ud8xx``-``\\udfxx`` escape (emoji from clients that escape non-ASCII text too); msgspec then refuses only the
+    unpaired ones. KServe's binary-data bodies are skipped: their tail is raw tensor bytes."""
+    if b"\\ud" not in body and b"\\uD" not in body:
+        return None
+    for name, _ in scope["headers"]:
+        if name == b"inference-header-content-length":
+            return None
+    try:
+        msgspec.json.decode(body)
+        return None
+    except msgspec.DecodeError:
+        pass
+    try:
+        json.loads(body)
+    except ValueError:
+        return None  # malformed JSON anyway: the route's own parser says where
+    return APIError(400, "the request's JSON holds a lone UTF-16 surrogate escape (half of a pair, such as "
+                    "\"\\ud83d\" alone); text must be valid Unicode", code="invalid_unicode")
 
 
 def _too_large(limit: int) -> APIError:

@@ -74,7 +74,12 @@ class Tokenizer:
         return bool(getattr(self.hf, "chat_template", None))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+        try:
+            return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+        except TypeError:  # the Rust tokenizer's only word for text it cannot take, such as a lone surrogate
+            if isinstance(text, str):
+                text.encode("utf-8")  # UnicodeEncodeError (a ValueError) names the character and its position
+            raise
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
