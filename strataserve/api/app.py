@@ -93,7 +93,12 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if body.messages is not None:
-            ids = chat.render_chat(llm, body.messages, body.add_generation_prompt)
+            ids = chat.render_chat(llm, body.messages, body.add_generation_prompt, body.tools,
+                                   continue_final_message=body.continue_final_message,
+                                   template_kwargs=body.chat_template_kwargs)
+        elif llm.tokenizer is None:
+            raise APIError(400, "this server runs without a tokenizer (--skip-tokenizer-init): it cannot tokenize "
+                           "text", param="prompt")
         else:
             ids = llm.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         return JSONResponse({"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids})
@@ -105,6 +110,9 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
             return await forward_plain(routed, request, "/detokenize")
         llm = routed.state
         check_token_ids(llm, body.tokens, param="tokens")
+        if llm.tokenizer is None:
+            raise APIError(400, "this server runs without a tokenizer (--skip-tokenizer-init): it cannot "
+                           "detokenize", param="tokens")
         return JSONResponse({"prompt": llm.tokenizer.decode(body.tokens)})
 
     if router.tensors is not None:

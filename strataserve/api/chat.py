@@ -22,15 +22,34 @@ from strataserve.router.metrics import RouteTrace
 router = APIRouter()
 
 
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt",
+                                       "continue_final_message", "tokenize", "return_dict", "chat_template"})
+
+
 def render_chat(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool,
-                tools: list[Any] | None = None) -> list[int]:
+                tools: list[Any] | None = None, *, continue_final_message: bool = False,
+                template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Token ids of the conversation through the model's chat template (tool calls, tool results and the tool
-    definitions included, for templates that render them)."""
+    definitions included, for templates that render them). ``continue_final_message`` leaves the last message
+    open, so the model continues it (an assistant prefill); ``template_kwargs`` are the template's own variables
+    (``enable_thinking`` for Qwen3's)."""
     if state.tokenizer is None:
         raise bad_request("this server runs without a tokenizer (--skip-tokenizer-init): chat needs one; use "
                           "/v1/completions with token-id prompts", param="messages")
+    if continue_final_message and add_generation_prompt:
+        # vLLM's rule: a new assistant turn and a continued last message contradict each other
+        raise bad_request("continue_final_message=true needs add_generation_prompt=false (a new assistant turn "
+                          "cannot follow a message left open)", param="continue_final_message")
+    extra = dict(template_kwargs or {})
+    clash = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(extra))
+    if clash:
+        raise bad_request(f"chat_template_kwargs may not set {', '.join(clash)}: use the request's own fields",
+                          param="chat_template_kwargs")
+    if tools:
+        extra["tools"] = [t.model_dump(exclude_none=True) for t in tools]
+    if continue_final_message:
+        extra["continue_final_message"] = True
     plain = message_dicts(messages)
-    extra = {"tools": [t.model_dump(exclude_none=True) for t in tools]} if tools else {}
     try:
         ids = state.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, **extra)
     except ValueError as exc:
@@ -73,10 +92,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = routed.state
     plan, guided = _tools_and_guided(state, body)
     top_n = _top_n(body)
-    prompt_ids = render_chat(state, body.messages, body.add_generation_prompt, body.tools)
+    prompt_ids = render_chat(state, body.messages, body.add_generation_prompt, body.tools,
+                             continue_final_message=body.continue_final_message,
+                             template_kwargs=body.chat_template_kwargs)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    max_tokens = resolve_max_tokens(state, len(prompt_ids), requested, param)
+    max_tokens = resolve_max_tokens(state, len(prompt_ids), requested, param, "messages")
     params = make_params(n=body.n, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
                          top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,
                          frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
@@ -183,9 +204,12 @@ def _events(state: ServerState, body: ChatCompletionRequest, rid: str, prompt_id
                 if streamers is not None:
                     if ids is not None:  # a tool call's chunks do not follow tokens: the ids ride on their own
                         batch.append(chunk(c.index, {}, None, None, ids))
-                    batch.extend(tool_events(streamers[c.index], chunk, c.index, c.text, lp, c.finish_reason))
+                    batch.extend(tool_events(streamers[c.index], chunk, c.index, c.text, lp, c.finish_reason,
+                                             c.stop_reason))
                     continue
                 delta = {"content": c.text} if c.text or c.finish_reason is None else {}
+                if c.finish_reason is not None:  # the last chunk says which stop ended it, as vLLM's does
+                    ids = {**(ids or {}), "stop_reason": c.stop_reason}
                 batch.append(chunk(c.index, delta, lp, c.finish_reason, ids))
             if batch:
                 yield b"".join(batch)

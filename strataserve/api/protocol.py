@@ -5,7 +5,7 @@ encoded with msgspec on the hot path; their shapes follow the OpenAI API referen
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -135,6 +135,8 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM / transformers: the prompt ends inside the last message (prefill)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM: extra template variables (enable_thinking, ...)
     return_token_ids: bool = False  # vLLM extra: prompt_token_ids (response) + token_ids per choice / chunk
 
 
@@ -144,6 +146,9 @@ class TokenizeRequest(_Base):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None  # rendered as the chat route renders them, so the counts agree
 
 
 class DetokenizeRequest(_Base):

@@ -210,14 +210,16 @@ def check_token_ids(state: ServerState, ids: list[int], param: str = "prompt") -
             raise bad_request(f"token id {t} is outside the vocabulary [0, {vocab})", param=param)
 
 
-def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | None, param: str) -> int:
-    """Check the prompt fits the context and return the output budget (the rest of the context by default)."""
+def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | None, param: str,
+                       prompt_param: str = "prompt") -> int:
+    """Check the prompt fits the context and return the output budget (the rest of the context by default).
+    ``prompt_param``: the field the prompt came in (chat's is ``messages``), named in the errors."""
     if num_prompt == 0:
-        raise bad_request("the prompt is empty: give at least one token", param="prompt")
+        raise bad_request("the prompt is empty: give at least one token", param=prompt_param)
     limit = state.max_model_len
     if num_prompt >= limit:
         raise bad_request(f"This model's maximum context length is {limit} tokens, but the prompt has {num_prompt} "
-                          "tokens; shorten the prompt.", param="prompt", code="context_length_exceeded")
+                          "tokens; shorten the prompt.", param=prompt_param, code="context_length_exceeded")
     if max_tokens is None:
         return limit - num_prompt
     if max_tokens < 1:

@@ -100,16 +100,23 @@ class LLM:
 
     def chat(self, messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True, *,
-             add_generation_prompt: bool = True, chat_template_kwargs: Mapping[str, Any] | None = None,
-             ) -> list[RequestOutput]:
-        """Chat completions: one conversation (list of {"role", "content"}) or a list of conversations."""
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: Mapping[str, Any] | None = None) -> list[RequestOutput]:
+        """Chat completions: one conversation (list of {"role", "content"}) or a list of conversations.
+        ``continue_final_message`` leaves the last message open for the model to continue (with
+        ``add_generation_prompt=False``, as in vLLM)."""
         tok = self.engine.tokenizer
         if tok is None:
             raise ValueError("chat needs a tokenizer with a chat template")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message=True needs add_generation_prompt=False")
+        kwargs = dict(chat_template_kwargs or {})
+        if continue_final_message:
+            kwargs["continue_final_message"] = True
         convs = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         items: list[PromptType] = []
         for conv in convs:
-            text = tok.render_chat(list(conv), add_generation_prompt, **dict(chat_template_kwargs or {}))  # type: ignore[arg-type]
+            text = tok.render_chat(list(conv), add_generation_prompt, **kwargs)  # type: ignore[arg-type]
             items.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         params = _per_prompt(sampling_params, len(items))
         return self._run(items, params, [0] * len(items), use_tqdm)

@@ -40,5 +40,8 @@ def test_token_ids_in_and_out_without_a_tokenizer(tmp_path):
         r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "tiny", "messages": [
             {"role": "user", "content": "hi"}]}, timeout=60)
         assert r.status_code == 400 and "tokenizer" in r.json()["error"]["message"]
+        for path, bad in (("/tokenize", {"prompt": "text"}), ("/detokenize", {"tokens": prompt})):
+            r = httpx.post(f"{server.url}{path}", json={"model": "tiny", **bad}, timeout=60)
+            assert r.status_code == 400 and "tokenizer" in r.json()["error"]["message"], r.text
     finally:
         server.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -22,7 +23,8 @@ TOOL_TEMPLATE = (
     "{{ m['tool_call_id'] }}:{{ m['content'] }}</tool_response>{% else %}{{ m['content'] or '' }}{% endif %}"
     "{% for c in m.get('tool_calls') or [] %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": "
     "{{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+    "<think></think>{% endif %}{% endif %}")
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,8}$"},
                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
            "required": ["city", "days"], "additionalProperties": False}
@@ -157,3 +159,30 @@ def test_bad_tool_requests_are_400(servers, server):
     plain = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
     with pytest.raises(openai.BadRequestError, match="enable-auto-tool-choice"):
         plain.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, max_tokens=4)
+
+
+def test_chat_template_fields_render_as_transformers_does(servers):
+    """``tools`` on /tokenize, ``chat_template_kwargs`` and ``continue_final_message`` (vLLM's fields): the chat
+    route and /tokenize give the ids transformers renders, and contradictory fields are 400s."""
+    client = servers["hermes"]
+    tok = make_tiny_tokenizer(512)
+    prefill = MSG + [{"role": "assistant", "content": "Sure, the weath"}]
+    cases = [(MSG, dict(tools=TOOLS)), (MSG, dict(chat_template_kwargs={"enable_thinking": False})),
+             (prefill, dict(continue_final_message=True, add_generation_prompt=False))]
+    for messages, fields in cases:
+        kw = {k: v for k, v in fields.items() if k != "chat_template_kwargs"}
+        text = tok.apply_chat_template(messages, chat_template=TOOL_TEMPLATE, tokenize=False,
+                                       **{"add_generation_prompt": True, **kw, **fields.get("chat_template_kwargs", {})})
+        want = tok.encode(text, add_special_tokens=False)
+        counted = httpx.post(str(client.base_url).removesuffix("v1/") + "tokenize", timeout=60,
+                             headers={"Authorization": f"Bearer {client.api_key}"},
+                             json={"model": "tiny", "messages": messages, **fields})
+        assert counted.json()["tokens"] == want, fields
+        extra = {k: v for k, v in fields.items() if k != "tools"}
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, tools=fields.get("tools"),
+                                           extra_body={**extra, "return_token_ids": True})
+        assert r.model_extra["prompt_token_ids"] == want, fields
+    assert tok.decode(want).endswith("<|im_start|>assistant\nSure, the weath")  # left open: no <|im_end|>
+    for bad in ({"continue_final_message": True}, {"chat_template_kwargs": {"add_generation_prompt": False}}):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="tiny", messages=prefill, max_tokens=1, extra_body=bad)
