@@ -135,7 +135,9 @@ class Request:
         all_ids = self.all_token_ids
         all_ids.append(token_id)
         n = len(all_ids)
-        if n >= self.min_len:  # min_tokens: the sampler masks stops; never stop early here either
+        # min_tokens: the sampler bans stops, so never stop early here either; unless the grammar is complete and
+        # allows nothing else (the sampler lets a stop through only then): structured outputs end with the grammar
+        if n >= self.min_len or self.grammar is not None:
             if token_id == self.eos_token_id:
                 self.status = RequestStatus.FINISHED_STOPPED
                 return True

@@ -3,7 +3,7 @@
 Per step, for the rows of one batch (each row = one request's last position):
 
 1. ``min_tokens``: while a request has fewer outputs than ``min_tokens``, its eos (unless ``ignore_eos``) and
-   ``stop_token_ids`` are banned; ``logit_bias`` is added (ids outside the vocabulary are skipped).
+   ``stop_token_ids`` are banned, unless nothing else is left to sample (a complete grammar); ``logit_bias`` is added (ids outside the vocabulary are skipped).
 2. Penalties (``runner/penalties.py``): repetition, then frequency/presence - only for rows that use them.
 3. Greedy rows (temperature < 1e-5) take the argmax of the penalised logits.
 4. Other rows: divide by temperature, then min-p (drop tokens whose probability is below ``min_p`` times the
@@ -65,6 +65,16 @@ class SamplingRequest:
         p = self.params
         self.plain_greedy = (p.greedy and not p.uses_penalties and p.logprobs is None and not p.logit_bias
                              and not (p.min_tokens and (p.stop_token_ids or not p.ignore_eos)))
+
+
+def _unban_dead_rows(x: torch.Tensor, raw: torch.Tensor, rows: list[int]) -> None:
+    """min_tokens yields where its ban would leave a row nothing to sample: a grammar that is complete allows only
+    the stops (structured outputs end where the grammar does; the engine then finishes the request)."""
+    rows_t = torch.tensor(rows, device=x.device)
+    dead = ~torch.isfinite(x[rows_t]).any(dim=1)
+    if bool(dead.any()):
+        back = rows_t[dead]
+        x[back] = raw[back]
 
 
 def row_seed(seed: int, step: int) -> int:
@@ -194,7 +204,9 @@ class Sampler:
         if not ban_rows and not pen_rows and not bias_rows:
             return raw
         x = raw.clone()
-        ban_tokens(x, ban_rows, ban_ids)
+        if ban_rows:
+            ban_tokens(x, ban_rows, ban_ids)
+            _unban_dead_rows(x, raw, ban_rows)
         if bias_rows:
             add_bias(x, bias_rows, [reqs[i].params.logit_bias for i in bias_rows])
         if pen_rows:

@@ -89,6 +89,19 @@ def test_mixed_concurrent_batch_constraints_hold(client):
             assert isinstance(text, str)
 
 
+def test_min_tokens_yields_where_the_grammar_ends(client):
+    """min_tokens holds while the grammar allows more, and yields where it allows only the end: the output still
+    matches (it used to run on unconstrained once the grammar was complete)."""
+    for stream in (False, True):
+        assert _completion(client, stream, temperature=0, extra_body={
+            "guided_choice": ["yes", "no"], "min_tokens": 10}) in ("yes", "no")
+        jsonschema.validate(json.loads(_chat(client, stream, temperature=0, extra_body={
+            "guided_json": SCHEMA, "min_tokens": 100})), SCHEMA)
+    r = client.completions.create(model="tiny", prompt="x", max_tokens=40, temperature=0, extra_body={
+        "guided_regex": "[a-z]{1,30}", "min_tokens": 12})
+    assert re.fullmatch("[a-z]{1,30}", r.choices[0].text) and r.usage.completion_tokens >= 12
+
+
 def test_json_object_parses_or_is_cut_by_length(client):
     r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=60, temperature=0,
                                        response_format={"type": "json_object"})

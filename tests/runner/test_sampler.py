@@ -268,6 +268,18 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached() -> None:
     assert 5 not in toks and 7 not in toks
 
 
+def test_min_tokens_yields_when_only_stops_are_left() -> None:
+    """A complete grammar masks every token but the stops: min_tokens then lets them through (a row with nothing
+    to sample would draw an arbitrary token), in the greedy and the sampled path; other rows keep the ban."""
+    x = torch.full((3, 8), float("-inf"))
+    x[:, 7], x[:, 5] = 1.0, 2.0  # only eos and the stop id left
+    x[2, 3] = 0.0  # one more token: the ban holds
+    p = SP(temperature=0.0, min_tokens=4, stop_token_ids=[5])
+    reqs = [_req(p, eos=7), _req(SP(temperature=0.8, min_tokens=4, stop_token_ids=[5], seed=1), eos=7), _req(p, eos=7)]
+    toks, _ = Sampler()(x.clone(), reqs)
+    assert toks[0] == 5 and toks[1] in (5, 7) and toks[2] == 3
+
+
 def test_bad_shape_is_rejected() -> None:
     with pytest.raises(ValueError, match="logits must be"):
         Sampler()(torch.zeros(2, 4), [_req(SP())])
