@@ -122,12 +122,10 @@ def _echo_logprobs(body: CompletionRequest) -> bool:
     return body.echo and body.logprobs is not None
 
 
-def _add_prompt_logprobs(logprobs: list, first: int, n: int, ids: list[int], out: Any) -> list[Any]:
-    """Put the prompt's logprobs first in the n choices' logprobs starting at index ``first``, once, when the
-    engine's output carries them; returns each choice's part (for a stream chunk) or [] when not this time."""
-    if out.prompt_logprobs is None:
-        return []
-    return [logprobs[first + i].add(ids, out.prompt_logprobs) for i in range(n)]
+def _add_prompt_logprobs(logprobs: list, first: int, n: int, echoed: str, ids: list[int], out: Any) -> list[Any]:
+    """Put the prompt's logprobs first in the n choices' logprobs starting at index ``first`` (the engine's first
+    output carries them); returns each choice's part, for a stream chunk. ``echoed``: the prompt's text."""
+    return [logprobs[first + i].add(ids, out.prompt_logprobs, echoed) for i in range(n)]
 
 
 async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompts: list,
@@ -135,18 +133,18 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
     n = body.n
     namer = TokenNamer(state.tokenizer)
     choices: list[_Choice] = []
-    for text, ids in prompts:
-        prefix = _echo_text(state, text, ids) if body.echo else ""
+    echoes = [_echo_text(state, text, ids) if body.echo else "" for text, ids in prompts]
+    for prefix in echoes:
         for _ in range(n):
-            lp = (CompletionLogprobs(namer, body.logprobs, 0 if _echo_logprobs(body) else len(prefix))
-                  if body.logprobs is not None else None)
+            lp = (CompletionLogprobs(namer, body.logprobs, 0 if _echo_logprobs(body) else len(prefix),
+                                     body.skip_special_tokens) if body.logprobs is not None else None)
             choice = _Choice(lp)
             if prefix:
                 choice.parts.append(prefix)
             choices.append(choice)
     async for pi, out in merge_streams(_streams(state, rid, prompts, params, job)):
-        if _echo_logprobs(body):
-            _add_prompt_logprobs([ch.logprobs for ch in choices], pi * n, n, prompts[pi][1], out)
+        if _echo_logprobs(body) and out.prompt_logprobs is not None:
+            _add_prompt_logprobs([ch.logprobs for ch in choices], pi * n, n, echoes[pi], prompts[pi][1], out)
         for c in out.outputs:
             ch = choices[pi * n + c.index]
             ch.parts.append(c.text)
@@ -188,8 +186,8 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
         for pi, (text, ids) in enumerate(prompts):
             prefix = _echo_text(state, text, ids) if body.echo else ""
             for i in range(n):
-                logprobs.append(CompletionLogprobs(namer, body.logprobs, 0 if _echo_logprobs(body) else len(prefix))
-                                if body.logprobs is not None else None)
+                logprobs.append(CompletionLogprobs(namer, body.logprobs, 0 if _echo_logprobs(body) else len(prefix),
+                                                   body.skip_special_tokens) if body.logprobs is not None else None)
                 if prefix and not _echo_logprobs(body):  # else sent with the prompt's logprobs, below
                     yield sse({**head, "choices": [{"index": pi * n + i, "text": prefix, "logprobs": None,
                                                     "finish_reason": None}],
@@ -203,10 +201,10 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
         async for item in (streams[0] if single else merge_streams(streams)):
             pi, out = (0, item) if single else item
             batch = []  # one write per engine output, however many choices it advanced
-            if _echo_logprobs(body):
-                text, ids = prompts[pi]
-                for i, part in enumerate(_add_prompt_logprobs(logprobs, pi * n, n, ids, out)):
-                    batch.append(chunk(pi * n + i, _echo_text(state, text, ids), part, None))
+            if _echo_logprobs(body) and out.prompt_logprobs is not None:
+                echoed = _echo_text(state, *prompts[pi])
+                for i, part in enumerate(_add_prompt_logprobs(logprobs, pi * n, n, echoed, prompts[pi][1], out)):
+                    batch.append(chunk(pi * n + i, echoed, part, None))
             for c in out.outputs:
                 k = pi * n + c.index
                 completion_tokens += len(c.token_ids)
@@ -221,6 +219,8 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
                     ids_unsent.discard(k)
                 elif not c.text and c.finish_reason is None and lp_part is None:
                     continue  # an incomplete multi-byte character: nothing to show yet
+                if c.finish_reason is not None:  # the last chunk says which stop ended it, as vLLM's does
+                    token_ids = {**(token_ids or {}), "stop_reason": c.stop_reason}
                 batch.append(chunk(k, c.text, lp_part, c.finish_reason, token_ids))
             if batch:
                 yield b"".join(batch)

@@ -47,6 +47,7 @@ class TokenNamer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self._special: frozenset[int] | None = None
 
     def __call__(self, token_id: int, lp: Logprob | None = None) -> str:
         text = lp.decoded_token if lp is not None and lp.decoded_token is not None else self._cache.get(token_id)
@@ -59,6 +60,15 @@ class TokenNamer:
             if raw is not None:
                 return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
         return text
+
+    def special_ids(self) -> frozenset[int]:
+        if self._special is None:
+            hf = getattr(self.tokenizer, "hf", self.tokenizer)
+            self._special = frozenset(getattr(hf, "all_special_ids", ()) or ())
+        return self._special
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_ids()
 
     def raw(self, token_id: int, name: str) -> list[int]:
         """The bytes of the token ``self(token_id)`` named ``name`` (the chat API's ``bytes``)."""
@@ -87,12 +97,17 @@ def _ranked(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]
 class CompletionLogprobs:
     """Accumulates the completions-API ``logprobs`` object: tokens, token_logprobs, top_logprobs, text_offset."""
 
-    __slots__ = ("namer", "top_n", "offset", "tokens", "token_logprobs", "top_logprobs", "text_offset", "_utf8")
+    __slots__ = ("namer", "top_n", "offset", "tokens", "token_logprobs", "top_logprobs", "text_offset", "_utf8",
+                 "_hidden", "_text")
 
-    def __init__(self, namer: TokenNamer, top_n: int, start_offset: int = 0) -> None:
+    def __init__(self, namer: TokenNamer, top_n: int, start_offset: int = 0, skip_special_tokens: bool = True) -> None:
+        """``skip_special_tokens``: the request's; special tokens the generated text leaves out take no room in
+        the offsets."""
         self.namer = namer
         self.top_n = top_n
         self.offset = start_offset
+        self._hidden = namer.special_ids() if skip_special_tokens else frozenset()
+        self._text: str | None = None
         self.tokens: list[str] = []
         self.token_logprobs: list[float | None] = []
         self.top_logprobs: list[dict[str, float] | None] = []
@@ -100,10 +115,14 @@ class CompletionLogprobs:
         # offsets index the text's characters; a token inside a character has that character's offset
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
-    def add(self, token_ids: list[int], entries: list[dict[int, Logprob] | None] | None) -> dict[str, Any]:
+    def add(self, token_ids: list[int], entries: list[dict[int, Logprob] | None] | None,
+            text: str | None = None) -> dict[str, Any]:
         """Append these tokens; return just their part (for a stream chunk). A None entry (the first prompt token
-        of an echo) has no logprob: OpenAI sends null for it."""
+        of an echo) has no logprob: OpenAI sends null for it. ``text``: what these tokens read as in the response
+        (the echoed prompt), where a special token takes room only if it is written there (a bos the tokenizer
+        added is not)."""
         start = len(self.tokens)
+        self._text = text
         for i, tid in enumerate(token_ids):
             step = entries[i] if entries is not None and i < len(entries) else {}
             if step is None:
@@ -128,6 +147,10 @@ class CompletionLogprobs:
         return self._slice(start)
 
     def _advance(self, token_id: int, name: str) -> None:
+        if token_id in self._hidden or self._text is not None and self.namer.is_special(token_id):
+            if self._text is None or not self._text.startswith(name, self.offset):
+                self.text_offset.append(self.offset)  # not in the text: where it would have been
+                return
         raw = bytes(self.namer.raw(token_id, name))
         # bytes still pending that this token does not continue (its first byte is no continuation byte) were an
         # invalid character: one U+FFFD in the text, before this token

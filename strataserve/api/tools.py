@@ -217,8 +217,9 @@ def _args(arguments: str | dict) -> Any:
 
 
 def tool_events(streamer: ToolStreamer, chunk: Any, index: int, text: str, logprobs: Any,
-                finish_reason: str | None) -> list[bytes]:
-    """SSE chunks for one engine delta of a choice with tools; the finish_reason rides on the last one."""
+                finish_reason: str | None, stop_reason: Any = None) -> list[bytes]:
+    """SSE chunks for one engine delta of a choice with tools; the finish_reason (and the stop_reason) ride on the
+    last one."""
     deltas = streamer.feed(text)
     reason = finish_reason
     if finish_reason is not None:
@@ -229,5 +230,6 @@ def tool_events(streamer: ToolStreamer, chunk: Any, index: int, text: str, logpr
             return []
         deltas = [{}]
     last = len(deltas) - 1
-    return [chunk(index, d, logprobs if k == 0 else None, reason if k == last else None)
+    return [chunk(index, d, logprobs if k == 0 else None, reason if k == last else None,
+                  {"stop_reason": stop_reason} if k == last and reason is not None else None)
             for k, d in enumerate(deltas)]

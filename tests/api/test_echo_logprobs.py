@@ -32,3 +32,23 @@ def test_echo_logprobs_cover_the_prompt(server, tiny_ckpt):
             tokens += ch.choices[0].logprobs.tokens
             values += ch.choices[0].logprobs.token_logprobs
     assert tokens == lp.tokens and values == lp.token_logprobs
+
+
+def test_text_offsets_index_the_echoed_text(server):
+    """Each token's text_offset points at it in the choice's text (OpenAI's legacy completions): the bos the
+    tokenizer adds to a string prompt is not in the echoed text, so it takes no room; a special token written in the
+    prompt is, so it does. Streamed offsets are the same."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0, timeout=60)
+    for prompt in ("hello world, hi", "hello<|im_end|> world"):
+        kw = dict(model="tiny", prompt=prompt, echo=True, logprobs=1, max_tokens=4, temperature=0)
+        choice = client.completions.create(**kw).choices[0]
+        lp = choice.logprobs
+        assert lp.tokens[0] == "<s>" and lp.text_offset[0] == 0 and choice.text.startswith(prompt)
+        for token, offset in list(zip(lp.tokens, lp.text_offset))[1:]:
+            if not token.startswith("bytes:"):  # a random model's partial characters read as U+FFFD in the text
+                assert choice.text.startswith(token, offset), (token, offset, choice.text)
+        streamed = []
+        for ch in client.completions.create(**kw, stream=True):
+            if ch.choices and ch.choices[0].logprobs is not None:
+                streamed += ch.choices[0].logprobs.text_offset
+        assert streamed == lp.text_offset

@@ -45,6 +45,8 @@ CASES = [
     ("min_tokens above max_tokens", "/v1/completions", {**GOOD, "min_tokens": 5}, 400, "min_tokens"),
     ("prompt over context", "/v1/completions", {**GOOD, "prompt": "word " * 700}, 400, "prompt"),
     ("prompt ids over context", "/v1/completions", {**GOOD, "prompt": [5] * 600}, 400, "prompt"),
+    ("messages over context", "/v1/chat/completions",
+     {**CHAT, "messages": [{"role": "user", "content": "word " * 700}]}, 400, "messages"),
     ("prompt + max_tokens over context", "/v1/completions", {**GOOD, "prompt": [5] * 300, "max_tokens": 300},
      400, "max_tokens"),
     ("seed beyond int64", "/v1/completions", {**GOOD, "seed": 2**70}, 400, "seed"),
@@ -121,3 +123,38 @@ def test_server_still_serves_after_bad_inputs(http):
     assert r.json()["usage"]["completion_tokens"] == 3
     r = http.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+
+
+def test_lone_surrogates_are_400_and_the_connection_stays(http):
+    """Half of a UTF-16 surrogate pair is valid JSON syntax but no text: a 400 naming it on every route, and the
+    client's kept-alive connection still serves (a 500 used to drop it). A whole pair (an emoji, as clients that
+    escape non-ASCII send it) is text and is served."""
+    lone = {"/v1/completions": '{"model": "%s", "max_tokens": 2, "prompt": "hi \\ud83d"}',
+            "/v1/chat/completions": '{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", '
+                                    '"content": "\\ude00 hi"}]}',
+            "/tokenize": '{"model": "%s", "prompt": "a\\ud83d\\ud83d"}'}
+    headers = {"content-type": "application/json"}
+    for path, raw in lone.items():
+        err = _check_error(http.post(path, content=(raw % MODEL).encode(), headers=headers), 400)
+        assert err["code"] == "invalid_unicode" and "surrogate" in err["message"]
+        assert http.get("/v1/models").status_code == 200  # the same connection
+    pair = json.dumps({**GOOD, "prompt": "hi \U0001F600"}, ensure_ascii=True)
+    assert "\\ud83d\\ude00" in pair
+    assert http.post("/v1/completions", content=pair.encode(), headers=headers).status_code == 200
+
+
+def test_stop_reason_rides_on_the_last_streamed_chunk(http):
+    """As vLLM's stream choices do: the stop string (or token id) that ended the choice, null for a length stop."""
+    for path, body in (("/v1/completions", GOOD), ("/v1/chat/completions", CHAT)):
+        plain = http.post(path, json={**body, "max_tokens": 12, "temperature": 0}).json()["choices"][0]
+        text = plain["text"] if "text" in plain else plain["message"]["content"]
+        assert plain["stop_reason"] is None
+        stop = text[3:5]  # written after the third character: the stop ends the choice there
+        want = http.post(path, json={**body, "max_tokens": 12, "temperature": 0, "stop": [stop]}).json()
+        assert want["choices"][0]["finish_reason"] == "stop" and want["choices"][0]["stop_reason"] == stop
+        for stop_list, reason in (([stop], stop), (None, None)):
+            req = {**body, "max_tokens": 12, "temperature": 0, "stop": stop_list, "stream": True}
+            with http.stream("POST", path, json=req) as r:
+                events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+            last = [c for e in events for c in e["choices"] if c["finish_reason"] is not None]
+            assert len(last) == 1 and last[0]["stop_reason"] == reason, last
