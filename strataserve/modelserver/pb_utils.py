@@ -8,6 +8,7 @@ without copies. BLS (`InferenceRequest(...).exec()`) calls other models of the s
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import threading
@@ -180,7 +181,24 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """BLS: run this request on another model of the server; errors come back in the response."""
-        from strataserve.types.tensors import InferRequest, InferTensor, ModelServerError, kserve_dtype_of
+        return self._answer(lambda server, loop, req: asyncio.run_coroutine_threadsafe(server.infer(req), loop)
+                            .result(), decoupled)
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        """BLS from an ``async def execute``: awaits the other model on the server's loop, so calls gathered
+        together run together."""
+        future = self._answer(lambda server, loop, req: asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(server.infer(req), loop)), decoupled)
+        if isinstance(future, InferenceResponse):
+            return future
+        try:
+            resp = await future
+        except Exception as e:  # noqa: BLE001 - a ModelServerError, as exec() gets it
+            return _error_response(e)
+        return InferenceResponse([Tensor(o.name, o.data) for o in resp.outputs])
+
+    def _answer(self, run: Any, decoupled: bool) -> Any:
+        from strataserve.types.tensors import InferRequest, InferTensor, kserve_dtype_of
 
         server, loop = getattr(_bls, "server", None), getattr(_bls, "loop", None)
         if server is None:
@@ -195,13 +213,27 @@ class InferenceRequest:
             requested_outputs=self._requested or None,
         )
         try:
-            resp = asyncio.run_coroutine_threadsafe(server.infer(req), loop).result()
-        except ModelServerError as e:
-            return InferenceResponse(error=TritonError(e.message))
+            resp = run(server, loop, req)
+        except Exception as e:  # noqa: BLE001 - a ModelServerError: the caller reads it from the response
+            return _error_response(e)
+        if isinstance(resp, asyncio.Future):
+            return resp
         return InferenceResponse([Tensor(o.name, o.data) for o in resp.outputs])
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        return await asyncio.to_thread(self.exec, decoupled)
+
+def run_execute(model: Any, requests: list) -> Any:
+    """``model.execute(requests)``; an ``async def execute`` (Triton's form for BLS ``async_exec``) runs to its end
+    on an event loop of the calling worker thread."""
+    result = model.execute(requests)
+    return asyncio.run(result) if inspect.iscoroutine(result) else result
+
+
+def _error_response(exc: Exception) -> InferenceResponse:
+    from strataserve.types.tensors import ModelServerError
+
+    if isinstance(exc, ModelServerError):
+        return InferenceResponse(error=TritonError(exc.message))
+    raise exc
 
 
 class ModelConfig:

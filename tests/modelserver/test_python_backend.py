@@ -44,6 +44,30 @@ BLS = """
 """
 
 
+# Triton's async BLS form: ``async def execute`` awaiting ``async_exec`` calls gathered together; a call to a model
+# that does not exist comes back as an error in its response, as with exec()
+BLS_ASYNC = """
+    import asyncio
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+                calls = [pb_utils.InferenceRequest(model_name=name, inputs=[pb_utils.Tensor("INPUT0", x * k)],
+                                                   requested_output_names=["OUTPUT0"])
+                         for name, k in (("onnx_mlp", 1), ("onnx_mlp", 2), ("missing", 1))]
+                first, second, missing = await asyncio.gather(*[c.async_exec() for c in calls])
+                assert missing.has_error() and "missing" in missing.error().message()
+                y = [pb_utils.get_output_tensor_by_name(r, "OUTPUT0").as_numpy() for r in (first, second)]
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y[0] + y[1])]))
+            return responses
+"""
+
+
 def _config(inputs: str, outputs_: str, extra: str = "", mbs: int = 0) -> str:
     return f'backend: "python"\nmax_batch_size: {mbs}\ninput [ {inputs} ]\noutput [ {outputs_} ]\n{extra}'
 
@@ -83,15 +107,19 @@ async def _drain(stream):
 
 def test_bls_calls_another_model(tmp_path):
     weights = add_onnx_mlp(tmp_path)[1]
-    write_python_model(tmp_path, "bls", BLS, _config('{ name: "X" data_type: TYPE_FP32 dims: [4] }',
-                                                     '{ name: "Y" data_type: TYPE_FP32 dims: [3] }', mbs=4))
+    io = ('{ name: "X" data_type: TYPE_FP32 dims: [4] }', '{ name: "Y" data_type: TYPE_FP32 dims: [3] }')
+    write_python_model(tmp_path, "bls", BLS, _config(*io, mbs=4))
+    write_python_model(tmp_path, "bls_async", BLS_ASYNC, _config(*io, mbs=4))
     x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
 
     async def main():
         async with serving(tmp_path) as server:
-            return outputs(await server.infer(request("bls", X=x)))["Y"]
+            return [outputs(await server.infer(request(name, X=x)))["Y"] for name in ("bls", "bls_async")]
 
-    np.testing.assert_allclose(run(main()), mlp_reference(x, weights) * 10, rtol=1e-5, atol=1e-4)
+    plain, gathered = run(main())
+    np.testing.assert_allclose(plain, mlp_reference(x, weights) * 10, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(gathered, mlp_reference(x, weights) + mlp_reference(x * 2, weights), rtol=1e-5,
+                               atol=1e-4)
 
 
 def test_user_code_failures_name_the_file(tmp_path):

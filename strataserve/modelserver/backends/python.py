@@ -117,7 +117,7 @@ class PythonBackend(Backend):
         pb_utils._bls.server = self.ctx.server
         pb_utils._bls.loop = getattr(self.ctx.server, "loop", None)
         try:
-            return self.model.execute(prepared)
+            return pb_utils.run_execute(self.model, prepared)
         finally:
             pb_utils._bls.server = pb_utils._bls.loop = None
 

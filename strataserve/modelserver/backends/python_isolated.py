@@ -61,7 +61,7 @@ def _child_main(conn, path: str, args: dict) -> None:
                     lambda resp, final, token=token: send(("send", token, resp, final)))
             requests.append(req)
         try:
-            send(("result", call_id, model.execute(requests), None))
+            send(("result", call_id, pb_utils.run_execute(model, requests), None))
         except BaseException as e:  # noqa: BLE001 - one failed execute fails its requests only
             send(("result", call_id, None, f"{type(e).__name__}: {e}"))
 
