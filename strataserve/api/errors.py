@@ -99,10 +99,23 @@ def install_error_handlers(app: FastAPI) -> None:
         return engine_dead(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        return APIError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)).response()
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        err = APIError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+        if request.url.path.startswith("/v2"):  # KServe's body, which tritonclient reads as a string
+            return Response(msgspec.json.encode({"error": _kserve_detail(request.url.path, err.message)}),
+                            status_code=err.status, headers=err.headers, media_type="application/json")
+        return err.response()
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error while serving a request")
         return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+
+
+def _kserve_detail(path: str, message: str) -> str:
+    if "sharedmemory" in path:
+        return (f"{message}: this server has no shared-memory extension (system or CUDA); send tensors in the "
+                "request body")
+    if path.startswith(("/v2/trace", "/v2/logging")):
+        return f"{message}: this server has no trace or logging extension"
+    return f"{message}: {path}"

@@ -103,6 +103,33 @@ def _int_param(params: dict, key: str) -> int | None:
     return value
 
 
+_SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+_CLASSIFICATION = ("classification", "class_count")
+
+
+def check_tensor_parameters(params: dict, where: str) -> None:
+    """Refuse the tensor parameters of extensions this server does not have, rather than ignore them (a client
+    would then read a region nobody wrote, or get scores where it asked for labels)."""
+    for key in _SHARED_MEMORY:
+        if key in params:
+            raise invalid(f"{where}parameter '{key}': this server has no shared-memory extension (system or CUDA); "
+                          "send the tensor in the request and read it from the response")
+    for key in _CLASSIFICATION:
+        if key in params:
+            raise invalid(f"{where}parameter '{key}': this server has no classification extension; request the "
+                          "output tensor itself")
+
+
+def check_requested_outputs(names: list[str]) -> list[str] | None:
+    """The requested output names: none (an empty list too) means every output; a name twice is an error."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise invalid(f"output '{name}' is requested twice")
+        seen.add(name)
+    return names or None
+
+
 def split_request_parameters(params: dict) -> tuple[int, int | None]:
     """Triton's `priority` and `timeout` (microseconds) request parameters."""
     return _int_param(params, "priority") or 0, _int_param(params, "timeout")
@@ -138,6 +165,7 @@ def decode_http_request(
             if key not in item:
                 raise invalid(f"input '{name}': missing '{key}'")
         iparams = parameters_of(item, f"input '{name}': ")
+        check_tensor_parameters(iparams, f"input '{name}': ")
         size = iparams.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -168,8 +196,10 @@ def decode_http_request(
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
                 raise invalid(f"outputs[{k}] must be an object with a string 'name'")
             oparams = parameters_of(out, f"output '{out['name']}': ")
+            check_tensor_parameters(oparams, f"output '{out['name']}': ")
             requested.append(out["name"])
             binary_outputs[out["name"]] = bool(oparams.get("binary_data", binary_default))
+        requested = check_requested_outputs(requested)
     priority, timeout_us = split_request_parameters(params)
     rid = doc.get("id")
     req = InferRequest(

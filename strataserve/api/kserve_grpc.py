@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from strataserve.api.kserve_codec import split_request_parameters
+from strataserve.api.kserve_codec import check_requested_outputs, check_tensor_parameters, split_request_parameters
 from strataserve.api.kserve_tensors import check_shape, tensor_from_raw, tensor_to_raw
 from strataserve.api.proto import grpc_service_pb2 as pb
 from strataserve.api.proto import grpc_service_pb2_grpc as pb_grpc
@@ -114,10 +114,13 @@ def decode_infer_request(msg: Any) -> tuple[InferRequest, bool]:
         raise _bad(f"raw_input_contents has {len(raw)} entries but the request has {len(msg.inputs)} inputs")
     inputs = []
     for i, t in enumerate(msg.inputs):
+        check_tensor_parameters(_params_to_dict(t.parameters), f"input '{t.name}': ")
         if raw:
             inputs.append(tensor_from_raw(t.name, t.datatype, list(t.shape), raw[i], _params_to_dict(t.parameters)))
         else:
             inputs.append(_tensor_from_contents(t))
+    for o in msg.outputs:
+        check_tensor_parameters(_params_to_dict(o.parameters), f"output '{o.name}': ")
     params = _params_to_dict(msg.parameters)
     empty_final = bool(params.pop(_EMPTY_FINAL, False))
     priority, timeout_us = split_request_parameters(params)
@@ -127,7 +130,7 @@ def decode_infer_request(msg: Any) -> tuple[InferRequest, bool]:
         model_version=msg.model_version,
         id=msg.id or None,
         inputs=inputs,
-        requested_outputs=[o.name for o in msg.outputs] or None,
+        requested_outputs=check_requested_outputs([o.name for o in msg.outputs]),
         parameters=params,
         priority=priority,
         timeout_us=timeout_us,

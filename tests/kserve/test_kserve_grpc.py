@@ -205,6 +205,18 @@ def test_bad_inputs_and_server_keeps_serving(client, kserve):
     with pytest.raises(InferenceServerException) as err:
         client.infer("onnx_mlp", [bad])
     assert _status(err.value) == "INVALID_ARGUMENT" and "needs 16 bytes" in err.value.message()
+    # extensions this server lacks: refused, not ignored (a client would read a region nobody wrote)
+    shm = _input("INPUT0", good)
+    shm.set_shared_memory("region0", 16)
+    out = grpcclient.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory("region1", 12)
+    for inputs, outputs, needle in (([shm], None, "shared-memory"), ([_input("INPUT0", good)], [out], "shared-memory"),
+                                    ([_input("INPUT0", good)], [grpcclient.InferRequestedOutput("OUTPUT0", class_count=2)],
+                                     "classification"),
+                                    ([_input("INPUT0", good)], [grpcclient.InferRequestedOutput("OUTPUT0")] * 2, "twice")):
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("onnx_mlp", inputs, outputs=outputs)
+        assert _status(err.value) == "INVALID_ARGUMENT" and needle in err.value.message()
     res = client.infer("onnx_mlp", [_input("INPUT0", good)])
     np.testing.assert_allclose(res.as_numpy("OUTPUT0"), mlp_reference(good, kserve.refs["onnx_weights"][1]), rtol=1e-5, atol=1e-5)
 

@@ -278,3 +278,44 @@ def test_large_tensors_binary_and_json(client):
         res = client.infer("py_text", [t], outputs=[httpclient.InferRequestedOutput("text_output", binary_data=binary)])
         got = res.as_numpy("text_output")[0]
         assert (got.decode() if isinstance(got, bytes) else got) == "Z" * 1_500_000
+
+
+def test_extensions_the_server_lacks_are_clear_errors(client, kserve):
+    """Shared memory, trace, logging, classification: tritonclient gets a KServe error it can print (an unknown
+    /v2 route used to answer an OpenAI-shaped body that tritonclient failed to turn into a message), and tensor
+    parameters of those extensions are refused, not ignored."""
+    for call in (client.get_system_shared_memory_status, client.get_cuda_shared_memory_status,
+                 client.get_trace_settings, client.get_log_settings):
+        with pytest.raises(InferenceServerException) as err:
+            call()
+        assert err.value.status() == "404" and "extension" in str(err.value)
+    r = httpx.get(f"{kserve.base}/v2/models/onnx_mlp/infer")
+    assert r.status_code == 405 and isinstance(r.json()["error"], str)
+    x = _rows(1, 4, 3)
+    inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_shared_memory("region0", 16)
+    out = httpclient.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory("region1", 12)
+    for inputs, outputs in (([inp], None), ([_input(x)], [out])):
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("onnx_mlp", inputs, outputs=outputs)
+        assert err.value.status() == "400" and "shared-memory" in err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("onnx_mlp", [_input(x)], outputs=[httpclient.InferRequestedOutput("OUTPUT0", class_count=2)])
+    assert err.value.status() == "400" and "classification" in err.value.message()
+
+
+def test_requested_outputs_none_or_twice(kserve):
+    """As Triton: an empty ``outputs`` list asks for every output; one output asked twice is an error."""
+    body = {"inputs": [_v2("INPUT0", "FP32", [1, 4], [0.5] * 4)]}
+    url = f"{kserve.base}/v2/models/onnx_mlp/infer"
+    every = httpx.post(url, json=body).json()["outputs"]
+    assert httpx.post(url, json={**body, "outputs": []}).json()["outputs"] == every and len(every) == 1
+    r = httpx.post(url, json={**body, "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]})
+    assert r.status_code == 400 and "twice" in r.json()["error"]
+
+
+def _input(x):
+    inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return inp
