@@ -5,7 +5,7 @@ model or raises ``APIError`` (404). Body: ``model``, ``input``, ``voice``, ``ins
 (wav | pcm | flac | mp3; pcm = raw 16-bit little-endian mono at the model's rate), ``speed`` (only 1.0),
 ``stream_format`` ("audio": the body streams as frames are decoded; "sse": ``speech.audio.delta`` events with
 base64 audio, then ``speech.audio.done``, whose usage counts the talker's prompt positions as input tokens and
-codec frames as output tokens), plus extras: ``language``, ``temperature``, ``top_k``, ``top_p``,
+codec frames as output tokens; a failure once the stream has started is a last ``error`` event), plus extras: ``language``, ``temperature``, ``top_k``, ``top_p``,
 ``repetition_penalty``, ``seed``, ``max_new_frames``; voice cloning: ``voice`` names a registered clone,
 or ``ref_audio`` (base64 audio file; for Qwen3-TTS Base also ``data:audio/...;base64,`` incl.
 ``audio/pcm;rate=N``) + ``ref_text`` (its transcript; in-context cloning) or, Qwen3-TTS Base only,
@@ -13,7 +13,8 @@ or ``ref_audio`` (base64 audio file; for Qwen3-TTS Base also ``data:audio/...;ba
 and ``speed``.
 
 Streaming "audio": pcm and wav go out chunk by chunk (the WAV header, sent first, carries the "unknown length"
-sizes 0xFFFFFFFF that streaming readers accept); flac and mp3 are encoded once the clip is complete. A client
+sizes 0xFFFFFFFF that streaming readers accept); flac and mp3 are encoded once the clip is complete, and mp3 as
+SSE is one delta, so that joining the deltas gives one playable file. A client
 that disconnects closes the stream, which aborts the request (its slot is freed at the engine's next step).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import struct
 from typing import Any, AsyncIterator, Callable
 
@@ -30,9 +32,11 @@ from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 
 from strataserve.api.errors import APIError, bad_request
+from strataserve.api.protocol import Int64
 from strataserve.types.speech import CloneInput
 from strataserve.types.speech import SpeechParams, TTSInputError
 
+log = logging.getLogger("strataserve.api")
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg"}
 _STREAM_FORMATS = ("audio", "sse")
 
@@ -47,13 +51,13 @@ class SpeechRequest(BaseModel):
     stream_format: str = "audio"
     language: str | None = None
     temperature: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     top_p: float | None = None
     repetition_penalty: float | None = None
-    seed: int | None = None
-    max_new_frames: int | None = None
+    seed: Int64 | None = None
+    max_new_frames: Int64 | None = None
     # non-autoregressive models (OmniVoice): unmasking steps and guidance
-    num_step: int | None = None
+    num_step: Int64 | None = None
     guidance_scale: float | None = None
     # voice cloning: a reference clip (base64 / data URL) and its transcript; x-vector-only is Qwen3-TTS Base's
     ref_audio: str | None = None
@@ -157,17 +161,32 @@ async def _audio_body(stream: Any, fmt: str, sr: int) -> AsyncIterator[bytes]:
         yield encode_clip(np.concatenate(parts) if parts else np.zeros(0, np.float32), fmt, sr)
 
 
+def _delta(data: bytes) -> bytes:
+    return f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': base64.b64encode(data).decode()})}\n\n".encode()
+
+
 async def _sse_body(stream: Any, fmt: str, sr: int) -> AsyncIterator[bytes]:
+    try:
+        async for event in _sse_events(stream, fmt, sr):
+            yield event
+    except Exception as exc:  # noqa: BLE001 - the status line is out: the error is the stream's last event
+        log.exception("speech generation failed mid-stream")
+        error = {"type": "error", "error": {"message": str(exc) or type(exc).__name__, "type": "server_error"}}
+        yield f"data: {json.dumps(error)}\n\n".encode()
+
+
+async def _sse_events(stream: Any, fmt: str, sr: int) -> AsyncIterator[bytes]:
     async with _closing(stream):
-        first = True
-        async for pcm in stream:
-            if fmt == "mp3":
-                data = encode_clip(pcm, "mp3", sr)
-            else:
-                data = (wav_header(sr) if fmt == "wav" and first else b"") + pcm16(pcm)
-            first = False
-            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
-            yield f"data: {json.dumps(event)}\n\n".encode()
+        if fmt == "mp3":
+            # one delta with the whole clip: an mp3 per chunk is a file per chunk (its own header and padding),
+            # whose join decoders stop reading after the first; the encoder's own header is only right at the end
+            parts = [pcm async for pcm in stream]
+            yield _delta(encode_clip(np.concatenate(parts) if parts else np.zeros(0, np.float32), fmt, sr))
+        else:
+            first = True
+            async for pcm in stream:
+                yield _delta((wav_header(sr) if fmt == "wav" and first else b"") + pcm16(pcm))
+                first = False
         frames, prompt = len(stream.frames), stream.input_tokens
         done = {"type": "speech.audio.done",
                 "usage": {"input_tokens": prompt, "output_tokens": frames, "total_tokens": prompt + frames}}

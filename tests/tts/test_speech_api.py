@@ -83,16 +83,33 @@ def test_openai_client_streamed_and_not(served):
     np.testing.assert_allclose(_pcm(whole), out.waveform, atol=1.5 / 32767)
 
 
-def test_sse_deltas_then_done(served):
-    srv, out = served
+def _sse_events(srv, fmt: str, **kw) -> list[dict]:
     payload = {"model": "tiny", "input": TEXT, "voice": "ryan", "language": "english", "seed": 0,
-               "response_format": "pcm", "stream_format": "sse", **GREEDY}
+               "response_format": fmt, "stream_format": "sse", **GREEDY, **kw}
     events = []
     with httpx.stream("POST", f"{srv.url}/v1/audio/speech", json=payload, timeout=60) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line.startswith("data: "):
                 events.append(json.loads(line[6:]))
+    return events
+
+
+def test_sse_mp3_deltas_join_into_the_whole_clip(served):
+    """Joined, the deltas are one mp3 that decodes to the whole clip (an mp3 per chunk decoded as its first)."""
+    srv, _ = served
+    pcm_events = _sse_events(srv, "pcm", max_new_frames=200)
+    assert len(pcm_events) > 3, len(pcm_events)  # several chunks: the case an mp3 per chunk got wrong
+    pcm = _pcm(b"".join(base64.b64decode(e["audio"]) for e in pcm_events[:-1]))
+    events = _sse_events(srv, "mp3", max_new_frames=200)
+    assert events[-1]["type"] == "speech.audio.done"
+    mp3, sr = sf.read(io.BytesIO(b"".join(base64.b64decode(e["audio"]) for e in events[:-1])), dtype="float32")
+    assert sr == SR and len(mp3) == len(pcm), (len(mp3), len(pcm))  # the encoder's header: exact length
+
+
+def test_sse_deltas_then_done(served):
+    srv, out = served
+    events = _sse_events(srv, "pcm")
     kinds = [e["type"] for e in events]
     assert kinds[-1] == "speech.audio.done" and set(kinds[:-1]) == {"speech.audio.delta"} and len(kinds) >= 3
     pcm = _pcm(b"".join(base64.b64decode(e["audio"]) for e in events[:-1]))
@@ -115,6 +132,8 @@ def test_sse_deltas_then_done(served):
     ({"speed": 9.0}, 400, "speed", "less than or equal"),
     ({"top_p": 0.0}, 400, "top_p", "top_p"),
     ({"max_new_frames": 0}, 400, "max_new_frames", "max_new_frames=0"),
+    ({"seed": 2**64}, 400, "seed", "less than or equal"),
+    ({"seed": -(2**63) - 1}, 400, "seed", "greater than or equal"),
     ({"model": "other"}, 404, "model", "does not exist"),
     ({"input": None}, 400, "input", "input"),
     ({"ref_audio": "AAAA", "ref_text": "hi"}, 400, "ref_audio", "needs a Base checkpoint"),
@@ -170,3 +189,31 @@ def test_serve_reports_a_broken_tts_folder(weak_eos_ckpt, tmp_path):
     finally:
         srv.stop()
     assert "speech_tokenizer" in srv.log_tail() and "failed to start" in srv.log_tail()
+
+
+def test_sse_failure_mid_stream_is_a_last_error_event():
+    """Once the 200 is out, a failure in generation (such as an engine error) is told in an ``error`` event, not
+    only by a cut connection."""
+    import asyncio
+
+    from strataserve.api.speech import _sse_body
+
+    class Failing:
+        frames, input_tokens, closed = [], 0, False
+
+        def __aiter__(self):
+            return self._gen()
+
+        async def _gen(self):
+            yield np.zeros(8, np.float32)
+            raise RuntimeError("speech generation failed: the engine stopped")
+
+        async def aclose(self):
+            Failing.closed = True
+
+    async def collect():
+        return [json.loads(e[6:]) async for e in _sse_body(Failing(), "pcm", SR)]
+
+    events = asyncio.run(collect())
+    assert [e["type"] for e in events] == ["speech.audio.delta", "error"] and Failing.closed
+    assert "engine stopped" in events[-1]["error"]["message"]
