@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import sys
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -60,3 +62,18 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def leave_stopping_to_the_parent() -> None:
+    """For a child process of ``strata serve`` (engine core, tensor-parallel rank, isolated Python model). A signal
+    sent to the whole process group (Ctrl-C; SIGTERM from systemd, ``timeout``, supervisord's ``stopasgroup``)
+    reaches the children too, but the front drains first and then stops them itself: so SIGINT is ignored, and
+    SIGTERM ends the child only once its parent is gone (Linux's parent-death signal sends one)."""
+    parent = os.getppid()
+
+    def on_term(*_: object) -> None:
+        if os.getppid() != parent:
+            sys.exit(0)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, on_term)

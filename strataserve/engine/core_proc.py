@@ -28,7 +28,7 @@ import zmq
 
 from strataserve.config import EngineConfig
 from strataserve.types.protocol import EngineCoreOutputs, EngineCoreRequest
-from strataserve.startup import Phases, freeze_startup_heap, process_age
+from strataserve.startup import Phases, freeze_startup_heap, leave_stopping_to_the_parent, process_age
 
 # Input message kinds: the first frame of a multipart message.
 ADD = b"A"
@@ -119,9 +119,7 @@ def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, han
     builds the core over a fake runner. ``env`` is applied before the model loads (a replica's
     ``CUDA_VISIBLE_DEVICES``: CUDA reads it at its first use, not at import)."""
     os.environ.update(env or {})
-    # Ctrl-C goes to the whole process group; the front decides how to stop us (it sends SHUTDOWN / SIGTERM).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    leave_stopping_to_the_parent()  # the front drains, then sends SHUTDOWN
     _die_with_parent()
     parent = os.getppid()
     phases = Phases()

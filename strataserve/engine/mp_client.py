@@ -128,9 +128,6 @@ class MPCoreClient(ZmqCoreClient):
         if proc.pid is None or not proc.is_alive():
             return
         proc.join(timeout_s)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(2.0)
-        if proc.is_alive():
+        if proc.is_alive():  # deaf to SHUTDOWN; SIGTERM it ignores while we live (leave_stopping_to_the_parent)
             proc.kill()
             proc.join(2.0)

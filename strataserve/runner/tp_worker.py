@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from strataserve.config import EngineConfig
-from strataserve.startup import freeze_startup_heap
+from strataserve.startup import freeze_startup_heap, leave_stopping_to_the_parent
 from strataserve.models.parallel import SINGLE, TensorParallel, check_tensor_parallel
 
 # the control group waits for the next step as long as the server idles; the rendezvous only this long
@@ -228,6 +228,7 @@ def _watch_parent(parent: int) -> None:
 def main() -> None:
     """A worker rank: build the runner on this rank's shard, then run every broadcast step until ``None``."""
     job: _Job = pickle.load(sys.stdin.buffer)
+    leave_stopping_to_the_parent()  # rank 0 stops us with its last broadcast
     _watch_parent(os.getppid())
     from strataserve.models.hf_config import load_decoder_config
     from strataserve.models.loader import resolve_device

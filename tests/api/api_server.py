@@ -54,7 +54,10 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
-def launch(ckpt: Path, log: Path, *extra: str, api_key: str | None = API_KEY, wait: bool = True) -> Server:
+def launch(ckpt: Path, log: Path, *extra: str, api_key: str | None = API_KEY, wait: bool = True,
+           new_session: bool = False) -> Server:
+    """``new_session``: the server leads a process group of its own (so a test can signal the whole group, as
+    systemd does, without signalling itself)."""
     port = free_port()
     cmd = [sys.executable, "-m", "strataserve", "serve", str(ckpt), "--host", "127.0.0.1", "--port", str(port),
            "--device", "cpu", "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache-memory-gib", "0.01",
@@ -63,7 +66,8 @@ def launch(ckpt: Path, log: Path, *extra: str, api_key: str | None = API_KEY, wa
         cmd += ["--api-key", api_key]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                                start_new_session=new_session)
     server = Server(proc, port, log, api_key)
     if wait:
         wait_ready(server)

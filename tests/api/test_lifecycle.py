@@ -151,6 +151,28 @@ def test_sigterm_with_a_stream_in_flight_stops_everything(tiny_ckpt, tmp_path):
     assert "stopped" in srv.log_tail()
 
 
+def test_sigterm_to_the_process_group_still_drains(tiny_ckpt, tmp_path):
+    """systemd, ``timeout`` and supervisord's stopasgroup signal the whole group: the engine core must leave its
+    stopping to the server, which lets the stream in flight finish (it used to die at once: engine_dead)."""
+    srv = launch(tiny_ckpt, tmp_path / "server.log", "--shutdown-timeout", "60", api_key=None, new_session=True)
+    try:
+        engine = _engine_pid(srv.proc.pid)
+        body = {"model": MODEL, "prompt": "keep going", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=60) as client, client.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            events = [next(line for line in lines if line.startswith("data:"))]
+            os.killpg(srv.proc.pid, signal.SIGTERM)
+            events += [line for line in lines if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]" and '"finish_reason":"length"' in events[-2], events[-3:]
+        assert srv.proc.wait(timeout=60) == 0, srv.log_tail()
+    finally:
+        srv.stop()
+    deadline = time.monotonic() + 10
+    while _alive(engine) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(engine) and "died" not in srv.log_tail()
+
+
 def _serve(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "strataserve", "serve", *args, "--device", "cpu", "--port", str(free_port())]
     env = {**os.environ, "COLUMNS": "200"}  # rich wraps at 80 columns otherwise, splitting long tmp paths' messages

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Callable
 
 from strataserve.modelserver import pb_utils
+from strataserve.startup import leave_stopping_to_the_parent
 from strataserve.types.tensors import ModelServerError
 
 
 def _child_main(conn, path: str, args: dict) -> None:
+    leave_stopping_to_the_parent()  # the server finalizes us after its drain
     sys.modules.setdefault("triton_python_backend_utils", pb_utils)
     lock = threading.Lock()
 
