@@ -60,6 +60,9 @@ def test_completions_and_chat_match_the_upstream(router, upstream, stream):
             assert _stream_text(b) == _stream_text(a)
         else:
             assert b.choices[0].message.content == a.choices[0].message.content and b.model == "big"
+    # every request is done: the replicas hold none (non-streamed ones were counted up and never down)
+    big = next(m for m in httpx.get(router.url + "/v1/models").json()["data"] if m["id"] == "big")
+    assert [r["outstanding"] for r in big["replicas"]] == [0] * len(big["replicas"]), big
 
 
 def _events(url: str, model: str) -> list[str]:

@@ -125,6 +125,7 @@ class OpenAIUpstreamBackend(UpstreamBackend):
         except APIError as exc:
             trace.finish("unavailable" if exc.status in (503, 504) else "upstream_error")
             raise
+        relayed = False  # a stream's relay gives the replica back when it ends; anything else, here
         try:
             if resp.status != 200:
                 err = await self._error(resp)
@@ -135,14 +136,17 @@ class OpenAIUpstreamBackend(UpstreamBackend):
                 trace.on_tokens(1)
                 trace.finish("ok", _completion_tokens(data))
                 return Response(self._rename(data), media_type=resp.headers.get("Content-Type", "application/json"))
+            relayed = True
+            return StreamingResponse(self._relay(replica, resp, trace, first_events), media_type="text/event-stream",
+                                     headers=_SSE_HEADERS)
         except BaseException:
-            replica.outstanding -= 1
-            resp.release()
             if not trace.finished:
                 trace.finish("upstream_error")
             raise
-        return StreamingResponse(self._relay(replica, resp, trace, first_events), media_type="text/event-stream",
-                                 headers=_SSE_HEADERS)
+        finally:
+            if not relayed:
+                replica.outstanding -= 1
+                resp.release()
 
     async def _relay(self, replica: Replica, resp: aiohttp.ClientResponse, trace: RouteTrace,
                      first_events: int) -> AsyncIterator[bytes]:
