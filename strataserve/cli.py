@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Sequence
 
 from strataserve import envs
-from strataserve.cli_types import port, positive_float, positive_int, step_ms
+from strataserve.cli_types import api_key, port, positive_float, positive_int, step_ms
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.step_budget import AUTO_TARGET_STEP_MS
 
@@ -86,7 +86,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=port, default=8000)
-    p.add_argument("--api-key", default=envs.STRATA_API_KEY,
+    p.add_argument("--api-key", type=api_key, default=envs.STRATA_API_KEY,
                    help="require 'Authorization: Bearer KEY' on HTTP and gRPC (the probes and docs stay open, "
                         "and /metrics unless --metrics-require-key)")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder path)")

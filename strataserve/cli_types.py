@@ -40,3 +40,11 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{text}: a port is in 0..65535")
     return value
+
+
+def api_key(text: str) -> str:
+    """A key to require; an empty one (``--api-key "$KEY"`` with KEY unset) would serve everyone without one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the key is empty (an unset variable in --api-key \"$KEY\", or an empty "
+                                         "STRATA_API_KEY?): give a key, or leave the flag out to serve without one")
+    return text

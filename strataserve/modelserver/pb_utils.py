@@ -193,7 +193,7 @@ class InferenceRequest:
             return future
         try:
             resp = await future
-        except Exception as e:  # noqa: BLE001 - a ModelServerError, as exec() gets it
+        except Exception as e:  # noqa: BLE001 - a ModelServerError: an error response, as the blocking call gives
             return _error_response(e)
         return InferenceResponse([Tensor(o.name, o.data) for o in resp.outputs])
 

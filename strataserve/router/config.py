@@ -192,6 +192,9 @@ class APIKey(_Strict):
             raise ValueError("give exactly one of key or key_env")
         if self.key_env is not None and self.key_env not in os.environ:
             raise ValueError(f"environment variable {self.key_env} is not set")
+        if not self.value().strip():  # an empty key would let every request in under this class
+            raise ValueError(f"{'key' if self.key is not None else 'environment variable ' + str(self.key_env)} "
+                             "is empty: give a key")
         return self
 
     def value(self) -> str:

@@ -121,3 +121,19 @@ def test_nothing_unpickles_untrusted_data():
                 found.append(f"{path.relative_to(PACKAGE)}:{i}")
     allowed = {"modelserver/backends/python_isolated.py", "runner/tp_worker.py"}
     assert {f.split(":")[0] for f in found} <= allowed, found
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_api_key_is_refused_not_open(value, capsys, monkeypatch):
+    """``--api-key "$KEY"`` with KEY unset would serve everyone without a key: refused at start-up, as is an empty
+    key in the config's api_keys (given or read from its variable)."""
+    from strataserve.cli import build_parser
+    from strataserve.router.config import RouterConfig
+
+    with pytest.raises(SystemExit) as err:
+        build_parser().parse_args(["serve", "--api-key", value])
+    assert err.value.code == 2 and "--api-key" in capsys.readouterr().err
+    monkeypatch.setenv("EMPTY_KEY", value)
+    for entry in ({"key": value, "sla": "default"}, {"key_env": "EMPTY_KEY", "sla": "default"}):
+        with pytest.raises(ValueError, match="empty"):
+            RouterConfig.model_validate({"api_keys": [entry]})
