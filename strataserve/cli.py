@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Sequence
 
 from strataserve import envs
-from strataserve.cli_types import api_key, port, positive_float, positive_int, step_ms
+from strataserve.cli_types import api_key, port, positive_float, positive_int, positive_mib, seconds, step_ms
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.step_budget import AUTO_TARGET_STEP_MS
 
@@ -93,7 +93,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.add_argument("--disable-uvicorn-access-log", action="store_true")
-    p.add_argument("--max-request-body-mib", type=float, default=16.0, help="larger bodies get 413")
+    p.add_argument("--max-request-body-mib", type=positive_mib, default=16.0, help="larger bodies get 413")
     p.add_argument("--model-repository", default=None, help="serve this Triton-style model repository (KServe v2)")
     p.add_argument("--model-control-mode", default="none", choices=["none", "explicit", "poll"])
     p.add_argument("--repository-poll-secs", type=positive_float, default=1.0, metavar="S",
@@ -128,11 +128,11 @@ def _add_door_args(p: argparse.ArgumentParser) -> None:
                    help="longest prompt, in tokens (unset: the context)")
     g.add_argument("--limit-stop", type=positive_int, default=None, help="most stop strings per request (unset: 16)")
     g.add_argument("--limit-logit-bias", type=positive_int, default=None, help="most logit_bias entries (unset: 300)")
-    g.add_argument("--max-queued-mib", type=float, default=1024.0,
+    g.add_argument("--max-queued-mib", type=positive_mib, default=1024.0,
                    help="total size of the request bodies in flight; beyond it new requests get 503")
-    g.add_argument("--grpc-max-message-mib", type=float, default=None,
+    g.add_argument("--grpc-max-message-mib", type=positive_mib, default=None,
                    help="largest gRPC message (unset: --max-request-body-mib)")
-    g.add_argument("--shutdown-timeout", type=float, default=10.0,
+    g.add_argument("--shutdown-timeout", type=seconds, default=10.0,
                    help="on SIGTERM, seconds to let in-flight requests finish (new ones get 503) before stopping")
     g.add_argument("--engine-restart", action=argparse.BooleanOptionalAction, default=True,
                    help="restart a crashed engine process (with back-off on a crash loop)")
@@ -145,6 +145,8 @@ def _door_options(args: argparse.Namespace) -> dict:
 
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         raise ValueError("give both --ssl-certfile and --ssl-keyfile, or neither")
+    if args.ssl_certfile is not None:
+        _check_tls(args.ssl_certfile, args.ssl_keyfile)
     limits = {k: v for k, v in (("max_n", args.limit_n), ("max_tokens", args.limit_max_tokens),
                                 ("max_prompt_tokens", args.limit_prompt_tokens), ("max_stop", args.limit_stop),
                                 ("max_logit_bias", args.limit_logit_bias)) if v is not None}
@@ -155,6 +157,18 @@ def _door_options(args: argparse.Namespace) -> dict:
                 max_queued_bytes=int(args.max_queued_mib * 2**20),
                 grpc_max_message_bytes=int(grpc_mib * 2**20) if grpc_mib else None,
                 graceful_shutdown_s=args.shutdown_timeout, restart_engines=args.engine_restart)
+
+
+def _check_tls(certfile: str, keyfile: str) -> None:
+    """Load the pair once before anything starts: a bad one would otherwise fail deep in uvicorn or gRPC (gRPC
+    says only that it cannot bind the port)."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: not a usable certificate and key "
+                         f"(PEM, the key matching the certificate): {exc}") from None
 
 
 def _entry_engine(args: argparse.Namespace, entry) -> EngineConfig:

@@ -3,6 +3,7 @@ saying what to give instead (argparse then prints the usage and that message).""
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 
 
 def positive_int(text: str) -> int:
@@ -12,14 +13,28 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def _number(text: str, give: str, ok: Callable[[float], bool], must: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds") from None
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"{text}: must be > 0")
+        raise argparse.ArgumentTypeError(f"{text}: give {give}") from None
+    if not ok(value):  # the comparisons also refuse nan
+        raise argparse.ArgumentTypeError(f"{text}: must be {must}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _number(text, "a number of seconds", lambda v: v > 0, "> 0")
+
+
+def positive_mib(text: str) -> float:
+    """A size in MiB (the body, queue and gRPC message limits)."""
+    return _number(text, "a size in MiB", lambda v: 0 < v < float("inf"), "a size in MiB > 0")
+
+
+def seconds(text: str) -> float:
+    """A time in seconds >= 0 (0: at once)."""
+    return _number(text, "a number of seconds", lambda v: 0 <= v < float("inf"), "a number of seconds >= 0")
 
 
 def step_ms(text: str) -> float | None:

@@ -322,7 +322,8 @@ async def start_grpc_server(model_server: Any, host: str = "0.0.0.0", port: int 
     (``api/door.py``) adds API keys, rate limits and drain; ``max_message_bytes`` bounds a message each way
     (a larger one fails with RESOURCE_EXHAUSTED); ``tls`` = (certfile, keyfile) serves TLS only."""
     limit = -1 if max_message_bytes is None else max_message_bytes
-    options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
+               ("grpc.so_reuseport", 0)]  # a second server on the port must fail, not share its clients
     interceptors = []
     if door is not None:
         from strataserve.api.grpc_door import DoorInterceptor
@@ -338,8 +339,9 @@ async def start_grpc_server(model_server: Any, host: str = "0.0.0.0", port: int 
             bound = server.add_secure_port(address, creds)
         else:
             bound = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise OSError(f"cannot bind the KServe gRPC server to {address}: {exc}") from None
+    except RuntimeError:  # gRPC's own text points at GRPC_VERBOSITY; a taken port is the usual cause
+        raise OSError(f"cannot bind the KServe gRPC server to {address}: is another server on the port? (choose "
+                      "another with --grpc-port, or 0 for none)") from None
     if not bound:
         raise OSError(f"cannot bind the KServe gRPC server to {address} (port in use?)")
     await server.start()

@@ -137,3 +137,14 @@ def test_an_empty_api_key_is_refused_not_open(value, capsys, monkeypatch):
     for entry in ({"key": value, "sla": "default"}, {"key_env": "EMPTY_KEY", "sla": "default"}):
         with pytest.raises(ValueError, match="empty"):
             RouterConfig.model_validate({"api_keys": [entry]})
+
+
+@pytest.mark.parametrize("flag,value", [("--max-request-body-mib", "0"), ("--max-request-body-mib", "-1"),
+                                        ("--max-queued-mib", "0"), ("--grpc-max-message-mib", "nan"),
+                                        ("--shutdown-timeout", "-1")])
+def test_bad_limit_flags_name_themselves(flag, value, capsys):
+    from strataserve.cli import build_parser
+
+    with pytest.raises(SystemExit) as err:
+        build_parser().parse_args(["serve", flag, value])
+    assert err.value.code == 2 and flag in capsys.readouterr().err

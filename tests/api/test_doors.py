@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import ssl
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -240,3 +242,42 @@ def test_rate_limits_per_key(door):
     assert r.status_code == 429 and r.json()["error"]["code"] == "requests_per_minute_exceeded"
     assert int(r.headers["retry-after"]) >= 1
     assert client.get("/health").status_code == 200  # probes are never rate limited
+
+
+def test_bad_tls_pair_and_a_taken_grpc_port_say_so(tmp_path, capsys):
+    """A certificate that is not one, or a key that is not its own, is named at start-up (gRPC used to report a
+    port it could not bind); a second server on a taken gRPC port fails (SO_REUSEPORT let both listen)."""
+    from rich.console import Console
+
+    from strataserve.cli import _serve_options, build_parser
+
+    cert, key = _self_signed(tmp_path)
+    (tmp_path / "other").mkdir()
+    _, other_key = _self_signed(tmp_path / "other")
+    (tmp_path / "junk.pem").write_text("junk\n")
+    for c, k in ((tmp_path / "junk.pem", key), (cert, other_key), (cert, tmp_path / "missing.pem")):
+        args = build_parser().parse_args(["serve", "--ssl-certfile", str(c), "--ssl-keyfile", str(k)])
+        assert _serve_options(args, Console(file=sys.stderr, width=300)) is None
+        assert "not a usable certificate and key" in capsys.readouterr().err
+
+    # in a process of its own: tritonclient's copy of the protocol, imported here, clashes with the server's
+    r = subprocess.run([sys.executable, "-c", GRPC_TWICE], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "another server on the port" in r.stdout, r.stdout + r.stderr
+
+
+GRPC_TWICE = """
+import asyncio
+from strataserve.api.kserve_grpc import start_grpc_server
+
+async def twice():
+    first = await start_grpc_server(None, "127.0.0.1", 0)
+    try:
+        await start_grpc_server(None, "127.0.0.1", first.port)
+        print("both bound")
+    except OSError as exc:
+        print(exc)
+    finally:
+        await first.stop()
+
+asyncio.run(twice())
+"""
