@@ -67,13 +67,15 @@ class Door:
             raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
 
-    def admit(self, authorization: bytes | str | None, nbytes: int) -> None:
+    def admit(self, authorization: bytes | str | None, nbytes: int, charge: bool = True) -> None:
         """503 while draining or when ``nbytes`` more would pass the queued-bytes budget; 429 past the key's
-        request rate. Call ``enter`` right after, and ``leave`` when the request is done."""
+        request rate, which ``charge`` says the request counts against (work does; reads of models, stats and the
+        console's feed do not, or an open dashboard would spend a key's budget). Call ``enter`` right after, and
+        ``leave`` when the request is done."""
         if self.draining:
             raise draining_error()
         self._check_bytes(nbytes)
-        if self.quota.enabled:
+        if charge and self.quota.enabled:
             auth = authorization.decode("latin-1") if isinstance(authorization, bytes) else authorization
             self.quota.take_request(bearer_key(auth))
 

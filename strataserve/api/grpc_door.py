@@ -17,6 +17,8 @@ from strataserve.api.proto import grpc_service_pb2 as pb
 
 _PREFIX = "/inference.GRPCInferenceService/"
 _OPEN = frozenset({_PREFIX + "ServerLive", _PREFIX + "ServerReady"})
+_CHARGED = frozenset({_PREFIX + "ModelInfer", _PREFIX + "ModelStreamInfer", _PREFIX + "RepositoryModelLoad",
+                      _PREFIX + "RepositoryModelUnload"})  # work, as HTTP's POSTs; reads do not spend the rate
 _CODES = {401: grpc.StatusCode.UNAUTHENTICATED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
           429: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
 
@@ -45,13 +47,13 @@ class DoorInterceptor(grpc.aio.ServerInterceptor):
                 return handler._replace(unary_unary=not_ready)
             return handler
         auth = _auth(details.invocation_metadata)
-        door = self.door
+        door, charge = self.door, details.method in _CHARGED
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 nbytes = request.ByteSize()
-                await _admit(door, auth, nbytes, context)
+                await _admit(door, auth, nbytes, charge, context)
                 door.enter(nbytes)
                 try:
                     return await inner(request, context)
@@ -63,7 +65,7 @@ class DoorInterceptor(grpc.aio.ServerInterceptor):
             inner_stream = handler.stream_stream
 
             async def stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-                await _admit(door, auth, 0, context)
+                await _admit(door, auth, 0, charge, context)
                 door.enter(0)
                 try:
                     async for response in inner_stream(requests, context):
@@ -75,10 +77,11 @@ class DoorInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
-async def _admit(door: Door, auth: str | None, nbytes: int, context: grpc.aio.ServicerContext) -> None:
+async def _admit(door: Door, auth: str | None, nbytes: int, charge: bool,
+                 context: grpc.aio.ServicerContext) -> None:
     try:
         door.authorize(auth)
-        door.admit(auth, nbytes)
+        door.admit(auth, nbytes, charge)
     except APIError as err:
         retry = (err.headers or {}).get("Retry-After")
         if retry:

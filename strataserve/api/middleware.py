@@ -3,6 +3,7 @@
 
 - Body limit: a declared Content-Length over the limit is refused before reading; otherwise the body is read
   (counting the actual bytes, so a lying or chunked upload is caught too) and replayed to the app.
+- Rates: only POSTs (work: inference, tokenizing, repository control) count against a key's requests per minute.
 - API keys: with any key set (``--api-key``, or keys mapped to SLA classes), every route except the open ones
   needs ``Authorization: Bearer <key>``. Open: the probes (``/health``, ``/v2/health/*``), ``/openapi.json`` and
   the docs, and ``/metrics`` unless ``--metrics-require-key``, because orchestrators and scrapers probe them
@@ -71,7 +72,7 @@ class GuardMiddleware:
             size = int(declared) if declared is not None and declared.isdigit() else 0
             if size > self.max_body_bytes:
                 raise _too_large(self.max_body_bytes)
-            door.admit(auth, size)
+            door.admit(auth, size, charge=scope["method"] == "POST")
         except APIError as err:
             await _send_error(send, err, path)
             return
