@@ -95,8 +95,18 @@ class ServerMetrics(Collector):
         self.req_generation_tokens = h("strata:request_generation_tokens", "Generated tokens per request.", tokens)
         self._histograms = (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prefill, self.decode,
                             self.req_prompt_tokens, self.req_generation_tokens)
+        # the engine's own counters restart from zero with a restarted engine: carry what the old one counted
+        self._carried: dict[str, float] = {}
+        self._last: dict[str, float] = {}
         if register:  # several served models share one registry through a MetricsGroup instead
             self.registry.register(self)
+
+    def _monotonic(self, name: str, value: float) -> float:
+        last = self._last.get(name, 0.0)
+        if value < last:  # a new engine (or none for a moment): what the old one counted stays counted
+            self._carried[name] = self._carried.get(name, 0.0) + last
+        self._last[name] = value
+        return self._carried.get(name, 0.0) + value
 
     def success(self, reason: str) -> None:
         self.finished[reason] = self.finished.get(reason, 0) + 1
@@ -118,6 +128,9 @@ class ServerMetrics(Collector):
             c.add_metric(label, value)
             return c
 
+        def engine_counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return counter(name, doc, self._monotonic(name, value))
+
         yield gauge("strata:num_requests_running", "Requests in the engine's running batch.", stats.num_running)
         yield gauge("strata:num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting)
         yield gauge("strata:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
@@ -125,11 +138,11 @@ class ServerMetrics(Collector):
         yield gauge("strata:kv_cache_used_blocks", "KV-cache blocks held by requests.",
                     stats.num_total_blocks - stats.num_free_blocks)
         yield gauge("strata:kv_cache_total_blocks", "KV-cache blocks in the pool.", stats.num_total_blocks)
-        yield counter("strata:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+        yield engine_counter("strata:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                       stats.prefix_cache_queries)
-        yield counter("strata:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+        yield engine_counter("strata:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                       stats.prefix_cache_hits)
-        yield counter("strata:num_preemptions", "Requests preempted (recomputed later) by the scheduler.",
+        yield engine_counter("strata:num_preemptions", "Requests preempted (recomputed later) by the scheduler.",
                       stats.num_preemptions)
         yield counter("strata:prompt_tokens", "Prompt tokens of requests that started generating.",
                       self.prompt_tokens)

@@ -115,8 +115,9 @@ class AsyncLLM:
         #: token ids a prompt may use (config.json's vocab_size, which may exceed the tokenizer's ids)
         self.vocab_size: int | None = self.inputs.vocab_size
         self.outputs = OutputProcessor(self.tokenizer.hf if self.tokenizer is not None else None)
-        #: the core's latest SchedulerStats (None until the first step)
-        self.stats: SchedulerStats | None = None
+        #: the core's latest SchedulerStats (before its first step: an idle pool of the size it reported)
+        self.stats: SchedulerStats | None = SchedulerStats(num_total_blocks=info.num_blocks,
+                                                          num_free_blocks=info.num_blocks)
         self._collectors: dict[str, _Collector] = {}
         self.stream_interval = engine_config.scheduler.stream_interval
         self._pump: asyncio.Task | None = None

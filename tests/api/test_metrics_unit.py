@@ -55,3 +55,22 @@ def test_request_timer_feeds_counters_and_histograms():
 
 def test_token_buckets_cover_the_context():
     assert _token_buckets(512) == (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0)
+
+
+def test_engine_counters_stay_monotonic_across_an_engine_restart():
+    """A restarted engine counts from zero again (and none reports while it starts): the exported counters carry
+    what the old one counted, so rate() never sees a counter going down."""
+    from strataserve.types.protocol import SchedulerStats
+
+    readings = iter([SchedulerStats(num_total_blocks=8, prefix_cache_queries=15, num_preemptions=2), None,
+                     SchedulerStats(num_total_blocks=8, prefix_cache_queries=0),
+                     SchedulerStats(num_total_blocks=8, prefix_cache_queries=4, num_preemptions=1)])
+    reg = CollectorRegistry()
+    ServerMetrics("m", 64, lambda: next(readings), reg)
+    seen = []
+    for _ in range(4):  # one scrape per reading
+        values = {fam.name: fam.samples[0].value
+                  for fam in text_string_to_metric_families(generate_latest(reg).decode())
+                  if fam.name in ("strata:prefix_cache_queries", "strata:num_preemptions")}
+        seen.append((values["strata:prefix_cache_queries"], values["strata:num_preemptions"]))
+    assert seen == [(15, 2), (15, 2), (15, 2), (19, 3)]

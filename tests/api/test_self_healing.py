@@ -112,8 +112,12 @@ def test_engine_and_isolated_model_heal_then_sigterm_drains(tiny_ckpt, tmp_path)
         refused = httpx.post(f"{url}/v1/completions", json=greedy, timeout=30)
         assert refused.status_code == 503 and refused.headers["retry-after"]
         assert _y(_infer(url, 7))[1] == 8  # the repository model keeps serving meanwhile
+        queries = _metric(url, "strata:prefix_cache_queries_total", f'model_name="{MODEL}"')
         _wait_health(srv, 200)
         assert _engine_pid(srv) != engine
+        # the new engine's pool shows before its first request; the old engine's counts stay counted
+        assert _metric(url, "strata:kv_cache_total_blocks", f'model_name="{MODEL}"') > 0
+        assert _metric(url, "strata:prefix_cache_queries_total", f'model_name="{MODEL}"') == queries > 0
         after = httpx.post(f"{url}/v1/completions", json=greedy, timeout=60).json()["choices"][0]["text"]
         assert after == before  # same weights, greedy: the restarted engine answers as the first did
         assert _metric(url, "strata:engine_restarts_total", f'model_name="{MODEL}"') == 1.0
