@@ -276,8 +276,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except EngineStartupError as exc:
         console.print(f"[red]error:[/] the engine failed to start: {exc}")
         return 1
-    except OSError as exc:  # e.g. the port is taken
-        console.print(f"[red]error:[/] {exc}")
+    except (OSError, ValueError) as exc:  # the port is taken; a start-up ValueError says what to change
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
         return 1
     return 0
 

@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import logging
 import signal
+import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -217,7 +218,23 @@ def build_door(options: ServeOptions, router: Router) -> Door:
                            options.rate), router.quota)
 
 
-async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: Console) -> None:
+def bind_http(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound before the models load: a taken port fails at once with a sentence (uvicorn,
+    binding it late, logged an error and exited with SystemExit 3 out of its task)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc} (is another server on the port? "
+                      "choose another with --port)") from None
+    return sock
+
+
+async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: Console,
+                       sock: socket.socket) -> None:
     registry = CollectorRegistry()
     router = await build_router(options, engines, registry, console)
     grpc_handle = None
@@ -260,7 +277,7 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
             grpc_handle = await _maybe_await(start_grpc_server(
                 router.tensors, options.host, options.grpc_port, door=door, tls=tls,
                 max_message_bytes=options.grpc_max_message_bytes or options.max_body_bytes))
-        serving = asyncio.ensure_future(server.serve())
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         if server.started:
@@ -316,7 +333,9 @@ def serve(options: ServeOptions, console: Console | None = None, started: dict[E
     if imports_s is not None:
         console.print(f"start-up: API process imports {imports_s:.2f} s"
                       f"{' (beside the engine process)' if started else ''}", soft_wrap=True)
+    sock = None
     try:
+        sock = bind_http(options.host, options.port)
         for spec in options.llms:
             if is_speech_dir(spec.engine.model.model):
                 engines[spec.name] = load_speech(spec.name, spec.engine, console)
@@ -329,8 +348,10 @@ def serve(options: ServeOptions, console: Console | None = None, started: dict[E
             else:  # an LLM, in its own engine-core process
                 engines[spec.name] = load_engine(spec.engine, console, options.startup_timeout_s, spec.name,
                                                  client=adopt_early_client(started, spec.engine))
-        _run_loop(_serve_async(options, engines, console))
+        _run_loop(_serve_async(options, engines, console, sock))
     finally:
+        if sock is not None:
+            sock.close()
         for client in started.values():  # spawned early but not adopted (e.g. the options changed)
             client.shutdown()
         for engine in engines.values():

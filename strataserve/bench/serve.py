@@ -118,6 +118,17 @@ def _validate(args: argparse.Namespace) -> dict[str, float]:
         raise ValueError(f"--num-warmups={args.num_warmups} must be >= 0")
     if args.gpu_cost_per_hour is not None and args.gpu_cost_per_hour < 0:
         raise ValueError(f"--gpu-cost-per-hour={args.gpu_cost_per_hour} must be >= 0")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout={args.request_timeout} must be > 0 seconds")
+    # where the result goes, checked now: finding out after the whole run loses it
+    if args.save_result is not None:
+        folder = Path(args.result_dir)
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--result-dir {folder} is a file: give a folder")
+        if args.save_result != _AUTO:
+            target = Path(args.save_result) if Path(args.save_result).is_absolute() else folder / args.save_result
+            if target.is_dir():
+                raise ValueError(f"--save-result {target} is a folder: give a file name (or --result-dir FOLDER)")
     return parse_goodput(args.goodput or [])
 
 

@@ -299,7 +299,8 @@ def load_config(path: str | os.PathLike) -> RouterConfig:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
     base = p.resolve().parent
     if isinstance(doc, dict):
-        for m in doc.get("models") or []:
+        models = doc.get("models")
+        for m in models if isinstance(models, list) else []:  # anything else: the validation below says so
             if isinstance(m, dict) and isinstance(m.get("path"), str):
                 m["path"] = str(base / m["path"])
         if isinstance(doc.get("model_repository"), str):

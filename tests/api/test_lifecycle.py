@@ -187,3 +187,27 @@ def test_bad_model_path_fails_fast_with_a_message(tmp_path):
     broken = _serve(str(empty))
     assert broken.returncode == 1
     assert "engine failed to start" in broken.stderr and "config.json" in broken.stderr
+
+
+def test_operator_mistakes_are_one_line_errors(tiny_ckpt, tmp_path):
+    """A taken HTTP port (checked before the model loads), a repository that is not a folder, a config whose
+    models are not a list: each a sentence and exit code 1, no traceback."""
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = str(taken.getsockname()[1])
+        cmd = [sys.executable, "-m", "strataserve", "serve", str(tiny_ckpt), "--device", "cpu", "--host", "127.0.0.1",
+               "--port", port]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240,
+                           env={**os.environ, "COLUMNS": "200"})
+    finally:
+        taken.close()
+    assert r.returncode == 1 and f"cannot serve HTTP on 127.0.0.1:{port}" in r.stderr, r.stderr
+    (tmp_path / "models5.yaml").write_text("models: 5\n")
+    for args, needle in (([str(tiny_ckpt), "--model-repository", str(tmp_path / "nowhere")], "not a folder"),
+                         (["--config", str(tmp_path / "models5.yaml")], "models: Input should be a valid list")):
+        r = _serve(*args, "--grpc-port", "0")
+        assert r.returncode in (1, 2) and needle in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -191,3 +191,16 @@ def test_strata_cli_runs_bench_serve() -> None:
     summary = _summary(proc.stdout)
     assert summary["completed"] == "3" and summary["failed"] == "0"
     assert len(state.bodies) == 4  # probe + 3
+
+
+def test_where_the_result_goes_is_checked_before_the_run(tmp_path):
+    """A result path that is a folder (or a --result-dir that is a file) used to fail after the whole run."""
+    from strataserve.bench.serve import _validate
+
+    (tmp_path / "a_file").write_text("x")
+    for argv, needle in ((["--save-result", str(tmp_path)], "is a folder"),
+                         (["--save-result", "--result-dir", str(tmp_path / "a_file")], "is a file"),
+                         (["--request-timeout", "0"], "--request-timeout")):
+        with pytest.raises(ValueError, match=needle):
+            _validate(_args(*argv))
+    _validate(_args("--save-result", str(tmp_path / "out.json")))
