@@ -15,11 +15,14 @@
   parser lets through, but no tokenizer, codec or encoder downstream can take it, so it is refused here with a 400.
 - An exception no route handled gets its 500 here, before the response starts. Starlette's outermost handler
   would send the same body and then re-raise, and the server would drop the client's kept-alive connection.
+- When the drain's time is up, the server cancels what is still streaming: an SSE stream then ends with a last
+  error event (and ``[DONE]``) instead of a cut connection and a traceback per stream in the log.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import asyncio
 import json
 import logging
 
@@ -62,7 +65,7 @@ class GuardMiddleware:
             if door.draining and path in _DRAIN_PROBES:
                 await _send_error(send, draining_error(), path)
                 return
-            await _answering_500(self.app, scope, receive, send)
+            await _answering_500(self.app, scope, receive, send, door)
             return
         headers = dict(scope["headers"])
         auth = headers.get(b"authorization")
@@ -84,7 +87,7 @@ class GuardMiddleware:
 
     async def _guarded(self, scope: Scope, receive: Callable, send: Callable, declared: int) -> None:
         if scope["method"] not in ("POST", "PUT", "PATCH"):
-            await _answering_500(self.app, scope, receive, send)
+            await _answering_500(self.app, scope, receive, send, self.door)
             return
         limit = self.max_body_bytes
         chunks: list[bytes] = []
@@ -124,26 +127,43 @@ class GuardMiddleware:
             return await receive()  # after the body: wait for the disconnect, as the server would
 
         try:
-            await _answering_500(self.app, scope, replay, send)
+            await _answering_500(self.app, scope, replay, send, self.door)
         finally:
             self.door.queued_bytes -= extra
 
 
-async def _answering_500(app: Callable, scope: Scope, receive: Callable, send: Callable) -> None:
+async def _answering_500(app: Callable, scope: Scope, receive: Callable, send: Callable, door: Door) -> None:
     started = False
+    sse = False
 
     async def tracking_send(message: Message) -> None:
-        nonlocal started
-        started = True
+        nonlocal started, sse
+        if message["type"] == "http.response.start":
+            started = True
+            sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in message["headers"])
         await send(message)
 
     try:
         await app(scope, receive, tracking_send)
+    except asyncio.CancelledError:
+        if not (started and sse and door.draining):
+            raise
+        # The drain's time is up and the server is stopping: the stream ends with a last error event (and the
+        # OpenAI routes' [DONE]) rather than a cut connection and a logged traceback per stream.
+        await send({"type": "http.response.body", "body": _stopped_event(scope["path"]), "more_body": False})
     except Exception as exc:
         if started:  # the status line is out: only dropping the connection tells the client it is cut short
             raise
         log.exception("unhandled error while serving %s", scope["path"])
         await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}"), scope["path"])
+
+
+def _stopped_event(path: str) -> bytes:
+    message = "the server stopped before this stream finished (its shutdown timeout passed); retry elsewhere"
+    if path.startswith("/v2"):
+        return b"data: " + msgspec.json.encode({"error": message}) + b"\n\n"
+    err = APIError(503, message, code="server_shutdown", type="service_unavailable")
+    return b"data: " + msgspec.json.encode(err.body()) + b"\n\ndata: [DONE]\n\n"
 
 
 def _lone_surrogate(body: bytes, scope: Scope) -> APIError | None:
