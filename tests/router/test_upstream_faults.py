@@ -114,4 +114,5 @@ def test_stream_broken_midway_ends_with_an_error_event():
     chunks, metrics = asyncio.run(run())
     text = b"".join(chunks).decode()
     assert '"model":"m"' in text and '"error"' in text and "upstream" in text
+    assert text.endswith("data: [DONE]\n\n")  # as a local engine's failure ends: clients waiting for it stop
     assert metrics.of("m", "default").outcomes["upstream_error"] == 1

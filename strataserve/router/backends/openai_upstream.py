@@ -178,7 +178,7 @@ class OpenAIUpstreamBackend(UpstreamBackend):
                 err = (self._timeout() if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError))
                        else APIError(502, f"model `{self.name}`: the upstream stream broke: {type(exc).__name__}",
                                      code="upstream_error", type="upstream_error"))
-                yield sse(err.body())
+                yield sse(err.body()) + b"data: [DONE]\n\n"  # as a local engine's failure ends a stream
         finally:
             replica.outstanding -= 1
             if outcome == "ok":
