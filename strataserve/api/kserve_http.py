@@ -25,6 +25,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from strataserve.api.errors import APIError
 from strataserve.api.formatting import line_safe
 from strataserve.api.kserve_codec import (
     HEADER_LENGTH,
@@ -36,6 +37,7 @@ from strataserve.api.kserve_codec import (
     parameters_of,
     response_to_dict,
 )
+from strataserve.api.serving import until_disconnect
 from strataserve.types.tensors import ModelServerError
 
 logger = logging.getLogger(__name__)
@@ -279,7 +281,12 @@ async def _infer(ms: Any, request: Request, m: str, v: str) -> Response:
         version = responses[-1]["model_version"] if responses else v
         rid = decoded.request.id or ""
         return _json({"model_name": m, "model_version": version, "id": rid, "responses": responses})
-    resp = await ms.infer(decoded.request)
+    try:  # a client that hangs up takes its request out of the model's queue (as gRPC's cancel does)
+        resp = await until_disconnect(request, ms.infer(decoded.request))
+    except APIError as exc:
+        if exc.status != 499:
+            raise
+        return Response(status_code=499)  # nobody reads it
     out_bytes = sum(_payload_bytes(t.data) for t in resp.outputs)
     out, header_len = await _off_loop(out_bytes > OFFLOAD_BYTES, encode_http_response, resp, decoded)
     if header_len is None:

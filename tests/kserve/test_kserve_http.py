@@ -319,3 +319,31 @@ def _input(x):
     inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
     return inp
+
+
+def test_a_client_that_hangs_up_leaves_the_queue(kserve):
+    """Six 300 ms requests to a one-instance model, their clients gone after ~0.45 s: the queued ones are dropped
+    (as over gRPC), not run for nobody. SEQ counts the model's executions."""
+    import socket
+    import time
+
+    url = f"{kserve.base}/v2/models/py_seq/infer"
+
+    def seq() -> int:
+        body = {"inputs": [_v2("SLEEP_MS", "FP32", [1, 1], [0.0])]}
+        return int(httpx.post(url, json=body, timeout=30).json()["outputs"][0]["data"][0])
+
+    body = json.dumps({"inputs": [_v2("SLEEP_MS", "FP32", [1, 1], [300.0])]}).encode()
+    head = (f"POST /v2/models/py_seq/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    before = seq()
+    host, port = kserve.http.split(":")
+    socks = [socket.create_connection((host, int(port))) for _ in range(6)]
+    for s in socks:
+        s.sendall(head + body)
+    time.sleep(0.45)
+    for s in socks:
+        s.close()
+    time.sleep(1.5)
+    ran = seq() - before - 1
+    assert ran <= 3, ran  # the one running (and perhaps the next) finish; the rest leave with their clients
