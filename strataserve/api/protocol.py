@@ -120,7 +120,7 @@ class ChatMessage(_Base):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content)  # vLLM's join of a message's text parts
 
 
 

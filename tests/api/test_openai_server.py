@@ -250,6 +250,16 @@ def test_chat_return_token_ids_streamed_and_not(client, server):
     assert [i for ch in chunks for c in ch.choices for i in (c.model_extra or {}).get("token_ids", [])] == ids
 
 
+def test_text_parts_are_joined_by_newlines(server):
+    """A message's content as text parts reads as vLLM renders it: the parts joined by newlines."""
+    def ids(content):
+        return httpx.post(f"{server.url}/tokenize", headers=server.headers,
+                          json={"model": MODEL, "messages": [{"role": "user", "content": content}]}).json()["tokens"]
+
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "World"}]
+    assert ids(parts) == ids("Hello\nWorld") != ids("HelloWorld")
+
+
 @pytest.mark.parametrize("route", ["completions", "chat"])
 def test_continuous_usage_stats(client, route):
     kw = dict(model=MODEL, max_tokens=5, temperature=0.0, n=2, stream=True,
