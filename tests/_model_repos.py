@@ -6,6 +6,7 @@ an independent computation (numpy / torch directly). Everything is tiny and CPU-
     repo = tmp_path / "repo"
     ref = add_onnx_mlp(repo)                  # "onnx_mlp": INPUT0 FP32 [-1,4] -> OUTPUT0 FP32 [-1,3]
     add_torchscript(repo)                     # "torch_affine": INPUT__0 FP32 [-1,3] -> OUTPUT__0 = relu(x)*2+1
+                                              # (build_standard_repo adds "torch_affine_bf16": the same in BF16)
     add_torch_export(repo)                    # "torch_export" (.pt2; slow, not in build_standard_repo)
     add_python_scale(repo)                    # "py_scale": IN FP32 [-1,3] -> OUT = IN*3-1, BATCH INT32 = rows seen
     add_python_decoupled(repo)                # "py_decoupled": COUNT INT32 [1] -> COUNT responses OUT = 0..COUNT-1
@@ -94,8 +95,9 @@ def add_onnx_mlp(repo: Path, name: str = "onnx_mlp", versions: tuple[int, ...] =
     return out
 
 
-def add_torchscript(repo: Path, name: str = "torch_affine"):
-    """TorchScript module OUTPUT__0 = relu(INPUT__0) * 2 + 1; returns the torch module (the direct reference)."""
+def add_torchscript(repo: Path, name: str = "torch_affine", data_type: str = "TYPE_FP32"):
+    """TorchScript module OUTPUT__0 = relu(INPUT__0) * 2 + 1 (tensors of ``data_type``); returns the torch module
+    (the direct reference)."""
     import torch
 
     class Affine(torch.nn.Module):
@@ -111,8 +113,8 @@ def add_torchscript(repo: Path, name: str = "torch_affine"):
         name: "{name}"
         backend: "pytorch"
         max_batch_size: 8
-        input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] }} ]
-        output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] }} ]
+        input [ {{ name: "INPUT__0" data_type: {data_type} dims: [ 3 ] }} ]
+        output [ {{ name: "OUTPUT__0" data_type: {data_type} dims: [ 3 ] }} ]
         dynamic_batching {{ }}
     """)
     return module
@@ -339,6 +341,7 @@ def build_standard_repo(repo: Path) -> dict:
     """Every model above in one repository; returns {"onnx_weights": {1: w}, "torch_module": m}."""
     weights = add_onnx_mlp(repo)
     module = add_torchscript(repo)
+    add_torchscript(repo, "torch_affine_bf16", "TYPE_BF16")
     add_python_scale(repo)
     add_python_decoupled(repo)
     add_python_seq(repo)

@@ -146,9 +146,10 @@ _ALLOWED_TYPES = {"b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}
 def _numeric_elements(name: str, datatype: str, dtype: np.dtype, flat: list) -> np.ndarray:
     # set(map(type, ...)) runs in C: this path is hot, and a per-element isinstance walk cost more than the
     # JSON parse itself; only a rejected tensor pays for the walk that names the offending element
-    allowed = _ALLOWED_TYPES[dtype.kind]
+    kind = "f" if datatype == "BF16" else dtype.kind  # ml_dtypes' bfloat16 is a numpy "V" kind
+    allowed = _ALLOWED_TYPES[kind]
     if not set(map(type, flat)) <= allowed:
-        want = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers"}[dtype.kind]
+        want = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers"}[kind]
         i, item = next((i, x) for i, x in enumerate(flat) if type(x) not in allowed)
         raise invalid(f"input '{name}': {datatype} data must be {want}; element {i} is {item!r}")
     if dtype.kind in _INT_KINDS and flat:

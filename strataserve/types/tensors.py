@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-# KServe v2 datatype name -> numpy dtype. BYTES tensors are object arrays whose elements are `bytes`.
+# KServe v2 datatype name -> numpy dtype. BYTES tensors are object arrays whose elements are `bytes`; BF16 ones are
+# ml_dtypes' bfloat16 (numpy has none; tritonclient sends and reads the same type).
 KSERVE_DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
@@ -25,6 +27,7 @@ KSERVE_DTYPES: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
     "BYTES": np.dtype(object),
 }
 

@@ -273,3 +273,15 @@ def test_typed_contents_and_malformed_messages(kserve):
         replies = list(stub.ModelStreamInfer(iter([req]), timeout=30))
         assert len(replies) == 1 and "no_such_model" in replies[0].error_message
         assert replies[0].infer_response.id == "zz"
+
+
+def test_bf16_raw_contents(client):
+    """BF16 travels as raw contents (it has no typed field): torch's bfloat16 result comes back."""
+    import ml_dtypes
+
+    x = _rows(2, 3, 22).astype(ml_dtypes.bfloat16)
+    res = client.infer("torch_affine_bf16", [_input("INPUT__0", x, "BF16")])
+    want = (torch.relu(torch.tensor(x.astype(np.float32)).bfloat16()) * 2.0 + 1.0).float().numpy()
+    got = res.as_numpy("OUTPUT__0")
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got.astype(np.float32), want)

@@ -347,3 +347,19 @@ def test_a_client_that_hangs_up_leaves_the_queue(kserve):
     time.sleep(1.5)
     ran = seq() - before - 1
     assert ran <= 3, ran  # the one running (and perhaps the next) finish; the rest leave with their clients
+
+
+def test_bf16_tensors(client, kserve):
+    """BF16 in and out through a BF16 TorchScript model, binary with tritonclient (ml_dtypes' bfloat16 is its type
+    for it; it sends BF16 only binary) and as JSON numbers: the result is torch's own in bfloat16."""
+    import ml_dtypes
+
+    x = _rows(2, 3, 21).astype(ml_dtypes.bfloat16)
+    want = (torch.relu(torch.tensor(x.astype(np.float32)).bfloat16()) * 2.0 + 1.0).float().numpy()
+    got = _infer(client, "torch_affine_bf16", "INPUT__0", x, datatype="BF16").as_numpy("OUTPUT__0")
+    assert got.dtype == ml_dtypes.bfloat16 and got.shape == (2, 3)
+    np.testing.assert_array_equal(got.astype(np.float32), want)
+    r = httpx.post(f"{kserve.base}/v2/models/torch_affine_bf16/infer",
+                   json={"inputs": [_v2("INPUT__0", "BF16", [2, 3], x.astype(np.float32).ravel().tolist())]})
+    (out,) = r.json()["outputs"]
+    assert out["datatype"] == "BF16" and out["data"] == want.ravel().tolist()

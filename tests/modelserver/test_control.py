@@ -310,3 +310,29 @@ def test_config_json_form_prints_defaults_and_numbers(tmp_path):
     assert cfg["input"][0]["dims"] == [-1, 3] and cfg["version_policy"] == {"specific": {"versions": [1]}}
     assert [(g["name"], g["count"], g["kind"]) for g in cfg["instance_group"]] == [("py", 1, "KIND_CPU")]
     assert cfg["model_transaction_policy"] == {"decoupled": False} and cfg["parameters"] == {}
+
+
+def test_bf16_on_onnxruntime_is_a_config_error(tmp_path):
+    """onnxruntime's Python API passes no bfloat16 arrays: a BF16 tensor in an ONNX model's config is refused at
+    load, naming the tensor and what to use instead (the pytorch and Python backends take BF16)."""
+    from onnx import TensorProto, helper, save
+
+    graph = helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "g",
+                              [helper.make_tensor_value_info("X", TensorProto.BFLOAT16, [2])],
+                              [helper.make_tensor_value_info("Y", TensorProto.BFLOAT16, [2])])
+    (tmp_path / "bf16" / "1").mkdir(parents=True)
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "bf16" / "1" / "model.onnx"))
+    write_config(tmp_path / "bf16", """
+        name: "bf16"
+        platform: "onnxruntime_onnx"
+        input [ { name: "X" data_type: TYPE_BF16 dims: [ 2 ] } ]
+        output [ { name: "Y" data_type: TYPE_BF16 dims: [ 2 ] } ]
+    """)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            return _index(server)
+
+    index = run(main())
+    state, reason = next(v for k, v in index.items() if k[0] == "bf16")
+    assert state == "UNAVAILABLE" and "'X'" in reason and "BF16" in reason and "pytorch" in reason, reason

@@ -8,6 +8,7 @@ import numpy as np
 import onnxruntime as ort
 
 from strataserve.modelserver.backends.base import ArrayBackend, InstanceContext
+from strataserve.modelserver.config import ConfigError
 from strataserve.modelserver.repository import model_file
 from strataserve.types.tensors import ModelServerError
 
@@ -15,6 +16,10 @@ from strataserve.types.tensors import ModelServerError
 class OnnxBackend(ArrayBackend):
     def __init__(self, ctx: InstanceContext):
         super().__init__(ctx)
+        bf16 = [t.name for t in (*ctx.spec.inputs, *ctx.spec.outputs) if t.datatype == "BF16"]
+        if bf16:  # onnxruntime's Python API takes and returns no bfloat16 arrays
+            raise ConfigError(ctx.spec.source, "data_type", f"{bf16}: the onnxruntime backend cannot pass BF16 "
+                              "tensors; declare TYPE_FP16 or TYPE_FP32, or serve the model with the pytorch backend")
         path = model_file(ctx.spec, ctx.version_dir)
         opts = ort.SessionOptions()
         # Instances run in parallel threads; splitting the cores between them avoids oversubscription.

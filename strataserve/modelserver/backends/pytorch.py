@@ -14,7 +14,9 @@ import torch
 from strataserve.modelserver.backends.base import ArrayBackend, InstanceContext
 from strataserve.modelserver.config import ConfigError
 from strataserve.modelserver.repository import model_file
-from strataserve.types.tensors import ModelServerError
+from strataserve.types.tensors import KSERVE_DTYPES, ModelServerError
+
+BF16 = KSERVE_DTYPES["BF16"]
 
 
 class TorchBackend(ArrayBackend):
@@ -37,8 +39,7 @@ class TorchBackend(ArrayBackend):
         self.output_names = [t.name for t in ctx.spec.outputs]
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        args = [torch.from_numpy(np.ascontiguousarray(inputs[n])).to(self.device) for n in self.input_names
-                if n in inputs]
+        args = [_to_torch(inputs[n]).to(self.device) for n in self.input_names if n in inputs]
         with torch.inference_mode():
             out = self.module(*args)
         if isinstance(out, torch.Tensor):
@@ -47,11 +48,26 @@ class TorchBackend(ArrayBackend):
             missing = [n for n in self.output_names if n not in out]
             if missing:
                 raise ModelServerError("internal", f"model '{self.spec.name}' returned no outputs {missing}")
-            return {n: out[n].detach().cpu().numpy() for n in self.output_names}
+            return {n: _to_numpy(out[n]) for n in self.output_names}
         if len(out) != len(self.output_names):
             raise ModelServerError("internal", f"model '{self.spec.name}' returned {len(out)} tensors but the "
                                    f"config declares {len(self.output_names)} outputs {self.output_names}")
-        return {n: t.detach().cpu().numpy() for n, t in zip(self.output_names, out)}
+        return {n: _to_numpy(t) for n, t in zip(self.output_names, out)}
 
     def close(self) -> None:
         self.module = None
+
+
+def _to_torch(array: np.ndarray) -> torch.Tensor:
+    """numpy -> torch; bfloat16 (ml_dtypes') goes through its bits, which torch cannot take directly."""
+    array = np.ascontiguousarray(array)
+    if array.dtype == BF16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(BF16)
+    return tensor.numpy()
