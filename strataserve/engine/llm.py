@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.input_processor import PromptType
 from strataserve.engine.llm_engine import LLMEngine
+from strataserve.models.chat_messages import plain_message
 from strataserve.types.outputs import RequestOutput
 from strataserve.types.sampling import SamplingParams
 from strataserve.runner.base import ModelRunnerBase
@@ -64,6 +66,9 @@ class LLM:
         # would otherwise fall on the first big generate() (docs/gpu_notes.md, run 12). No-op without such graphs.
         self.engine.core.idle_work()
         self._ids = itertools.count()
+        # an LLM dropped without shutdown() still stops its engine (a tensor-parallel one has worker processes,
+        # and only one may run per process); shutdown() runs this once
+        self._stop = weakref.finalize(self, self.engine.shutdown)
 
     # ------------------------------------------------------------------ vLLM-style API
     @property
@@ -100,33 +105,46 @@ class LLM:
 
     def chat(self, messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True, *,
-             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: Sequence[Mapping[str, Any]] | None = None,
              chat_template_kwargs: Mapping[str, Any] | None = None) -> list[RequestOutput]:
-        """Chat completions: one conversation (list of {"role", "content"}) or a list of conversations.
-        ``continue_final_message`` leaves the last message open for the model to continue (with
-        ``add_generation_prompt=False``, as in vLLM)."""
+        """Chat completions: one conversation (list of {"role", "content"}) or a list of conversations, as vLLM's
+        ``LLM.chat``: ``content`` may be OpenAI text parts; ``continue_final_message`` leaves the last message
+        open for the model to continue (with ``add_generation_prompt=False``); ``chat_template_kwargs`` override
+        the other template arguments."""
         tok = self.engine.tokenizer
         if tok is None:
             raise ValueError("chat needs a tokenizer with a chat template")
-        if continue_final_message and add_generation_prompt:
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise ValueError("messages: give a conversation (a list of {'role', 'content'} dicts) or a list of them")
+        kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt,
+                                  "continue_final_message": continue_final_message}
+        if tools:
+            kwargs["tools"] = [dict(t) for t in tools]
+        if chat_template is not None:
+            kwargs["chat_template"] = chat_template
+        kwargs.update(chat_template_kwargs or {})
+        add_prompt = bool(kwargs.pop("add_generation_prompt"))
+        if kwargs.get("continue_final_message") and add_prompt:
             raise ValueError("continue_final_message=True needs add_generation_prompt=False")
-        kwargs = dict(chat_template_kwargs or {})
-        if continue_final_message:
-            kwargs["continue_final_message"] = True
+        if not kwargs.get("continue_final_message"):
+            kwargs.pop("continue_final_message", None)
         convs = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         items: list[PromptType] = []
         for conv in convs:
-            text = tok.render_chat(list(conv), add_generation_prompt, **kwargs)  # type: ignore[arg-type]
+            text = tok.render_chat([plain_message(m) for m in conv], add_prompt, **kwargs)
             items.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         params = _per_prompt(sampling_params, len(items))
         return self._run(items, params, [0] * len(items), use_tqdm)
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        self._stop()
 
     # ------------------------------------------------------------------ internals
     def _run(self, items: list[PromptType], params: list[SamplingParams], prio: list[int],
              use_tqdm: bool) -> list[RequestOutput]:
+        if not self._stop.alive:
+            raise RuntimeError("this LLM has been shut down: create a new one")
         engine = self.engine
         ids: list[str] = []
         try:

@@ -24,10 +24,10 @@ from strataserve.types.sampling import SamplingParams
 
 
 def _ended_by_token(finish: str | None, stop_reason: int | str | None, params: SamplingParams) -> bool:
-    """True when the last token is the eos or a stop token id and its text would show (special tokens kept): as
-    vLLM, it stays out of the output (with special tokens skipped an eos has no text anyway)."""
-    return (finish == "stop" and not isinstance(stop_reason, str) and not params.skip_special_tokens
-            and not params.include_stop_str_in_output)
+    """True when the last token is the eos or a stop token id: as vLLM, its text stays out of the output unless
+    ``include_stop_str_in_output`` (a stop token id need not be special: a newline, say; its id stays in
+    ``token_ids``)."""
+    return finish == "stop" and not isinstance(stop_reason, str) and not params.include_stop_str_in_output
 
 
 class RequestOutputKind(enum.Enum):

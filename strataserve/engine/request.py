@@ -137,8 +137,11 @@ class Request:
         n = len(all_ids)
         # min_tokens: the sampler bans stops, so never stop early here either; unless the grammar is complete and
         # allows nothing else (the sampler lets a stop through only then): structured outputs end with the grammar
-        if n >= self.min_len or self.grammar is not None:
-            if token_id == self.eos_token_id:
+        grammar = self.grammar
+        if n >= self.min_len or grammar is not None:
+            # a grammar's end is the output's end, ignore_eos or not: past it the output would run unconstrained
+            if token_id == self.eos_token_id or (grammar is not None and token_id in grammar.stop_ids
+                                                 and not grammar.failed):
                 self.status = RequestStatus.FINISHED_STOPPED
                 return True
             if token_id in self.stop_token_ids:

@@ -38,6 +38,8 @@ class GrammarState:
     matcher: Any
     num_accepted: int = 0
     failed: bool = False  # a token the grammar rejected (e.g. eos forced by min/max rules): stop constraining
+    #: the tokens that end the grammar (the model's eos ids): they end the request too, even with ignore_eos
+    stop_ids: frozenset[int] = frozenset()
 
     def accept(self, token_id: int) -> None:
         if not self.failed and not self.matcher.is_terminated():
@@ -119,7 +121,8 @@ class StructuredOutputManager:
         return compiled
 
     def new_state(self, spec: GuidedDecodingParams) -> GrammarState:
-        return GrammarState(load_xgrammar().GrammarMatcher(self.compile(spec)))
+        matcher = load_xgrammar().GrammarMatcher(self.compile(spec))
+        return GrammarState(matcher, stop_ids=frozenset(self.stop_token_ids))
 
     # ------------------------------------------------------------------ per step
     def prepare(self, sampled: Sequence[Any], pending_tokens: Callable[[], dict[str, int]] | None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +107,12 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                _fail(name, value, "must be an integer")  # else a 2.5 failed deep in the sampler, or rounded
+            if value is not None and not isinstance(value, int):
+                object.__setattr__(self, name, int(value))  # numpy integers: plain ints, as msgspec sends them
         # Accept a single stop string / tuple like vLLM does; store lists so msgspec round-trips them.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", [self.stop])

@@ -1,0 +1,88 @@
+"""vLLM behaviours of the offline API a ported script relies on: a stop token's text stays out of the output,
+``LLM.chat`` takes OpenAI content parts, tools, a template and template arguments as vLLM's does, a grammar ends
+the output even with ``ignore_eos``, bad ``SamplingParams`` fail where they are made, and a shut-down or dropped
+``LLM`` says so and frees its engine."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from _tiny_models import make_tiny_checkpoint, make_tiny_tokenizer
+from strataserve import LLM, SamplingParams
+from strataserve.types.sampling import GuidedDecodingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    path = make_tiny_checkpoint("llama", tmp_path_factory.mktemp("parity"))
+    engine = LLM(str(path), device="cpu", dtype="float32", num_blocks=64)
+    yield engine
+    engine.shutdown()
+
+
+def test_a_stop_token_id_leaves_its_text_out(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    base = llm.generate(["hello world"], greedy, use_tqdm=False)[0].outputs[0]
+    tok = llm.get_tokenizer()
+    stop = base.token_ids[3]
+    first = base.token_ids.index(stop)  # it may come earlier too
+    for include in (False, True):
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop_token_ids=[stop],
+                                include_stop_str_in_output=include)
+        out = llm.generate(["hello world"], params, use_tqdm=False)[0].outputs[0]
+        assert out.token_ids == base.token_ids[:first + 1] and out.stop_reason == stop  # its id stays
+        assert out.text == tok.decode(base.token_ids[:first + 1 if include else first])
+
+
+def test_chat_takes_vllm_arguments(llm):
+    tok = make_tiny_tokenizer(512)
+    params = SamplingParams(temperature=0, max_tokens=1)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}]
+    assert llm.chat(parts, params, use_tqdm=False)[0].prompt == tok.apply_chat_template(
+        [{"role": "user", "content": "hi\nthere"}], tokenize=False, add_generation_prompt=True)
+    template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}{% if tools %}T{% endif %}" \
+               "{% if add_generation_prompt %}>{% endif %}"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "user", "content": "x"}]
+    out = llm.chat(msgs, params, use_tqdm=False, chat_template=template, tools=tools)[0]
+    assert out.prompt == "[x]T>"
+    # template arguments override the others, as vLLM merges them
+    out = llm.chat(msgs, params, use_tqdm=False, chat_template=template,
+                   chat_template_kwargs={"add_generation_prompt": False})[0]
+    assert out.prompt == "[x]"
+    with pytest.raises(ValueError, match="conversation"):
+        llm.chat("hi", params, use_tqdm=False)
+    with pytest.raises(ValueError, match="text"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], params,
+                 use_tqdm=False)
+
+
+def test_a_grammar_ends_the_output_even_with_ignore_eos(llm):
+    pytest.importorskip("xgrammar")
+    for seed in range(3):
+        params = SamplingParams(temperature=1.0, seed=seed, max_tokens=8, ignore_eos=True,
+                                guided_decoding=GuidedDecodingParams(choice=["yes", "no"]))
+        out = llm.generate(["answer:"], params, use_tqdm=False)[0].outputs[0]
+        assert out.text in ("yes", "no") and out.finish_reason == "stop", out.text
+
+
+@pytest.mark.parametrize("field,value", [("top_k", 2.5), ("n", 2.0), ("seed", 1.5), ("max_tokens", 3.5),
+                                         ("logprobs", True)])
+def test_non_integer_counts_fail_where_they_are_made(field, value):
+    with pytest.raises(ValueError, match=f"{field}=.*integer"):
+        SamplingParams(**{field: value})
+
+
+def test_shut_down_or_dropped(tmp_path):
+    path = make_tiny_checkpoint("llama", tmp_path)
+    llm = LLM(str(path), device="cpu", dtype="float32", num_blocks=16)
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate(["x"], use_tqdm=False)
+    llm.shutdown()  # twice is fine
+    dropped = LLM(str(path), device="cpu", dtype="float32", num_blocks=16)
+    finalizer = dropped._stop
+    del dropped
+    gc.collect()
+    assert not finalizer.alive  # the dropped LLM's engine was shut down with it
