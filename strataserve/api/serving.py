@@ -195,12 +195,33 @@ async def forward_plain(routed: Routed, request: Request, path: str) -> Response
 
 async def forward(routed: Routed, request: Request, path: str, *, stream: bool, prefix: str | None,
                   first_events: int = 0) -> Response:
-    """Send the request's own JSON (unknown fields included) to the upstream serving its model."""
-    routed.check(1.0)
+    """Send the request's own JSON (unknown fields included) to the upstream serving its model. The key's tokens
+    per minute are charged as a local model's: the prompt (estimated at 4 characters a token: the router holds
+    no tokenizer of the upstream's) and the most it may write."""
     body = msgspec.json.decode(await request.body())
+    routed.check(1.0, _upstream_charge(body))
     trace = routed.trace(1.0)
-    return await routed.backend.forward(path, body, stream=stream, prefix=prefix, trace=trace,  # type: ignore
-                                        first_events=first_events)
+    work = routed.backend.forward(path, body, stream=stream, prefix=prefix, trace=trace,  # type: ignore
+                                  first_events=first_events)
+    if stream:
+        return await work
+    return await until_disconnect(request, work)  # a client that hangs up stops the upstream's work too
+
+
+UPSTREAM_DEFAULT_OUTPUT = 1024  # charged when a request to an upstream model sets no output limit
+
+
+def _upstream_charge(body: Any) -> float:
+    if not isinstance(body, dict):
+        return 0.0
+    prompt = body.get("messages", body.get("prompt")) or ""
+    chars = len(prompt) if isinstance(prompt, str) else len(msgspec.json.encode(prompt))
+    most = body.get("max_completion_tokens") or body.get("max_tokens") or UPSTREAM_DEFAULT_OUTPUT
+    n = body.get("n") or 1
+    try:
+        return chars / 4 + int(n) * int(most)
+    except (TypeError, ValueError):
+        return chars / 4 + UPSTREAM_DEFAULT_OUTPUT  # the upstream answers the bad field with its own 400
 
 
 def check_token_ids(state: ServerState, ids: list[int], param: str = "prompt") -> None:

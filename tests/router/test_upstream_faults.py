@@ -38,8 +38,9 @@ def _trace(b: OpenAIUpstreamBackend, metrics: RouterMetrics) -> RouteTrace:
                                            (503, 503), (404, 502)])
 def test_upstream_status_mapping(status, expect):
     async def handler(request):
-        return web.json_response({"error": {"message": f"upstream said {status}"}}, status=status,
-                                 headers={"Retry-After": "7"})
+        return web.json_response({"error": {"message": f"upstream said {status}", "param": "max_tokens",
+                                            "code": "context_length_exceeded" if status == 400 else None}},
+                                 status=status, headers={"Retry-After": "7"})
 
     async def run():
         runner, url = await _serve(handler)
@@ -55,6 +56,8 @@ def test_upstream_status_mapping(status, expect):
 
     err, metrics = asyncio.run(run())
     assert err.status == expect and f"upstream said {status}" in err.message
+    if expect == 400:  # the client's fault: the upstream's param and code come through
+        assert err.param == "max_tokens" and err.code == "context_length_exceeded"
     if expect in (429, 503):
         assert err.headers["Retry-After"] == "7"  # the upstream's own advice is passed on
     outcome = "client_error" if expect < 500 else "upstream_error"
@@ -116,3 +119,74 @@ def test_stream_broken_midway_ends_with_an_error_event():
     assert '"model":"m"' in text and '"error"' in text and "upstream" in text
     assert text.endswith("data: [DONE]\n\n")  # as a local engine's failure ends: clients waiting for it stop
     assert metrics.of("m", "default").outcomes["upstream_error"] == 1
+
+
+@pytest.mark.parametrize("fault,status", [("breaks", 502), ("stalls", 504)])
+def test_a_whole_answer_that_breaks_or_stalls_is_the_upstreams_fault(fault, status):
+    """After its headers, the body of a non-streamed answer breaks off or stalls past timeout_s: 502 / 504 naming
+    the upstream (it was a 500 "internal error"); the trace records no first token for a whole answer."""
+    async def handler(request):
+        resp = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "400"})
+        await resp.prepare(request)
+        await resp.write(b'{"choices": [')
+        if fault == "breaks":
+            request.transport.close()
+        else:
+            await asyncio.sleep(5)
+        return resp
+
+    async def run():
+        runner, url = await _serve(handler)
+        b, metrics = _backend([url])
+        trace = _trace(b, metrics)
+        try:
+            with pytest.raises(APIError) as exc:
+                await b.forward("/v1/completions", {"model": "m", "prompt": "x"}, stream=False, prefix=None,
+                                trace=trace)
+            return exc.value, metrics, b.replicas.replicas
+        finally:
+            await b.stop()
+            await runner.cleanup()
+
+    err, metrics, replicas = asyncio.run(run())
+    assert err.status == status and "upstream" in err.message
+    series = metrics.of("m", "default")
+    assert series.outcomes["upstream_error"] == 1 and sum(series.ttft.counts) == 0
+    assert [r.outstanding for r in replicas] == [0]
+
+
+def test_streamed_usage_chunk_is_no_token():
+    """The usage-only chunk (no choices) a stream ends with is not counted as a generated token."""
+    async def handler(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for text in ("a", "b"):
+            await resp.write(b'data: {"choices":[{"index":0,"text":"%s"}]}\n\n' % text.encode())
+        await resp.write(b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+        return resp
+
+    async def run():
+        runner, url = await _serve(handler)
+        b, metrics = _backend([url])
+        trace = _trace(b, metrics)
+        try:
+            resp = await b.forward("/v1/completions", {"model": "m", "prompt": "x", "stream": True}, stream=True,
+                                   prefix=None, trace=trace, first_events=0)
+            _ = [c async for c in resp.body_iterator]
+            return trace
+        finally:
+            await b.stop()
+            await runner.cleanup()
+
+    assert asyncio.run(run()).tokens == 2
+
+
+def test_upstream_requests_are_charged_tokens_as_local_ones():
+    """The key's tokens per minute: the prompt (4 characters a token) and n times the most the request may write
+    (1024 when it sets no limit); before, upstream models were charged nothing."""
+    from strataserve.api.serving import UPSTREAM_DEFAULT_OUTPUT, _upstream_charge
+
+    assert _upstream_charge({"prompt": "x" * 400, "max_tokens": 50, "n": 2}) == 100 + 100
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10}
+    assert _upstream_charge(chat) > 10
+    assert _upstream_charge({"prompt": "abcd"}) == 1 + UPSTREAM_DEFAULT_OUTPUT

@@ -29,13 +29,21 @@ _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _upstream_message(body: bytes) -> str:
+    return _upstream_error(body)[0]
+
+
+def _upstream_error(body: bytes) -> tuple[str, str | None, str | None]:
+    """The upstream's error (message, param, code): OpenAI's body, or the text of any other."""
     try:
         doc = msgspec.json.decode(body)
         err = doc.get("error", doc) if isinstance(doc, dict) else doc
-        msg = err.get("message") if isinstance(err, dict) else err
-        return str(msg)[:500]
+        if not isinstance(err, dict):
+            return str(err)[:500], None, None
+        param, code = err.get("param"), err.get("code")
+        return (str(err.get("message"))[:500], param if isinstance(param, str) else None,
+                code if isinstance(code, str) else None)
     except (msgspec.DecodeError, AttributeError):
-        return body[:500].decode(errors="replace")
+        return body[:500].decode(errors="replace"), None, None
 
 
 class OpenAIUpstreamBackend(UpstreamBackend):
@@ -101,10 +109,11 @@ class OpenAIUpstreamBackend(UpstreamBackend):
 
     async def _error(self, resp: aiohttp.ClientResponse) -> APIError:
         body = await resp.read()
-        msg = _upstream_message(body)
-        if resp.status in _PASS_THROUGH:
+        msg, param, code = _upstream_error(body)
+        if resp.status in _PASS_THROUGH:  # the client's own fault: its status, param and code as the upstream said
             headers = {"Retry-After": resp.headers["Retry-After"]} if "Retry-After" in resp.headers else None
-            return APIError(resp.status, msg, code="upstream_" + str(resp.status), headers=headers)
+            return APIError(resp.status, msg, param=param, code=code or "upstream_" + str(resp.status),
+                            headers=headers)
         if resp.status == 503:
             return APIError(503, f"model `{self.name}`: the upstream server is unavailable: {msg}",
                             code="upstream_unavailable", type="service_unavailable",
@@ -125,15 +134,17 @@ class OpenAIUpstreamBackend(UpstreamBackend):
         except APIError as exc:
             trace.finish("unavailable" if exc.status in (503, 504) else "upstream_error")
             raise
-        relayed = False  # a stream's relay gives the replica back when it ends; anything else, here
+        relayed = done = False  # a stream's relay gives the replica back when it ends; anything else, here
         try:
             if resp.status != 200:
                 err = await self._error(resp)
                 trace.finish("client_error" if err.status in _PASS_THROUGH else "upstream_error")
+                done = True
                 raise err
             if not stream:
-                data = await resp.read()
-                trace.on_tokens(1)
+                data = await self._read(resp)
+                done = True
+                # no first-token time: the whole answer came at once (it would pass for TTFT and skew admission)
                 trace.finish("ok", _completion_tokens(data))
                 return Response(self._rename(data), media_type=resp.headers.get("Content-Type", "application/json"))
             relayed = True
@@ -146,7 +157,19 @@ class OpenAIUpstreamBackend(UpstreamBackend):
         finally:
             if not relayed:
                 replica.outstanding -= 1
-                resp.release()
+                # read to the end: the connection goes back to the pool; cut short (the client hung up, the
+                # body broke): dropped, so the upstream aborts the work too
+                resp.release() if done else resp.close()
+
+    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
+        """A whole answer; a body that breaks or stalls after its headers is the upstream's fault (502 / 504)."""
+        try:
+            return await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+                raise self._timeout() from None
+            raise APIError(502, f"model `{self.name}`: the upstream answer broke off: {type(exc).__name__}",
+                           code="upstream_error", type="upstream_error") from None
 
     async def _relay(self, replica: Replica, resp: aiohttp.ClientResponse, trace: RouteTrace,
                      first_events: int) -> AsyncIterator[bytes]:
@@ -161,7 +184,8 @@ class OpenAIUpstreamBackend(UpstreamBackend):
                     if cut < 0:
                         continue
                     out, buf = buf[: cut + 2], buf[cut + 2:]
-                    n = out.count(b"data:")
+                    # events that carry tokens: not [DONE], nor the usage-only chunk (no choices) at the end
+                    n = out.count(b"data:") - out.count(b'"choices":[]')
                     if b"[DONE]" in out:
                         n -= 1
                     new = max(0, events + n - first_events) - max(0, events - first_events)
