@@ -135,20 +135,12 @@ def test_a_whole_answer_that_breaks_or_stalls_is_the_upstreams_fault(fault, stat
             await asyncio.sleep(5)
         return resp
 
-    async def run():
-        runner, url = await _serve(handler)
-        b, metrics = _backend([url])
-        trace = _trace(b, metrics)
-        try:
-            with pytest.raises(APIError) as exc:
-                await b.forward("/v1/completions", {"model": "m", "prompt": "x"}, stream=False, prefix=None,
-                                trace=trace)
-            return exc.value, metrics, b.replicas.replicas
-        finally:
-            await b.stop()
-            await runner.cleanup()
+    async def forward(b, trace):
+        with pytest.raises(APIError) as exc:
+            await b.forward("/v1/completions", {"model": "m", "prompt": "x"}, stream=False, prefix=None, trace=trace)
+        return exc.value, b.replicas.replicas
 
-    err, metrics, replicas = asyncio.run(run())
+    (err, replicas), metrics, _ = asyncio.run(_once(handler, forward))
     assert err.status == status and "upstream" in err.message
     series = metrics.of("m", "default")
     assert series.outcomes["upstream_error"] == 1 and sum(series.ttft.counts) == 0
@@ -165,20 +157,24 @@ def test_streamed_usage_chunk_is_no_token():
         await resp.write(b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\ndata: [DONE]\n\n')
         return resp
 
-    async def run():
-        runner, url = await _serve(handler)
-        b, metrics = _backend([url])
-        trace = _trace(b, metrics)
-        try:
-            resp = await b.forward("/v1/completions", {"model": "m", "prompt": "x", "stream": True}, stream=True,
-                                   prefix=None, trace=trace, first_events=0)
-            _ = [c async for c in resp.body_iterator]
-            return trace
-        finally:
-            await b.stop()
-            await runner.cleanup()
+    async def forward(b, trace):
+        resp = await b.forward("/v1/completions", {"model": "m", "prompt": "x", "stream": True}, stream=True,
+                               prefix=None, trace=trace, first_events=0)
+        return [c async for c in resp.body_iterator]
 
-    assert asyncio.run(run()).tokens == 2
+    assert asyncio.run(_once(handler, forward))[2].tokens == 2
+
+
+async def _once(handler, forward) -> tuple:
+    """``forward(backend, trace)`` against one fake upstream ``handler``: (its result, the metrics, the trace)."""
+    runner, url = await _serve(handler)
+    b, metrics = _backend([url])
+    trace = _trace(b, metrics)
+    try:
+        return await forward(b, trace), metrics, trace
+    finally:
+        await b.stop()
+        await runner.cleanup()
 
 
 def test_upstream_requests_are_charged_tokens_as_local_ones():
