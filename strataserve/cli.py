@@ -90,6 +90,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="require 'Authorization: Bearer KEY' on HTTP and gRPC (the probes and docs stay open, "
                         "and /metrics unless --metrics-require-key)")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder path)")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+                   help="sampling defaults for what a request leaves unset (vLLM's flag): auto = the checkpoint's "
+                        "generation_config.json, vllm = none, or a folder holding one")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.add_argument("--disable-uvicorn-access-log", action="store_true")
@@ -227,7 +230,8 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
             console.print(f"[red]error:[/] model folder {model!r} does not exist (give an HF checkpoint folder)")
             return None
         llms = (LocalLLMSpec(args.served_model_name or model, config, tool_call_parser=args.tool_call_parser,
-                             enable_auto_tool_choice=args.enable_auto_tool_choice),)
+                             enable_auto_tool_choice=args.enable_auto_tool_choice,
+                             generation_config=args.generation_config),)
     return ServeOptions(llms=llms, **server)
 
 

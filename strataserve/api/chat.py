@@ -98,7 +98,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_tokens = resolve_max_tokens(state, len(prompt_ids), requested, param, "messages")
-    params = make_params(n=body.n, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+    if requested is None and "max_tokens" in state.sampling_defaults:  # the checkpoint's max_new_tokens, as vLLM
+        max_tokens = min(max_tokens, state.sampling_defaults["max_tokens"])
+    params = make_params(state.sampling_defaults, n=body.n, max_tokens=max_tokens, temperature=body.temperature,
+                         top_p=body.top_p,
                          top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,
                          frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
                          seed=body.seed, stop=body.stop or None, stop_token_ids=body.stop_token_ids,

@@ -77,7 +77,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     params: list[SamplingParams] = []
     for _, ids in prompts:
         max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens")
-        params.append(make_params(max_tokens=max_tokens, **common))
+        params.append(make_params(state.sampling_defaults, max_tokens=max_tokens, **common))
     num_seqs = body.n * len(prompts)
     rid = new_id("cmpl")
     work = float(sum(len(ids) for _, ids in prompts))  # prompt tokens to prefill (siblings share them)

@@ -30,6 +30,7 @@ from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import MetricsGroup, ServerMetrics
 from strataserve.api.serving import ServerState
 from strataserve.config import EngineConfig
+from strataserve.models.generation_defaults import describe, sampling_defaults
 from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
 from strataserve.router.backends.local_llm import LocalLLMBackend
 from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
@@ -63,6 +64,7 @@ class LocalLLMSpec:
     replicas: int = 1
     ray_address: str | None = None
     num_gpus_per_replica: float | None = None
+    generation_config: str = "auto"  # sampling defaults: the checkpoint's generation_config.json ("vllm": none)
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,8 @@ def build_state(engine: Any, spec: LocalLLMSpec, metrics_group: MetricsGroup) ->
     state = ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=spec.name, max_model_len=max_len,
                        metrics=metrics, max_inflight_seqs=cores * (sched.max_num_seqs + sched.max_waiting_requests),
                        vocab_size=getattr(engine, "vocab_size", None) or _vocab_size(engine.tokenizer),
-                       tool_call_parser=spec.tool_call_parser, enable_auto_tool_choice=spec.enable_auto_tool_choice)
+                       tool_call_parser=spec.tool_call_parser, enable_auto_tool_choice=spec.enable_auto_tool_choice,
+                       sampling_defaults=sampling_defaults(spec.engine.model.model, spec.generation_config))
     return state
 
 
@@ -173,6 +176,10 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
             router.add(TTSBackend(engine, speech_group, spec.gpu_cost_per_hour))
             continue
         backend = LocalLLMBackend(build_state(engine, spec, group), spec.gpu_cost_per_hour)
+        if backend.state.sampling_defaults:
+            console.print(f"{spec.name}: sampling defaults from generation_config.json for what a request leaves "
+                          f"unset: {describe(backend.state.sampling_defaults)} (--generation-config vllm: none)",
+                          soft_wrap=True)
         if options.restart_engines:
             backend.supervisors = _supervisors(backend, spec, options, engines, restarts, console)
         router.add(backend)

@@ -41,6 +41,8 @@ class ServerState:
     vocab_size: int | None = None
     tool_call_parser: str | None = None  # --tool-call-parser (api/tool_parsers)
     enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice
+    #: what a request leaves unset takes these (the checkpoint's generation_config.json; --generation-config)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
     inflight_seqs: int = 0
 
@@ -252,10 +254,13 @@ def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | No
     return max_tokens
 
 
-def make_params(**kwargs: Any) -> SamplingParams:
-    """SamplingParams from request fields (``None`` = SamplingParams' default); range errors become 400s."""
+def make_params(defaults: dict[str, Any] | None = None, **kwargs: Any) -> SamplingParams:
+    """SamplingParams from request fields; one left ``None`` takes ``defaults`` (the checkpoint's), else
+    SamplingParams' default. Range errors become 400s."""
+    merged = dict(defaults or {})
+    merged.update((k, v) for k, v in kwargs.items() if v is not None)
     try:
-        return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+        return SamplingParams(**merged)
     except ValueError as exc:
         raise from_value_error(exc) from None
 

@@ -17,6 +17,7 @@ from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelC
 from strataserve.engine.input_processor import PromptType
 from strataserve.engine.llm_engine import LLMEngine
 from strataserve.models.chat_messages import plain_message
+from strataserve.models.generation_defaults import sampling_defaults
 from strataserve.types.outputs import RequestOutput
 from strataserve.types.sampling import SamplingParams
 from strataserve.runner.base import ModelRunnerBase
@@ -37,7 +38,10 @@ class LLM:
                  served_model_name: str | None = None, runner: ModelRunnerBase | None = None,
                  tokenizer_obj: Any = None, skip_tokenizer_init: bool = False, tensor_parallel_size: int = 1,
                  load_format: str = "auto", kv_cache_dtype: str = "auto", target_step_ms: float | None = 0.0,
-                 **kwargs: Any) -> None:
+                 generation_config: str = "auto", **kwargs: Any) -> None:
+        """``generation_config``: as vLLM's, where ``generate(prompts)`` without SamplingParams takes its sampling
+        defaults (``get_default_sampling_params``): auto = the checkpoint's generation_config.json, vllm = none,
+        or a folder holding one."""
         for k, v in kwargs.items():
             if k not in _IGNORED:
                 raise TypeError(f"LLM() got an unexpected argument {k!r}")
@@ -66,6 +70,7 @@ class LLM:
         # would otherwise fall on the first big generate() (docs/gpu_notes.md, run 12). No-op without such graphs.
         self.engine.core.idle_work()
         self._ids = itertools.count()
+        self._defaults = sampling_defaults(model, generation_config) if runner is None else {}
         # an LLM dropped without shutdown() still stops its engine (a tensor-parallel one has worker processes,
         # and only one may run per process); shutdown() runs this once
         self._stop = weakref.finalize(self, self.engine.shutdown)
@@ -75,6 +80,11 @@ class LLM:
     def llm_engine(self) -> LLMEngine:
         """vLLM's name for the underlying engine."""
         return self.engine
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: what ``generate`` / ``chat`` use when given no SamplingParams (the checkpoint's
+        generation_config.json, under ``generation_config="auto"``)."""
+        return SamplingParams(**self._defaults)
 
     def get_tokenizer(self) -> Any:
         """The underlying HF tokenizer (as vLLM returns)."""
@@ -97,7 +107,8 @@ class LLM:
         ``prompt_token_ids`` (or ``prompt``). ``sampling_params``: one for all or one per prompt.
         """
         items = _normalise_prompts(prompts, prompt_token_ids)
-        params = _per_prompt(sampling_params, len(items))
+        params = _per_prompt(sampling_params if sampling_params is not None else self.get_default_sampling_params(),
+                             len(items))
         prio = list(priority) if priority is not None else [0] * len(items)
         if len(prio) != len(items):
             raise ValueError(f"priority has {len(prio)} entries for {len(items)} prompts: give one per prompt")
@@ -134,7 +145,8 @@ class LLM:
         for conv in convs:
             text = tok.render_chat([plain_message(m) for m in conv], add_prompt, **kwargs)
             items.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
-        params = _per_prompt(sampling_params, len(items))
+        params = _per_prompt(sampling_params if sampling_params is not None else self.get_default_sampling_params(),
+                             len(items))
         return self._run(items, params, [0] * len(items), use_tqdm)
 
     def shutdown(self) -> None:

@@ -86,3 +86,45 @@ def test_shut_down_or_dropped(tmp_path):
     del dropped
     gc.collect()
     assert not finalizer.alive  # the dropped LLM's engine was shut down with it
+
+
+def test_generation_config_gives_the_sampling_defaults(tmp_path, caplog):
+    """As vLLM's ``generation_config="auto"``: a request that leaves a field unset takes the checkpoint's
+    generation_config.json value (offline and served); ``vllm`` ignores the file; a value SamplingParams would
+    refuse is left out rather than failing every request."""
+    import json
+
+    from strataserve.api.serving import make_params
+    from strataserve.models.generation_defaults import sampling_defaults
+
+    path = make_tiny_checkpoint("llama", tmp_path / "ckpt")
+    config = json.loads((path / "generation_config.json").read_text())
+    config.update(temperature=0.9, top_k=1, top_p=0.0, max_new_tokens=5)  # top_p 0 is out of SamplingParams' range
+    (path / "generation_config.json").write_text(json.dumps(config))
+    defaults = sampling_defaults(path)
+    assert defaults == {"temperature": 0.9, "top_k": 1, "max_tokens": 5} and "top_p" in caplog.text
+    assert sampling_defaults(path, "vllm") == {}
+    with pytest.raises(ValueError, match="no generation_config.json"):
+        sampling_defaults(path, str(tmp_path))
+    served = make_params(defaults, temperature=None, top_k=None, n=2)
+    assert (served.temperature, served.top_k, served.n) == (0.9, 1, 2)
+    assert make_params(defaults, temperature=0.3).temperature == 0.3  # a field the request sets is its own
+    llm = LLM(str(path), device="cpu", dtype="float32", num_blocks=32)
+    try:
+        assert llm.get_default_sampling_params().top_k == 1
+        greedy = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)[0]
+        for out in llm.generate(["hello"] * 3, use_tqdm=False):  # top_k 1: greedy, 5 tokens, whatever the draw
+            assert out.outputs[0].token_ids == greedy.outputs[0].token_ids
+    finally:
+        llm.shutdown()
+
+
+def test_generation_config_flag_reaches_the_served_model(tmp_path):
+    from rich.console import Console
+
+    from strataserve.cli import _serve_options, build_parser
+
+    path = make_tiny_checkpoint("llama", tmp_path)
+    for argv, want in (([], "auto"), (["--generation-config", "vllm"], "vllm")):
+        options = _serve_options(build_parser().parse_args(["serve", str(path), *argv]), Console(quiet=True))
+        assert options.llms[0].generation_config == want
