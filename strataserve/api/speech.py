@@ -24,7 +24,7 @@ import io
 import json
 import logging
 import struct
-from typing import Any, AsyncIterator, Callable
+from typing import Annotated, Any, AsyncIterator, Callable
 
 import numpy as np
 from fastapi import APIRouter
@@ -41,24 +41,27 @@ MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp
 _STREAM_FORMATS = ("audio", "sse")
 
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]  # NaN / inf: a 400, not a clip of noise
+
+
 class SpeechRequest(BaseModel):
     model: str | None = None
     input: str
     voice: str | None = None
     instructions: str | None = None
     response_format: str = "mp3"
-    speed: float = Field(1.0, ge=0.25, le=4.0)
+    speed: float = Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)
     stream_format: str = "audio"
     language: str | None = None
-    temperature: float | None = None
+    temperature: Finite | None = Field(None, ge=0.0)
     top_k: Int64 | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
+    top_p: Finite | None = None
+    repetition_penalty: Finite | None = None
     seed: Int64 | None = None
     max_new_frames: Int64 | None = None
     # non-autoregressive models (OmniVoice): unmasking steps and guidance
     num_step: Int64 | None = None
-    guidance_scale: float | None = None
+    guidance_scale: Finite | None = None
     # voice cloning: a reference clip (base64 / data URL) and its transcript; x-vector-only is Qwen3-TTS Base's
     ref_audio: str | None = None
     ref_text: str | None = None
@@ -122,6 +125,9 @@ def _model_kwargs(body: SpeechRequest, tts: Any) -> dict[str, Any]:
             raise bad_request("speed other than 1.0 is not supported by this model (it would need time-stretching "
                               "that changes the voice); omit it or send 1.0", param="speed")
         out["speed"] = body.speed
+    if body.ref_text is not None and body.ref_audio is None:
+        raise bad_request("ref_text was given without ref_audio: send the reference audio it transcribes",
+                          param="ref_text")
     if hasattr(tts, "encode_reference"):  # Qwen3-TTS: the engine checks and encodes the clone (create_speech)
         return out
     if body.x_vector_only is not None:

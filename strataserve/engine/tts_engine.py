@@ -206,6 +206,8 @@ def _clone_prompt(model: TTSModel, voice: str | None, clone: CloneInput) -> Voic
         return prompt
     if clone.ref_text:
         raise TTSInputError("ref_text was given without ref_audio: send the reference audio too")
+    if clone.x_vector_only and not voice:
+        raise TTSInputError("x_vector_only was given without ref_audio: send the clip whose speaker it takes")
     if not voice or voice.lower() not in cloner.voices:
         names = ", ".join(model.voices) or "none registered"
         raise TTSInputError(f"voice {voice!r} is not available: this Base model clones a voice from ref_audio "

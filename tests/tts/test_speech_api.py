@@ -37,7 +37,9 @@ def served(weak_eos_ckpt, tmp_path_factory):
 
 def _post(srv, **body):
     payload = {"model": "tiny", "input": TEXT, "voice": "ryan", "language": "english", "seed": 0, **GREEDY, **body}
-    return httpx.post(f"{srv.url}/v1/audio/speech", json=payload, timeout=60)
+    # json.dumps writes NaN as Python clients do (httpx's own encoder refuses it)
+    return httpx.post(f"{srv.url}/v1/audio/speech", content=json.dumps(payload), timeout=60,
+                      headers={"content-type": "application/json"})
 
 
 def _pcm(data: bytes) -> np.ndarray:
@@ -133,6 +135,10 @@ def test_sse_deltas_then_done(served):
     ({"top_p": 0.0}, 400, "top_p", "top_p"),
     ({"max_new_frames": 0}, 400, "max_new_frames", "max_new_frames=0"),
     ({"seed": 2**64}, 400, "seed", "less than or equal"),
+    ({"temperature": float("nan")}, 400, "temperature", "finite"),
+    ({"speed": float("nan")}, 400, "speed", "finite"),
+    ({"temperature": -1}, 400, "temperature", "greater than or equal"),
+    ({"ref_text": "hello"}, 400, "ref_text", "without ref_audio"),
     ({"seed": -(2**63) - 1}, 400, "seed", "greater than or equal"),
     ({"model": "other"}, 404, "model", "does not exist"),
     ({"input": None}, 400, "input", "input"),

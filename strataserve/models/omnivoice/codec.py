@@ -127,7 +127,8 @@ class ReferenceEncoder:
         try:
             data, sr = sf.read(io.BytesIO(audio), dtype="float32", always_2d=True)
         except (RuntimeError, TypeError, ValueError) as exc:
-            raise ValueError(f"ref_audio: not a readable audio file ({exc})") from None
+            reason = getattr(exc, "error_string", None) or exc  # libsndfile's text without the buffer's repr
+            raise ValueError(f"ref_audio: not a readable audio file ({reason})") from None
         wav = torch.from_numpy(data.mean(axis=1))[None]
         rate = int(self._model.config.sample_rate)
         if sr != rate:

@@ -54,7 +54,8 @@ def _read_file_bytes(data: bytes) -> tuple[np.ndarray, int]:
     try:
         wav, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=False)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise AudioInputError(f"ref_audio could not be decoded as an audio file ({exc}); send wav, flac, ogg or "
+        reason = getattr(exc, "error_string", None) or exc  # libsndfile's text without the buffer's repr
+        raise AudioInputError(f"ref_audio could not be decoded as an audio file ({reason}); send wav, flac, ogg or "
                               "mp3 bytes, or raw 16-bit PCM as data:audio/pcm;rate=24000;base64,...") from None
     return wav, int(sr)
 
