@@ -8,7 +8,7 @@ import argparse
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from strataserve import envs
 from strataserve.cli_types import api_key, port, positive_float, positive_int, positive_mib, seconds, step_ms
@@ -124,7 +124,7 @@ def _add_door_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests-per-minute", type=positive_int, default=None, help="per API key; beyond: 429")
     g.add_argument("--tokens-per-minute", type=positive_int, default=None,
                    help="per API key, counting prompt + n x max_tokens at admission; beyond: 429")
-    g.add_argument("--limit-n", type=positive_int, default=None, help="largest n of one request (unset: 128)")
+    g.add_argument("--limit-n", type=positive_int, default=None, help="largest n of one request (at most the protocol's own 128, which also applies unset)")
     g.add_argument("--limit-max-tokens", type=positive_int, default=None,
                    help="largest max_tokens of a request (unset: the context)")
     g.add_argument("--limit-prompt-tokens", type=positive_int, default=None,
@@ -327,6 +327,18 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_generate)
 
 
+def _generate_llm(llm_cls: Any, model: str, c: EngineConfig) -> Any:
+    """The offline engine of ``strata generate``; a ValueError says what in the flags to change."""
+    return llm_cls(model=model, dtype=c.model.dtype, device=c.model.device, max_model_len=c.model.max_model_len,
+                   seed=c.model.seed, block_size=c.cache.block_size, kv_cache_memory_gib=c.cache.kv_cache_memory_gib,
+                   gpu_memory_utilization=c.cache.gpu_memory_utilization, num_blocks=c.cache.num_blocks,
+                   enable_prefix_caching=c.cache.enable_prefix_caching, max_num_seqs=c.scheduler.max_num_seqs,
+                   max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode,
+                   target_step_ms=c.scheduler.target_step_ms,
+                   tensor_parallel_size=c.parallel.tensor_parallel_size, load_format=c.model.load_format,
+                   kv_cache_dtype=c.cache.kv_cache_dtype)
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from strataserve import LLM, SamplingParams
 
@@ -339,18 +351,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         config = engine_config(args, model)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 seed=args.seed)
+        if config.model.skip_tokenizer_init:
+            raise ValueError("--skip-tokenizer-init: strata generate takes text prompts and prints text; it needs "
+                             "the tokenizer (serve with it and send token ids instead)")
+        llm = _generate_llm(LLM, model, config)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    c = config
-    llm = LLM(model=model, dtype=c.model.dtype, device=c.model.device, max_model_len=c.model.max_model_len,
-              seed=c.model.seed, block_size=c.cache.block_size, kv_cache_memory_gib=c.cache.kv_cache_memory_gib,
-              gpu_memory_utilization=c.cache.gpu_memory_utilization, num_blocks=c.cache.num_blocks,
-              enable_prefix_caching=c.cache.enable_prefix_caching, max_num_seqs=c.scheduler.max_num_seqs,
-              max_num_batched_tokens=c.scheduler.max_num_batched_tokens, mode=c.runner.mode,
-              target_step_ms=c.scheduler.target_step_ms,
-              tensor_parallel_size=c.parallel.tensor_parallel_size, load_format=c.model.load_format,
-              kv_cache_dtype=c.cache.kv_cache_dtype)
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
     else:

@@ -21,6 +21,11 @@ def load_xgrammar() -> Any:
     return xgrammar
 
 
+#: ``json_object`` (OpenAI's response_format): any JSON object, written compactly as a schema's output is (xgrammar's
+#: built-in JSON grammar takes any value, arrays and numbers too, with any whitespace)
+ANY_OBJECT = '{"type": "object"}'
+
+
 def choice_grammar(choices: Sequence[str]) -> str:
     """EBNF accepting exactly one of ``choices`` (JSON string escapes are valid EBNF literal escapes)."""
     return "root ::= " + " | ".join(json.dumps(c) for c in choices)
@@ -29,8 +34,8 @@ def choice_grammar(choices: Sequence[str]) -> str:
 def build_grammar(spec: GuidedDecodingParams) -> Any:
     """The xgrammar ``Grammar`` of a spec (no tokenizer needed). Raises ValueError saying what is wrong with it."""
     g = load_xgrammar().Grammar
-    return _by_kind(spec, lambda schema: g.from_json_schema(schema, any_whitespace=False), g.builtin_json_grammar,
-                    g.from_regex, g.from_ebnf)
+    schema = lambda text: g.from_json_schema(text, any_whitespace=False)  # noqa: E731
+    return _by_kind(spec, schema, lambda: schema(ANY_OBJECT), g.from_regex, g.from_ebnf)
 
 
 def compile_spec(compiler: Any, spec: GuidedDecodingParams) -> Any:
@@ -39,8 +44,8 @@ def compile_spec(compiler: Any, spec: GuidedDecodingParams) -> Any:
     (U+0085, then "c") reads back as U+085C (xgrammar 0.2.9), so a choice or an enum with such text would be
     unreachable and the output something else."""
     c = compiler
-    return _by_kind(spec, lambda schema: c.compile_json_schema(schema, any_whitespace=False),
-                    c.compile_builtin_json_grammar, c.compile_regex, c.compile_grammar)
+    schema = lambda text: c.compile_json_schema(text, any_whitespace=False)  # noqa: E731
+    return _by_kind(spec, schema, lambda: schema(ANY_OBJECT), c.compile_regex, c.compile_grammar)
 
 
 def _by_kind(spec: GuidedDecodingParams, json_schema: Callable[[Any], Any], json_object: Callable[[], Any],

@@ -103,12 +103,15 @@ def test_min_tokens_yields_where_the_grammar_ends(client):
 
 
 def test_json_object_parses_or_is_cut_by_length(client):
-    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=60, temperature=0,
-                                       response_format={"type": "json_object"})
-    text = r.choices[0].message.content
-    assert text.startswith("{")
-    if r.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(text), dict)
+    """json_object is an object (not any JSON value: xgrammar's built-in grammar let arrays and numbers through),
+    written compactly (no newlines or runs of spaces to fill max_tokens with)."""
+    for seed in range(6):
+        r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=60, temperature=1.0, seed=seed,
+                                           response_format={"type": "json_object"})
+        text = r.choices[0].message.content
+        assert text.startswith("{") and "\n" not in text and "  " not in text, text
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(text), dict)
 
 
 @pytest.mark.parametrize("body,param", [

@@ -128,3 +128,21 @@ def test_generation_config_flag_reaches_the_served_model(tmp_path):
     for argv, want in (([], "auto"), (["--generation-config", "vllm"], "vllm")):
         options = _serve_options(build_parser().parse_args(["serve", str(path), *argv]), Console(quiet=True))
         assert options.llms[0].generation_config == want
+
+
+def test_strata_generate_refuses_what_it_cannot_do(tmp_path, capsys):
+    """``strata generate`` prints text from text prompts: --skip-tokenizer-init is refused in a sentence (it was
+    accepted and ignored), and a bad engine flag is an error line, not a traceback."""
+    import signal
+
+    from strataserve.cli import main
+
+    path = make_tiny_checkpoint("llama", tmp_path)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(["generate", str(path), "--skip-tokenizer-init", "--prompt", "x"]) == 2
+        assert "needs the tokenizer" in capsys.readouterr().err
+        assert main(["generate", str(path), "--device", "cpu", "-tp", "3", "--prompt", "x"]) == 2
+        assert capsys.readouterr().err.startswith("error:")
+    finally:
+        signal.signal(signal.SIGTERM, before)  # main() installs its own handler
