@@ -73,7 +73,8 @@ def measure(path: Path, k: int, n: int, out_len: int) -> dict:
     engine = ReplicatedEngine("m", [AsyncLLM(cfg, core_client=InstantCore(), tokenizer=tok) for _ in range(k)])
 
     async def one(i: int) -> int:
-        params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+        # the server's kind: deltas
+        params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True, output_kind="delta")
         got = 0
         async for out in engine.generate([5] * 200, params, f"r{i}"):
             got += sum(len(c.token_ids) for c in out.outputs)

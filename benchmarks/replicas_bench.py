@@ -76,7 +76,8 @@ async def run(engine, prompts: list[list[int]], outs: list[int], tag: str) -> tu
     from strataserve.types.sampling import SamplingParams
 
     async def one(i: int) -> int:
-        params = SamplingParams(temperature=0.0, max_tokens=outs[i], ignore_eos=True)
+        # the server's kind: deltas
+        params = SamplingParams(temperature=0.0, max_tokens=outs[i], ignore_eos=True, output_kind="delta")
         n = 0
         async for out in engine.generate(prompts[i], params, f"{tag}-{i}"):
             n += sum(len(c.token_ids) for c in out.outputs)

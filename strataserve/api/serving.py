@@ -19,7 +19,7 @@ from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import ServerMetrics
 from strataserve.types.errors import EngineDeadError
 from strataserve.types.outputs import RequestOutput
-from strataserve.types.sampling import SamplingParams
+from strataserve.types.sampling import RequestOutputKind, SamplingParams
 from strataserve.router.metrics import RouteTrace
 from strataserve.router.router import Router, outcome_of
 from strataserve.router.sla import SLA, bearer_key
@@ -257,7 +257,7 @@ def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | No
 def make_params(defaults: dict[str, Any] | None = None, **kwargs: Any) -> SamplingParams:
     """SamplingParams from request fields; one left ``None`` takes ``defaults`` (the checkpoint's), else
     SamplingParams' default. Range errors become 400s."""
-    merged = dict(defaults or {})
+    merged: dict[str, Any] = {"output_kind": RequestOutputKind.DELTA, **(defaults or {})}  # streams send what is new
     merged.update((k, v) for k, v in kwargs.items() if v is not None)
     try:
         return SamplingParams(**merged)

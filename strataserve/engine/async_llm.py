@@ -12,6 +12,7 @@ Length policy (same as vLLM): a prompt must leave room for at least one output t
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from strataserve.config import EngineConfig
@@ -155,9 +156,17 @@ class AsyncLLM:
             raise EngineDeadError(f"engine output loop died: {self._pump_error!r}") from self._pump_error
 
     # ------------------------------------------------------------------ requests
-    async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream DELTA outputs of one request (each carries only new text/token ids); the last has finished=True."""
+    def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str,
+                 priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as ``sampling_params.output_kind`` says (vLLM's): CUMULATIVE (the default) the
+        text and tokens so far, DELTA only the new ones (the server's kind: nothing copied per token), FINAL_ONLY
+        the finished output alone. The last has finished=True. Closing the iterator early aborts the request."""
+        deltas = self._deltas(prompt, sampling_params, request_id, priority)
+        kind = getattr(sampling_params, "output_kind", RequestOutputKind.DELTA)  # not SamplingParams: _deltas says
+        return deltas if kind is RequestOutputKind.DELTA else _accumulate(deltas, kind)
+
+    async def _deltas(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str,
+                      priority: int) -> AsyncIterator[RequestOutput]:
         self.check_health()
         if self._closed:
             raise EngineDeadError("the engine has been shut down")
@@ -238,3 +247,41 @@ class AsyncLLM:
         for c in list(self._collectors.values()):
             c.fail(err)
         self.core.shutdown()
+
+
+async def _accumulate(deltas: Any, kind: RequestOutputKind) -> AsyncIterator[RequestOutput]:
+    acc = _Accumulated()
+    try:
+        async for out in deltas:
+            whole = acc.add(out)
+            if kind is RequestOutputKind.CUMULATIVE or out.finished:
+                yield whole
+    finally:
+        await deltas.aclose()  # a consumer that stops early aborts the request now, not when this is collected
+
+
+class _Accumulated:
+    """DELTA outputs summed into what vLLM's CUMULATIVE kind yields: each completion's text, ids and logprobs so
+    far (the prompt's logprobs, sent once, kept)."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, CompletionOutput] = {}
+        self.prompt_logprobs: Any = None
+
+    def add(self, out: RequestOutput) -> RequestOutput:
+        for c in out.outputs:
+            have = self.outputs.get(c.index)
+            if have is None:
+                have = self.outputs[c.index] = CompletionOutput(c.index, "", [], None,
+                                                                [] if c.logprobs is not None else None)
+            have.text += c.text
+            have.token_ids = have.token_ids + list(c.token_ids)
+            if c.logprobs is not None:
+                have.logprobs = (have.logprobs or []) + list(c.logprobs)
+            if c.cumulative_logprob is not None:
+                have.cumulative_logprob = c.cumulative_logprob
+            have.finish_reason, have.stop_reason = c.finish_reason, c.stop_reason
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+        return replace(out, outputs=[replace(o) for _, o in sorted(self.outputs.items())],
+                       prompt_logprobs=self.prompt_logprobs)

@@ -10,7 +10,6 @@ metrics. Two output kinds:
 """
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,7 +19,7 @@ import xxhash
 from strataserve.engine.detokenizer import (IncrementalDetokenizer, TokenTextCache, decode_all, make_decode)
 from strataserve.types.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from strataserve.types.protocol import EngineCoreOutputs, EngineCoreRequest
-from strataserve.types.sampling import SamplingParams
+from strataserve.types.sampling import RequestOutputKind, SamplingParams
 
 
 def _ended_by_token(finish: str | None, stop_reason: int | str | None, params: SamplingParams) -> bool:
@@ -28,11 +27,6 @@ def _ended_by_token(finish: str | None, stop_reason: int | str | None, params: S
     ``include_stop_str_in_output`` (a stop token id need not be special: a newline, say; its id stays in
     ``token_ids``)."""
     return finish == "stop" and not isinstance(stop_reason, str) and not params.include_stop_str_in_output
-
-
-class RequestOutputKind(enum.Enum):
-    FINAL_ONLY = "final_only"
-    DELTA = "delta"
 
 
 def child_seed(seed: int, index: int) -> int:

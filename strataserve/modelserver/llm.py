@@ -39,7 +39,7 @@ def _checkpoint(source: ModelSource, version: int) -> Path:
 
 
 def sampling_params(parameters: dict, model: str):
-    from strataserve.types.sampling import SamplingParams
+    from strataserve.types.sampling import RequestOutputKind, SamplingParams
 
     known = {f.name for f in fields(SamplingParams)}
     unknown = sorted(k for k in parameters if k not in known and k not in ("stream",))
@@ -47,7 +47,8 @@ def sampling_params(parameters: dict, model: str):
         raise ModelServerError("invalid_argument", f"model '{model}': unknown parameters {unknown}; sampling "
                                f"parameters use vLLM names such as max_tokens, temperature, top_p")
     try:
-        return SamplingParams(**{k: v for k, v in parameters.items() if k in known})
+        given = {k: v for k, v in parameters.items() if k in known and k != "output_kind"}
+        return SamplingParams(**given, output_kind=RequestOutputKind.DELTA)  # each response carries what is new
     except (TypeError, ValueError) as e:
         raise ModelServerError("invalid_argument", f"model '{model}': {e}") from None
 

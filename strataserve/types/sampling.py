@@ -1,6 +1,7 @@
 """Sampling parameters, named and defaulted as vLLM's ``SamplingParams`` so a vLLM user switches by import."""
 from __future__ import annotations
 
+import enum
 import json
 import numbers
 from dataclasses import dataclass, field
@@ -12,6 +13,12 @@ MAX_LOGPROBS = 20
 
 def _fail(name: str, value: object, want: str) -> None:
     raise ValueError(f"{name}={value!r} is out of range: {want}")
+
+
+class RequestOutputKind(enum.Enum):
+    CUMULATIVE = "cumulative"
+    DELTA = "delta"
+    FINAL_ONLY = "final_only"
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     structured_outputs: GuidedDecodingParams | None = None
     logit_bias: dict[int, float] | None = None
+    #: what ``AsyncLLM.generate`` yields (vLLM's): the text so far (CUMULATIVE), only what is new (DELTA, the
+    #: server's), or the finished output alone (FINAL_ONLY)
+    output_kind: RequestOutputKind = field(default_factory=lambda: RequestOutputKind.CUMULATIVE)
 
     def __post_init__(self) -> None:
         for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed"):
@@ -113,6 +123,11 @@ class SamplingParams:
                 _fail(name, value, "must be an integer")  # else a 2.5 failed deep in the sampler, or rounded
             if value is not None and not isinstance(value, int):
                 object.__setattr__(self, name, int(value))  # numpy integers: plain ints, as msgspec sends them
+        if not isinstance(self.output_kind, RequestOutputKind):
+            try:
+                object.__setattr__(self, "output_kind", RequestOutputKind(self.output_kind))
+            except ValueError:
+                _fail("output_kind", self.output_kind, "must be cumulative, delta or final_only")
         # Accept a single stop string / tuple like vLLM does; store lists so msgspec round-trips them.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", [self.stop])

@@ -11,9 +11,14 @@ from engine_tokenizer import build_tokenizer
 
 from strataserve.engine.async_llm import AsyncLLM
 from strataserve.types.errors import EngineDeadError
-from strataserve.types.sampling import SamplingParams
+from strataserve.types.sampling import RequestOutputKind
+from strataserve.types.sampling import SamplingParams as VllmSamplingParams
 
 NUM_BLOCKS = 64
+
+
+def SamplingParams(**kw) -> VllmSamplingParams:  # noqa: N802 - the server's kind: most tests here check deltas
+    return VllmSamplingParams(output_kind=RequestOutputKind.DELTA, **kw)
 
 
 def make(delay_s=0.0, fail_at_step=None, max_model_len=256, stream_interval=1) -> AsyncLLM:
@@ -213,3 +218,28 @@ def test_stream_interval_sends_the_first_token_at_once_then_groups(interval):
 def test_stream_interval_must_be_positive():
     with pytest.raises(ValueError, match="stream_interval"):
         engine_config(stream_interval=0)
+
+
+def test_cumulative_and_final_only_kinds_as_vllm():
+    """vLLM's default kind is CUMULATIVE: each output holds the text and ids so far (the last, the whole
+    completion); FINAL_ONLY yields just that last one. Both equal the deltas summed."""
+    async def run():
+        llm = make()
+        try:
+            _, deltas, _ = await collect(llm, [5, 6, 7], SamplingParams(n=2, max_tokens=6, ignore_eos=True), "d")
+            kinds = {}
+            for kind in (None, RequestOutputKind.FINAL_ONLY):
+                extra = {} if kind is None else {"output_kind": kind}
+                params = VllmSamplingParams(n=2, max_tokens=6, ignore_eos=True, **extra)
+                kinds[kind] = [out async for out in llm.generate([5, 6, 7], params, f"k{kind}")]
+            return deltas, kinds
+        finally:
+            llm.shutdown()
+
+    deltas, kinds = asyncio.run(run())
+    cumulative, final = kinds[None], kinds[RequestOutputKind.FINAL_ONLY]
+    assert len(final) == 1 and final[0].finished and len(cumulative) >= 6
+    lengths = [len(out.outputs[0].token_ids) for out in cumulative]
+    assert lengths == sorted(lengths) and lengths[-1] == 6  # growing, never reset
+    for last in (cumulative[-1], final[0]):
+        assert [c.token_ids for c in last.outputs] == [deltas[0], deltas[1]]

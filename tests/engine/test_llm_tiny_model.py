@@ -71,9 +71,13 @@ def test_async_streaming_text_equals_offline_text(ckpt, llm):
     config = EngineConfig(model=ModelConfig(model=str(ckpt), dtype="float32", device="cpu"),
                           cache=CacheConfig(block_size=4, num_blocks=128))
 
-    async def stream(llm, i):
+    async def stream(llm, i):  # the server's kind: deltas, summed here
+        from dataclasses import replace
+
+        from strataserve.types.sampling import RequestOutputKind
+
         text, toks = "", []
-        async for out in llm.generate(prompts[i], greedy(10), f"s{i}"):
+        async for out in llm.generate(prompts[i], replace(greedy(10), output_kind=RequestOutputKind.DELTA), f"s{i}"):
             text += out.outputs[0].text
             toks += out.outputs[0].token_ids
         return text, toks

@@ -48,7 +48,7 @@ def _direct(path, prompts: list[str]) -> list[str]:
             for i, p in enumerate(prompts):
                 text = ""
                 async for out in llm.generate(p, SamplingParams(**PARAMS), f"ref-{i}"):
-                    text += out.outputs[0].text
+                    text = out.outputs[0].text  # vLLM's default kind: the text so far
                 texts.append(text)
             return texts
         finally:
