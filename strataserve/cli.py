@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16", "half", "float"])
     g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     g.add_argument("--max-model-len", type=positive_int, default=None,
                    help="context length (default: the model's max_position_embeddings)")
@@ -124,7 +124,8 @@ def _add_door_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests-per-minute", type=positive_int, default=None, help="per API key; beyond: 429")
     g.add_argument("--tokens-per-minute", type=positive_int, default=None,
                    help="per API key, counting prompt + n x max_tokens at admission; beyond: 429")
-    g.add_argument("--limit-n", type=positive_int, default=None, help="largest n of one request (at most the protocol's own 128, which also applies unset)")
+    g.add_argument("--limit-n", type=positive_int, default=None,
+                   help="largest n of one request (at most the protocol's 128, the limit when unset)")
     g.add_argument("--limit-max-tokens", type=positive_int, default=None,
                    help="largest max_tokens of a request (unset: the context)")
     g.add_argument("--limit-prompt-tokens", type=positive_int, default=None,
@@ -186,6 +187,9 @@ def _entry_engine(args: argparse.Namespace, entry) -> EngineConfig:
 def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions | None:
     from strataserve.api.server import LocalLLMSpec, ServeOptions
 
+    if args.load_model and args.model_repository is None and args.config is None:
+        console.print("[red]error:[/] --load-model names repository models: give --model-repository too")
+        return None
     server = dict(host=args.host, port=args.port, api_key=args.api_key,
                   max_body_bytes=int(args.max_request_body_mib * 2**20), uvicorn_log_level=args.uvicorn_log_level,
                   access_log=not args.disable_uvicorn_access_log, model_repository=args.model_repository,

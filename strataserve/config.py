@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DType = Literal["auto", "float32", "float16", "bfloat16"]
+_DTYPE_ALIASES = {"half": "float16", "float": "float32", "fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
 RunnerMode = Literal["auto", "eager", "triton", "graph", "hybrid"]
 LoadFormat = Literal["auto", "dummy"]
 
@@ -40,6 +41,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model: give the path of an HF checkpoint folder")
+        if self.dtype in _DTYPE_ALIASES:  # vLLM's and torch's other names
+            object.__setattr__(self, "dtype", _DTYPE_ALIASES[self.dtype])
         _check(self.dtype in ("auto", "float32", "float16", "bfloat16"),
                f"dtype={self.dtype!r}: use one of auto, float32, float16, bfloat16")
         _check(self.max_model_len is None or self.max_model_len > 0,

@@ -59,6 +59,8 @@ class Door:
         if self._expected is None:
             return
         got = authorization.encode() if isinstance(authorization, str) else (authorization or b"")
+        if got[:7].lower() == b"bearer ":  # the scheme's case is free (RFC 7235); the key's is not
+            got = b"Bearer " + got[7:]
         # Compare with every key (no early exit), each in constant time, so timing tells nothing.
         ok = False
         for key in self._expected:

@@ -148,3 +148,25 @@ def test_bad_limit_flags_name_themselves(flag, value, capsys):
     with pytest.raises(SystemExit) as err:
         build_parser().parse_args(["serve", flag, value])
     assert err.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_bearer_scheme_is_case_free_but_the_key_is_not():
+    door = Door(DoorConfig(api_keys=("Secret",)))
+    for header in ("Bearer Secret", "bearer Secret", "BEARER Secret"):
+        door.authorize(header)
+    for header in ("Bearer secret", "Basic Secret", "Secret"):
+        with pytest.raises(APIError):
+            door.authorize(header)
+
+
+def test_vllm_dtype_names_and_load_model_without_a_repository(capsys):
+    from rich.console import Console
+
+    from strataserve.cli import _serve_options, build_parser
+    from strataserve.config import ModelConfig
+
+    assert ModelConfig(model="m", dtype="half").dtype == "float16"
+    assert ModelConfig(model="m", dtype="float").dtype == "float32"
+    args = build_parser().parse_args(["serve", "--load-model", "x"])
+    assert _serve_options(args, Console(file=None, stderr=True, width=200)) is None
+    assert "--model-repository" in capsys.readouterr().err
