@@ -48,10 +48,52 @@ def compile_spec(compiler: Any, spec: GuidedDecodingParams) -> Any:
     return _by_kind(spec, schema, lambda: schema(ANY_OBJECT), c.compile_regex, c.compile_grammar)
 
 
+#: schema keywords xgrammar 0.2 compiles but does not enforce (its output can break them with finish "stop"):
+#: refused, so "valid against the schema" holds for every schema that is accepted
+_UNENFORCED = ("allOf", "not", "contains", "minContains", "maxContains", "if", "then", "else", "dependentRequired",
+               "dependentSchemas", "unevaluatedProperties", "unevaluatedItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "propertyNames", "additionalItems")
+
+
+def unenforced_keyword(schema: Any, where: str = "#") -> str | None:
+    """Where ``schema`` uses a keyword xgrammar would not enforce, as "#/path: keyword", else None."""
+    if not isinstance(schema, dict):
+        return None
+    for key in _UNENFORCED:
+        if key in schema:
+            return f"{where}: {key}"
+    if schema.get("uniqueItems") is True:
+        return f"{where}: uniqueItems"
+    if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
+        return f"{where}: pattern with minLength / maxLength (the lengths are not enforced beside a pattern)"
+    children = [(f"{where}/{k}/{n}", sub) for k in _SUBSCHEMA_MAPS if isinstance(schema.get(k), dict)
+                for n, sub in schema[k].items()]
+    children += [(f"{where}/{k}/{i}", sub) for k in _SUBSCHEMA_LISTS if isinstance(schema.get(k), list)
+                 for i, sub in enumerate(schema[k])]
+    children += [(f"{where}/{k}", schema[k]) for k in _SUBSCHEMAS if k in schema]
+    if isinstance(schema.get("items"), list):
+        children += [(f"{where}/items/{i}", sub) for i, sub in enumerate(schema["items"])]
+    for path, sub in children:
+        found = unenforced_keyword(sub, path)
+        if found:
+            return found
+    return None
+
+
 def _by_kind(spec: GuidedDecodingParams, json_schema: Callable[[Any], Any], json_object: Callable[[], Any],
              regex: Callable[[str], Any], ebnf: Callable[[str], Any]) -> Any:
     """The one of these builders that ``spec``'s kind calls for, applied to its source (a choice as EBNF)."""
     kind = spec.kind
+    if kind == "json":
+        try:
+            found = unenforced_keyword(json.loads(spec.json) if isinstance(spec.json, str) else spec.json)
+        except ValueError:
+            found = None  # not JSON: the compiler says so below
+        if found:
+            raise ValueError(f"invalid guided decoding json: {found} is not supported (the output could not be held "
+                             "to it); express the constraint otherwise or check it after generation")
     try:
         if kind == "json":
             return json_schema(spec.json)

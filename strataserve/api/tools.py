@@ -17,7 +17,8 @@ from strataserve.api.errors import bad_request
 from strataserve.api.tool_parsers import ToolCall, ToolParser, get_parser
 from strataserve.types.sampling import GuidedDecodingParams
 
-_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+#: a function without ``parameters`` takes none (OpenAI: "an empty parameter list"): its arguments are ``{}``
+_NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 def call_id() -> str:
@@ -38,12 +39,23 @@ class ToolPlan:
 
 
 def _required_schema(tools: list[Any], parallel: bool) -> dict[str, Any]:
-    items = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                               "parameters": t.function.parameters or _ANY_OBJECT},
-              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+    """One array of calls; each tool's ``$defs`` move to the root, where its ``#/$defs/...`` refs point (nested
+    under the array they would resolve nowhere: pydantic models with a nested model always have some)."""
+    defs: dict[str, dict[str, Any]] = {"$defs": {}, "definitions": {}}
+    items = []
+    for t in tools:
+        params = dict(t.function.parameters or _NO_PARAMETERS)
+        for key, merged in defs.items():
+            for name, sub in (params.pop(key, None) or {}).items():
+                if merged.get(name, sub) != sub:
+                    raise bad_request(f"two tools define {key} {name!r} differently: rename one", param="tools")
+                merged[name] = sub
+        items.append({"type": "object", "properties": {"name": {"const": t.function.name}, "parameters": params},
+                      "required": ["name", "parameters"], "additionalProperties": False})
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
     if not parallel:
         schema["maxItems"] = 1
+    schema.update((key, merged) for key, merged in defs.items() if merged)
     return schema
 
 
@@ -69,7 +81,7 @@ def plan_tools(body: Any, parser_name: str | None, auto_enabled: bool) -> ToolPl
         if name not in names:
             raise bad_request(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})",
                               param="tool_choice")
-        params = tools[names.index(name)].function.parameters or _ANY_OBJECT
+        params = tools[names.index(name)].function.parameters or _NO_PARAMETERS
         return ToolPlan("named", function=name, guided=GuidedDecodingParams(json=params))
     if choice == "none":
         return ToolPlan("none")

@@ -114,6 +114,20 @@ def test_json_object_parses_or_is_cut_by_length(client):
             assert isinstance(json.loads(text), dict)
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+    {"type": "array", "contains": {"const": 3}},
+    {"type": "object", "properties": {"s": {"type": "string", "pattern": "[a-z]+", "maxLength": 3}}},
+    {"allOf": [{"type": "object"}, {"required": ["a"]}]},
+    {"type": "object", "properties": {"n": {"not": {"type": "string"}}}},
+])
+def test_keywords_the_grammar_cannot_enforce_are_400(client, schema):
+    """xgrammar compiles these but its output can break them with finish "stop": refused, so an accepted schema's
+    output is valid against it."""
+    with pytest.raises(openai.BadRequestError, match="is not supported"):
+        client.chat.completions.create(model="tiny", messages=MSG, max_tokens=8, extra_body={"guided_json": schema})
+
+
 @pytest.mark.parametrize("body,param", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
      "response_format"),

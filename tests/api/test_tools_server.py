@@ -186,3 +186,27 @@ def test_chat_template_fields_render_as_transformers_does(servers):
     for bad in ({"continue_final_message": True}, {"chat_template_kwargs": {"add_generation_prompt": False}}):
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model="tiny", messages=prefill, max_tokens=1, extra_body=bad)
+
+
+def test_required_with_defs_and_a_tool_without_parameters(servers):
+    """A pydantic tool with a nested model has ``$defs``: under ``required`` they move to the combined schema's
+    root, where its refs point (it was a 400). A tool without ``parameters`` takes none: its arguments are ``{}``."""
+    client = servers["hermes"]
+    nested = {"type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"}}, "required": ["loc"],
+              "additionalProperties": False,
+              "$defs": {"Loc": {"type": "object", "properties": {"city": {"enum": ["oslo", "rome"]}},
+                                "required": ["city"], "additionalProperties": False}}}
+    tools = [{"type": "function", "function": {"name": "where", "parameters": nested}},
+             {"type": "function", "function": {"name": "ping"}}]
+    for seed in range(3):
+        r = client.chat.completions.create(model="tiny", messages=MSG, tools=tools, tool_choice="required",
+                                           max_tokens=80, temperature=1.0, seed=seed)
+        for call in r.choices[0].message.tool_calls or []:
+            args = json.loads(call.function.arguments)
+            if call.function.name == "ping":
+                assert args == {}
+            else:
+                jsonschema.validate(args, nested)
+    named = client.chat.completions.create(model="tiny", messages=MSG, tools=tools, max_tokens=40, temperature=1.0,
+                                           tool_choice={"type": "function", "function": {"name": "ping"}})
+    assert [c.function.arguments for c in named.choices[0].message.tool_calls] == ["{}"]
