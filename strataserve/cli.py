@@ -11,7 +11,8 @@ import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
 from strataserve import envs
-from strataserve.cli_types import api_key, port, positive_float, positive_int, positive_mib, seconds, step_ms
+from strataserve.cli_types import (api_key, check_tls_pair, port, positive_float, positive_int, positive_mib, seconds,
+                                   step_ms)
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
 from strataserve.engine.step_budget import AUTO_TARGET_STEP_MS
 
@@ -150,7 +151,7 @@ def _door_options(args: argparse.Namespace) -> dict:
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         raise ValueError("give both --ssl-certfile and --ssl-keyfile, or neither")
     if args.ssl_certfile is not None:
-        _check_tls(args.ssl_certfile, args.ssl_keyfile)
+        check_tls_pair(args.ssl_certfile, args.ssl_keyfile)
     limits = {k: v for k, v in (("max_n", args.limit_n), ("max_tokens", args.limit_max_tokens),
                                 ("max_prompt_tokens", args.limit_prompt_tokens), ("max_stop", args.limit_stop),
                                 ("max_logit_bias", args.limit_logit_bias)) if v is not None}
@@ -161,18 +162,6 @@ def _door_options(args: argparse.Namespace) -> dict:
                 max_queued_bytes=int(args.max_queued_mib * 2**20),
                 grpc_max_message_bytes=int(grpc_mib * 2**20) if grpc_mib else None,
                 graceful_shutdown_s=args.shutdown_timeout, restart_engines=args.engine_restart)
-
-
-def _check_tls(certfile: str, keyfile: str) -> None:
-    """Load the pair once before anything starts: a bad one would otherwise fail deep in uvicorn or gRPC (gRPC
-    says only that it cannot bind the port)."""
-    import ssl
-
-    try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: not a usable certificate and key "
-                         f"(PEM, the key matching the certificate): {exc}") from None
 
 
 def _entry_engine(args: argparse.Namespace, entry) -> EngineConfig:

@@ -1,5 +1,6 @@
 """Value types of the ``strata`` command's flags: each parses one flag's text or raises ``ArgumentTypeError``
-saying what to give instead (argparse then prints the usage and that message)."""
+saying what to give instead (argparse then prints the usage and that message); and the one check of flag values
+that needs more than their text (the TLS pair, loaded once)."""
 from __future__ import annotations
 
 import argparse
@@ -63,3 +64,15 @@ def api_key(text: str) -> str:
         raise argparse.ArgumentTypeError("the key is empty (an unset variable in --api-key \"$KEY\", or an empty "
                                          "STRATA_API_KEY?): give a key, or leave the flag out to serve without one")
     return text
+
+
+def check_tls_pair(certfile: str, keyfile: str) -> None:
+    """Load the pair once before anything starts: a bad one would otherwise fail deep in uvicorn or gRPC (gRPC
+    says only that it cannot bind the port)."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: not a usable certificate and key "
+                         f"(PEM, the key matching the certificate): {exc}") from None
