@@ -279,6 +279,7 @@ async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[in
     timer = state.metrics.track(len(prompt_ids))
     metrics = state.metrics
     finished = False
+    ended = 0  # choices counted in request_success (one per choice, an abort's too)
     last: RequestOutput | None = None
     agen = state.engine.generate(prompt_ids, params, request_id, priority=priority)
     try:
@@ -288,6 +289,7 @@ async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[in
                 n += len(c.token_ids)
                 if c.finish_reason is not None:
                     metrics.success(c.finish_reason)
+                    ended += 1
             timer.on_tokens(n)
             if trace is not None:
                 trace.on_tokens(n)
@@ -301,7 +303,8 @@ async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[in
         raise from_value_error(exc) from None
     finally:
         if not finished:
-            metrics.success("abort")
+            for _ in range(max(params.n - ended, 1)):
+                metrics.success("abort")
         # Closing the engine's generator aborts the request in the core (frees its blocks next step). It is
         # suspended at a yield (or already done), so this completes without waiting, even under cancellation.
         with contextlib.suppress(RuntimeError):
