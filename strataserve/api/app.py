@@ -66,8 +66,7 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
-    async def list_models(request: Request) -> dict:
+    def model_entries() -> list[dict]:
         """Every model the server fronts; ``payload`` says which routes serve it (text: the OpenAI routes)."""
         data = []
         for card in router.cards():
@@ -82,7 +81,23 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
             for m in router.tensors.local.repository_index(ready_only=True):
                 data.append({"id": m["name"], "object": "model", "created": CREATED, "owned_by": "strataserve",
                              "root": m["name"], "payload": "tensors", "backend": "repository", "ready": True})
-        return {"object": "list", "data": data}
+        return data
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict:
+        return {"object": "list", "data": model_entries()}
+
+    # ``path``: HF-style ids hold a slash ("Qwen/Qwen3-0.6B"); the openai client sends it unescaped
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str, request: Request) -> dict:
+        """OpenAI's ``client.models.retrieve(id)``: one entry of the listing, or 404 ``model_not_found``."""
+        entries = model_entries()
+        for entry in entries:
+            if entry["id"] == model_id:
+                return entry
+        raise APIError(404, f"The model `{model_id}` does not exist; this server serves: "
+                       f"{', '.join(e['id'] for e in entries) or 'no models'}.", param="model",
+                       code="model_not_found")
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest, request: Request) -> Response:

@@ -35,6 +35,14 @@ def test_models_lists_the_served_model(client):
     assert ids == [MODEL]
 
 
+def test_models_retrieve_one_and_404_for_unknown(client):
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.object == "model"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such/model")
+    assert err.value.body["code"] == "model_not_found" and MODEL in err.value.body["message"]
+
+
 def test_completion_greedy_stream_equals_non_stream(client, server):
     full = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=24, temperature=0.0,
                                      extra_body={"ignore_eos": True})
