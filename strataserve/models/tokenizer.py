@@ -95,6 +95,8 @@ class Tokenizer:
         """The chat template applied to ``messages`` (``[{"role": ..., "content": ...}, ...]``) as text."""
         if not self.has_chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
+        template = kwargs.get("chat_template") or getattr(self.hf, "chat_template", None)
+        messages = _developer_as_system(messages, str(template))
         try:
             return self.hf.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
                                                tokenize=False, **kwargs)
@@ -105,3 +107,11 @@ class Tokenizer:
                             **kwargs: Any) -> list[int]:
         """Token ids of the rendered chat. The template writes its own special tokens (bos), so none are added."""
         return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False)
+
+
+def _developer_as_system(messages: Sequence[Message], template: str) -> Sequence[Message]:
+    """OpenAI's ``developer`` role is its new name for ``system``: a template that does not know it gets
+    ``system`` (most open models' templates predate it and would refuse or mis-render it)."""
+    if "developer" in template or not any(m.get("role") == "developer" for m in messages):
+        return messages
+    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]

@@ -34,6 +34,18 @@ def test_chat_template_matches_transformers(ckpt):
     assert ids[:len(no_prompt)] == no_prompt and len(no_prompt) < len(ids)
 
 
+def test_developer_role_renders_as_system_unless_the_template_knows_it(ckpt):
+    from strataserve.assets import DEMO_MODEL_DIR
+
+    dev = [{**MESSAGES[0], "role": "developer"}, MESSAGES[1]]
+    tok = Tokenizer.from_pretrained(ckpt)
+    assert tok.render_chat(dev) == tok.render_chat(MESSAGES)
+    demo = Tokenizer.from_pretrained(DEMO_MODEL_DIR)  # its template raises on any role but system/user/assistant
+    assert demo.render_chat(dev) == demo.render_chat(MESSAGES)
+    knows = "{% for m in messages %}[{{ m['role'] }}:{{ m['content'] }}]{% endfor %}{# developer #}"
+    assert tok.render_chat(dev, chat_template=knows).startswith("[developer:be brief]")
+
+
 def test_encode_decode_round_trip_multibyte(ckpt):
     tok = Tokenizer.from_pretrained(ckpt)
     text = "naïve café — 中文 🙂 the end"
