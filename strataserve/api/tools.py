@@ -31,6 +31,7 @@ class ToolPlan:
     parser: ToolParser | None = None
     function: str | None = None  # mode "named"
     guided: GuidedDecodingParams | None = None
+    parallel: bool = True  # parallel_tool_calls: False keeps the first call only (OpenAI; vLLM drops the rest)
 
     @property
     def keep_special_tokens(self) -> bool:
@@ -92,7 +93,7 @@ def plan_tools(body: Any, parser_name: str | None, auto_enabled: bool) -> ToolPl
         if not auto_enabled or parser_name is None:
             raise bad_request('"auto" tool choice needs the server started with --enable-auto-tool-choice and '
                               "--tool-call-parser", param="tool_choice")
-        return ToolPlan("auto", parser=get_parser(parser_name))
+        return ToolPlan("auto", parser=get_parser(parser_name), parallel=body.parallel_tool_calls)
     raise bad_request(f"tool_choice={choice!r}: use 'none', 'auto', 'required' or a named function",
                       param="tool_choice")
 
@@ -103,15 +104,31 @@ def _call_dict(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return d if index is None else {"index": index, **d}
 
 
-def _required_calls(text: str) -> list[ToolCall] | None:
+def _required_calls(text: str) -> list[ToolCall]:
+    """The calls of a ``required`` output: the grammar's JSON array, or, when ``max_tokens`` cut it, the
+    elements that were complete (never the grammar's own ``{"name", "parameters"}`` text as content)."""
     try:
         items = json.loads(text)
     except ValueError:
-        return None
-    if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("name"), str)
-                                              for i in items):
-        return None
-    return [ToolCall(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False)) for i in items]
+        items = _complete_elements(text)
+    if not isinstance(items, list):
+        return []
+    return [ToolCall(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False)) for i in items
+            if isinstance(i, dict) and isinstance(i.get("name"), str)]
+
+
+def _complete_elements(text: str) -> list[Any]:
+    decoder, out = json.JSONDecoder(), []
+    pos = text.find("[") + 1
+    while 0 < pos < len(text):
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            break
+        out.append(item)
+    return out
 
 
 def _calls(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:
@@ -119,11 +136,10 @@ def _calls(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:
     if plan.mode == "named":
         return None, [ToolCall(plan.function or "", text)]
     if plan.mode == "required":
-        calls = _required_calls(text)
-        return (None, calls) if calls else (text, [])
+        return None, _required_calls(text)
     if plan.mode == "auto" and plan.parser is not None:
         parsed = plan.parser.parse(text)
-        return parsed.content, parsed.tool_calls
+        return parsed.content, parsed.tool_calls if plan.parallel else parsed.tool_calls[:1]
     return text, []
 
 
@@ -194,6 +210,8 @@ class ToolStreamer:
         if not self.in_call:
             return self._content(len(self.text)), reason
         _, calls = _calls(self.plan, self.text)
+        if not calls and self.plan.mode == "required":  # cut before one call was whole: nothing to show
+            return [], reason
         if not calls:  # not a valid call after all: the held text is content
             return self._content(len(self.text)), reason
         self.calls = calls

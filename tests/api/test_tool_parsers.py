@@ -66,3 +66,35 @@ def test_char_stream_equals_whole_parse(name):
 def test_unknown_parser_is_value_error():
     with pytest.raises(ValueError, match="hermes"):
         get_parser("nope")
+
+
+def _streamed(plan, text, reason):
+    st = ToolStreamer(plan)
+    deltas = [d for ch in text for d in st.feed(ch)]
+    tail, s_reason = st.finish(reason)
+    deltas += tail
+    return "".join(d.get("content", "") for d in deltas) or None, \
+        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for d in deltas
+         for c in d.get("tool_calls", [])], s_reason
+
+
+def test_parallel_tool_calls_false_keeps_the_first_auto_call():
+    text = CASES["hermes"][0][0]  # two calls
+    plan = ToolPlan("auto", parser=get_parser("hermes"), parallel=False)
+    msg, reason = assistant_message(plan, text, "stop")
+    assert _as_pairs_dicts(msg["tool_calls"]) == [("f", {"a": 1})] and reason == "tool_calls"
+    assert _streamed(plan, text, "stop") == ("Let me check.", [("f", {"a": 1})], "tool_calls")
+
+
+def test_required_cut_by_max_tokens_keeps_whole_calls_and_shows_no_grammar_text():
+    plan = ToolPlan("required")
+    for text, calls in [('[{"name": "ping", "parameters": {}}, {"name":', [("ping", {})]),
+                        ('[{"name": "ping", "parameters": {"x": [1, ', []), ("", [])]:
+        msg, reason = assistant_message(plan, text, "length")
+        assert msg["content"] is None and _as_pairs_dicts(msg.get("tool_calls", [])) == calls
+        assert reason == "length"
+        assert _streamed(plan, text, "length") == (None, calls, "length")
+
+
+def _as_pairs_dicts(calls):
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
