@@ -2,6 +2,7 @@
 logprobs, streaming with ``stream_options.include_usage``."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, AsyncIterator, Callable
 
@@ -22,17 +23,17 @@ from strataserve.types.sampling import SamplingParams
 router = APIRouter()
 
 
-def _prompts(state: ServerState, prompt: Any) -> list[tuple[str | None, list[int]]]:
-    """(text or None, token ids) per prompt."""
+def _prompts(state: ServerState, prompt: Any, special: bool = True) -> list[tuple[str | None, list[int]]]:
+    """(text or None, token ids) per prompt; ``special``: the tokenizer adds its special tokens to text."""
     if state.tokenizer is None and (isinstance(prompt, str) or (prompt and isinstance(prompt[0], str))):
         raise bad_request("this server runs without a tokenizer (--skip-tokenizer-init): give token ids as the "
                           "prompt", param="prompt")
     if isinstance(prompt, str):
-        return [(prompt, state.tokenizer.encode(prompt))]
+        return [(prompt, state.tokenizer.encode(prompt, add_special_tokens=special))]
     if not prompt:
         raise bad_request("prompt is empty: give a string, a list of strings or token ids", param="prompt")
     if isinstance(prompt[0], str):
-        return [(p, state.tokenizer.encode(p)) for p in prompt]
+        return [(p, state.tokenizer.encode(p, add_special_tokens=special)) for p in prompt]
     if isinstance(prompt[0], int):
         check_token_ids(state, prompt)
         return [(None, list(prompt))]
@@ -63,7 +64,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         raise bad_request("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of different from n is not supported", param="best_of")
-    prompts = _prompts(state, body.prompt)
+    prompts = _prompts(state, body.prompt, body.add_special_tokens)
     if state.tokenizer is None and (body.echo or body.logprobs is not None or body.stop):
         raise bad_request("echo, logprobs and stop strings need a tokenizer; this server has none "
                           "(--skip-tokenizer-init): read the token ids (return_token_ids)", param="prompt")
@@ -76,7 +77,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                   prompt_logprobs=body.logprobs if _echo_logprobs(body) else None, logit_bias=body.logit_bias)
     params: list[SamplingParams] = []
     for _, ids in prompts:
-        max_tokens = resolve_max_tokens(state, len(ids), body.max_tokens, "max_tokens")
+        # echo with max_tokens 0 scores the prompt (vLLM, after OpenAI): one token is made and thrown away
+        max_tokens = resolve_max_tokens(state, len(ids), 1 if _echo_only(body) else body.max_tokens, "max_tokens")
         params.append(make_params(state.sampling_defaults, max_tokens=max_tokens, **common))
     num_seqs = body.n * len(prompts)
     rid = new_id("cmpl")
@@ -102,10 +104,30 @@ def _prefix(prompt: Any) -> str | None:
     return None
 
 
-def _streams(state: ServerState, rid: str, prompts: list, params: list, job: tuple) -> list:
+def _streams(state: ServerState, rid: str, prompts: list, params: list, job: tuple, prompt_only: bool) -> list:
     priority, trace = job
-    return [engine_stream(state, f"{rid}-{i}", ids, p, priority, trace)
-            for i, ((_, ids), p) in enumerate(zip(prompts, params))]
+    streams = [engine_stream(state, f"{rid}-{i}", ids, p, priority, trace)
+               for i, ((_, ids), p) in enumerate(zip(prompts, params))]
+    return [_without_output(s) for s in streams] if prompt_only else streams
+
+
+def _echo_only(body: CompletionRequest) -> bool:
+    return body.echo and body.max_tokens == 0
+
+
+async def _without_output(stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """An engine stream with its generated tokens left out (``_echo_only``): the prompt's logprobs stay, and each
+    choice ends with ``length`` (its budget, 0, was spent)."""
+    try:
+        async for out in stream:
+            out.outputs = [c if c.finish_reason == "abort" else
+                           dataclasses.replace(c, text="", token_ids=[], cumulative_logprob=None, stop_reason=None,
+                                               logprobs=None if c.logprobs is None else [],
+                                               finish_reason=c.finish_reason and "length")
+                           for c in out.outputs]
+            yield out
+    finally:
+        await stream.aclose()  # an early exit aborts the engine request
 
 
 def _echo_text(state: ServerState, text: str | None, ids: list[int]) -> str:
@@ -142,7 +164,7 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
             if prefix:
                 choice.parts.append(prefix)
             choices.append(choice)
-    async for pi, out in merge_streams(_streams(state, rid, prompts, params, job)):
+    async for pi, out in merge_streams(_streams(state, rid, prompts, params, job, _echo_only(body))):
         if _echo_logprobs(body) and out.prompt_logprobs is not None:
             _add_prompt_logprobs([ch.logprobs for ch in choices], pi * n, n, echoes[pi], prompts[pi][1], out)
         for c in out.outputs:
@@ -196,7 +218,7 @@ def _events(state: ServerState, body: CompletionRequest, rid: str, prompts: list
         # return_token_ids (vLLM): each chunk carries its new token ids, a choice's first one the prompt's too: the
         # only output of a server without a tokenizer (--skip-tokenizer-init)
         ids_unsent = set(range(len(prompts) * n)) if body.return_token_ids else set()
-        streams = _streams(state, rid, prompts, params, (priority, trace))
+        streams = _streams(state, rid, prompts, params, (priority, trace), _echo_only(body))
         single = len(streams) == 1  # the usual case: no merge, one generator hop less per token
         async for item in (streams[0] if single else merge_streams(streams)):
             pi, out = (0, item) if single else item

@@ -78,6 +78,7 @@ class CompletionRequest(_SamplingFields):
     return_token_ids: bool = False  # vLLM extra: prompt_token_ids + token_ids in each choice (streamed: per chunk)
     suffix: str | None = None
     best_of: Int64 | None = None
+    add_special_tokens: bool = True  # vLLM extra: False leaves out what the tokenizer adds (BOS) to text prompts
 
 
 class TextPart(_Base):

@@ -165,6 +165,37 @@ def test_token_id_prompts_and_echo(client, server):
     assert detok["prompt"].endswith("echo me")
 
 
+def test_add_special_tokens_false_leaves_out_the_bos(client, server):
+    tok = httpx.post(f"{server.url}/tokenize", json={"prompt": "echo me", "add_special_tokens": False},
+                     headers=server.headers).json()["tokens"]
+    full = httpx.post(f"{server.url}/tokenize", json={"prompt": "echo me"}, headers=server.headers).json()["tokens"]
+    assert len(full) == len(tok) + 1  # the tiny tokenizer adds a BOS
+    for special, ids in ((False, tok), (True, full)):
+        out = client.completions.create(model=MODEL, prompt="echo me", max_tokens=2, temperature=0.0,
+                                        extra_body={"add_special_tokens": special, "return_token_ids": True})
+        assert out.choices[0].prompt_token_ids == ids and out.usage.prompt_tokens == len(ids)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_0_scores_the_prompt(client, stream):
+    """OpenAI's (and vLLM's) prompt scoring: the prompt and its logprobs come back, nothing is generated."""
+    kw = dict(model=MODEL, prompt="score this prompt", echo=True, logprobs=1, temperature=0.0)
+    ref = client.completions.create(max_tokens=1, **kw).choices[0]
+    if stream:
+        chunks = list(client.completions.create(max_tokens=0, stream=True, **kw))
+        text = "".join(c.choices[0].text for c in chunks)
+        tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        out = client.completions.create(max_tokens=0, **kw)
+        text, tokens, reason = out.choices[0].text, out.choices[0].logprobs.tokens, out.choices[0].finish_reason
+        assert out.usage.completion_tokens == 0
+    assert text == "score this prompt" and reason == "length"
+    assert tokens == ref.logprobs.tokens[:-1]  # the prompt's tokens, not the one token max_tokens=1 made
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=0)  # without echo there is nothing to return
+
+
 def test_async_client_concurrent_streams(server):
     async def run() -> list[str]:
         aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
