@@ -51,6 +51,21 @@ def step_ms(text: str) -> float | None:
     return value
 
 
+def str_list(text: str) -> list[str]:
+    """A JSON list (vLLM's form: '["https://a.example"]') or comma-separated values."""
+    import json
+
+    if text.lstrip().startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text}: not a JSON list ({exc})") from None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise argparse.ArgumentTypeError(f"{text}: give a JSON list of strings")
+        return value
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
 def port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:

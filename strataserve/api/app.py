@@ -6,13 +6,14 @@ from __future__ import annotations
 import time
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from strataserve.api import chat, completions
 from strataserve.api.console import mount_console
-from strataserve.api.door import Door
+from strataserve.api.door import CORS, Door
 from strataserve.api.errors import APIError, install_error_handlers
 from strataserve.api.limits import RequestLimits
 from strataserve.api.middleware import GuardMiddleware
@@ -26,7 +27,7 @@ CREATED = int(time.time())
 
 
 def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None = None,
-              limits: RequestLimits | None = None) -> FastAPI:
+              limits: RequestLimits | None = None, cors: CORS | None = None) -> FastAPI:
     """The HTTP front of everything ``router`` serves; ``registry`` backs ``/metrics``. The ``door`` holds the
     API keys (every route but the probes needs one when any is set), rate limits and drain state; ``limits``
     bounds what one OpenAI request may ask for."""
@@ -36,6 +37,9 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
     app.state.limits = limits or RequestLimits()
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, door=door or Door())
+    if cors is not None:  # added last, so outermost: preflights never reach the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors.origins), allow_methods=list(cors.methods),
+                           allow_headers=list(cors.headers), allow_credentials=cors.credentials)
     app.include_router(completions.router)
     app.include_router(chat.router)
     if router.of_kind(Payload.SPEECH):

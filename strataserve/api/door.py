@@ -26,6 +26,17 @@ CONSOLE_PREFIX = "/console/static/"
 
 
 @dataclass(frozen=True)
+class CORS:
+    """Which other origins a browser page may call the API from (vLLM's ``--allowed-*`` flags). Preflights are
+    answered before the key check (a browser sends none with them); every other request still needs the key."""
+
+    origins: tuple[str, ...]
+    methods: tuple[str, ...] = ("*",)
+    headers: tuple[str, ...] = ("*",)
+    credentials: bool = False
+
+
+@dataclass(frozen=True)
 class DoorConfig:
     api_keys: tuple[str, ...] = ()  # --api-key plus the keys mapped to SLA classes
     metrics_require_key: bool = False

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 
 from strataserve.api.app import build_app
-from strataserve.api.door import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED_BYTES, Door, DoorConfig
+from strataserve.api.door import CORS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED_BYTES, Door, DoorConfig
 from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import MetricsGroup, ServerMetrics
 from strataserve.api.serving import ServerState
@@ -84,6 +84,7 @@ class ServeOptions:
     limits: RequestLimits = field(default_factory=RequestLimits)
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    cors: CORS | None = None  # --allowed-origins: browser pages of other origins may call the API
     restart_engines: bool = True
     uvicorn_log_level: str = "info"
     access_log: bool = True
@@ -246,7 +247,7 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
     router = await build_router(options, engines, registry, console)
     grpc_handle = None
     door = build_door(options, router)
-    app = build_app(router, registry=registry, door=door, limits=options.limits)
+    app = build_app(router, registry=registry, door=door, limits=options.limits, cors=options.cors)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.uvicorn_log_level,
                             access_log=options.access_log, timeout_keep_alive=30, lifespan="off",
                             ssl_certfile=options.ssl_certfile, ssl_keyfile=options.ssl_keyfile,

@@ -82,7 +82,8 @@ def door(tiny_ckpt, tmp_path_factory):
                  "--requests-per-minute", "60", "--tokens-per-minute", "600", "--limit-n", "2",
                  "--limit-max-tokens", "64", "--limit-prompt-tokens", "100", "--limit-stop", "2",
                  "--limit-logit-bias", "2", "--max-request-body-mib", "0.015", "--max-queued-mib", "0.012",
-                 "--grpc-max-message-mib", "0.01", api_key=KEY, wait=False)
+                 "--grpc-max-message-mib", "0.01", "--allowed-origins", '["https://ui.example"]', api_key=KEY,
+                 wait=False)
     url = f"https://localhost:{srv.port}"
     ctx = ssl.create_default_context(cafile=str(cert))
     client = httpx.Client(base_url=url, verify=ctx, timeout=60)
@@ -221,6 +222,23 @@ def test_repository_api_refuses_paths_outside_the_repository(door):
         assert (err if isinstance(err, str) else err["message"]), r.text
     r = client.post("/v2/repository/models/link_out/load", json={}, headers=AUTH)
     assert r.status_code == 400 and "outside the model repository" in r.json()["error"]
+
+
+def test_cors_for_allowed_origins_only_and_the_key_still_needed(door, server):
+    """--allowed-origins: a browser page of that origin gets its preflight answered (it carries no key) and can
+    read the answers, a 401 included; other origins get no CORS grant. Without the flag (``server``) none."""
+    _, client, _, _ = door
+    pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+    ok = client.options("/v1/chat/completions", headers={"Origin": "https://ui.example", **pre})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://ui.example"
+    bad = client.options("/v1/chat/completions", headers={"Origin": "https://evil.example", **pre})
+    assert "access-control-allow-origin" not in bad.headers
+    r = client.get("/v1/models", headers={"Origin": "https://ui.example"})
+    assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "https://ui.example"
+    r = client.get("/v1/models", headers={"Origin": "https://ui.example", **AUTH})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://ui.example"
+    plain = httpx.get(f"{server.url}/v1/models", headers={"Origin": "https://ui.example", **server.headers})
+    assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
 
 
 def test_rate_limits_per_key(door):
