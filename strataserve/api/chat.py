@@ -112,7 +112,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     rid = new_id("chatcmpl")
     work = float(len(prompt_ids))
     # 429 when the key's tokens per minute are spent or the queue ahead would make it miss its class's TTFT
-    routed.check(work, work + body.n * max_tokens)
+    routed.check(work, work + body.n * max_tokens, body.n, max_tokens)
     priority = routed.priority(body.priority)
     if body.stream:
         state.check_capacity(body.n)

@@ -84,7 +84,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     rid = new_id("cmpl")
     work = float(sum(len(ids) for _, ids in prompts))  # prompt tokens to prefill (siblings share them)
     # 429 when the key's tokens per minute are spent or the queue ahead would make it miss its class's TTFT
-    routed.check(work, work + body.n * sum(p.max_tokens for p in params))
+    routed.check(work, work + body.n * sum(p.max_tokens for p in params), num_seqs,
+                 max(p.max_tokens for p in params))
     if body.stream:
         state.check_capacity(num_seqs)  # refuse now (503) rather than after the 200 has gone out
         events = _events(state, body, rid, prompts, params, routed.priority(body.priority))

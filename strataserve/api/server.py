@@ -154,6 +154,7 @@ def build_state(engine: Any, spec: LocalLLMSpec, metrics_group: MetricsGroup) ->
     cores = len(engine.engines) if isinstance(engine, ReplicatedEngine) else 1  # each replica queues its own
     state = ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=spec.name, max_model_len=max_len,
                        metrics=metrics, max_inflight_seqs=cores * (sched.max_num_seqs + sched.max_waiting_requests),
+                       max_running_seqs=cores * sched.max_num_seqs,
                        vocab_size=getattr(engine, "vocab_size", None) or _vocab_size(engine.tokenizer),
                        tool_call_parser=spec.tool_call_parser, enable_auto_tool_choice=spec.enable_auto_tool_choice,
                        sampling_defaults=sampling_defaults(spec.engine.model.model, spec.generation_config))

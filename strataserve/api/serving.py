@@ -38,6 +38,7 @@ class ServerState:
     max_model_len: int
     metrics: ServerMetrics
     max_inflight_seqs: int  # running + waiting sequences beyond which we answer 503
+    max_running_seqs: int | None = None  # sequences the engine(s) run at once (admission's slots)
     vocab_size: int | None = None
     tool_call_parser: str | None = None  # --tool-call-parser (api/tool_parsers)
     enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice
@@ -83,6 +84,7 @@ class Routed:
     sla: SLA
     key: str | None = None  # the request's API key (rate limits are per key)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    _shape: tuple[int, float | None] = (1, None)  # (sequences, max_tokens each) as ``check`` was told
 
     @property
     def upstream(self) -> bool:
@@ -96,16 +98,18 @@ class Routed:
         """The engine priority: the class's, plus the request's own (vLLM's ``priority`` field) within it."""
         return self.sla.priority + requested
 
-    def check(self, work: float, tokens: float | None = None) -> None:
+    def check(self, work: float, tokens: float | None = None, seqs: int = 1, budget: float | None = None) -> None:
         """Admission of ``work`` prompt tokens: the prompt limit, the key's tokens per minute (``tokens``: the
-        most this request may use) and the class's TTFT target."""
+        most this request may use) and the class's TTFT target (``seqs`` sequences of at most ``budget`` output
+        tokens each: the engine slots they need, and how long they will hold them)."""
         self.limits.check_prompt(int(work))
-        self.router.check_admission(self.backend, self.sla, work)
+        self.router.check_admission(self.backend, self.sla, work, seqs)
         if tokens is not None:  # charged last: a request refused above spends nothing
             self.router.quota.take_tokens(self.key, tokens)
+        self._shape = (seqs, budget)
 
     def trace(self, work: float) -> RouteTrace:
-        return self.router.trace(self.backend, self.sla, work)
+        return self.router.trace(self.backend, self.sla, work, *self._shape)
 
 
 @contextlib.contextmanager

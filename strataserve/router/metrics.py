@@ -124,13 +124,17 @@ class RouteTrace:
         if n <= 0:
             return
         now = time.perf_counter()
+        ctl, ticket = self.admission, self.ticket
         if self.first is None:
             self.first = now
             self.series.ttft.observe(now - self.arrival)
-            if self.ticket is not None and self.admission is not None:
-                self.admission.first_token(self.ticket)
+            if ticket is not None and ctl is not None:
+                ctl.first_token(ticket)
+                ctl.on_tokens(ticket, n)
         else:
             self.series.itl.observe((now - self.last) / n)
+            if ticket is not None and ctl is not None:
+                ctl.on_tokens(ticket, n, now - self.last)
         self.last = now
         self.tokens += n
 

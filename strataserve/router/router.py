@@ -87,19 +87,21 @@ class Router:
             ctl = self._upstream_admission[backend.name] = AdmissionController(backend.name)
         return ctl
 
-    def check_admission(self, backend: Backend, sla: SLA, work: float) -> None:
-        """429 + Retry-After when the work queued ahead would make this request miss its class's TTFT."""
+    def check_admission(self, backend: Backend, sla: SLA, work: float, seqs: int = 1) -> None:
+        """429 + Retry-After when the slots held and the work queued ahead would make this request miss its
+        class's TTFT."""
         try:
-            self._admission(backend).check(sla.priority, work, sla.ttft_ms)
+            self._admission(backend).check(sla.priority, work, sla.ttft_ms, seqs)
         except APIError:
             self.metrics.reject(backend.name, sla.name)
             raise
 
-    def trace(self, backend: Backend, sla: SLA, work: float) -> RouteTrace:
+    def trace(self, backend: Backend, sla: SLA, work: float, seqs: int = 1,
+              budget: float | None = None) -> RouteTrace:
         """Start tracking an admitted request (its queue position counts for later admissions until its first
-        token); call ``finish`` on it exactly once."""
+        token, its ``seqs`` slots until it ends; ``budget``: its max_tokens); call ``finish`` on it exactly once."""
         ctl = self._admission(backend)
-        ticket = ctl.enter(sla.priority, work)
+        ticket = ctl.enter(sla.priority, work, seqs, budget)
         return RouteTrace(self.metrics, backend.name, sla.name, backend.cost, ctl, ticket)
 
     # ------------------------------------------------------------------ lifecycle

@@ -88,6 +88,38 @@ def test_admission_learns_the_pace_then_refuses_what_cannot_meet_the_target():
     assert ctl.work_ahead(100) == 0
 
 
+def test_admission_counts_the_slots_running_requests_hold():
+    """Two long decodes hold both slots: a third request waits for one to finish, which its TTFT target cannot
+    afford (the prefill queue alone is empty). A free slot, a lower class holding them, or a decode about to end
+    admit it."""
+    ctl = AdmissionController("m", slots=2)
+    running = [ctl.admit(0, 10, None, seqs=1, budget=500) for _ in range(2)]
+    for t in running:
+        ctl.first_token(t)
+        for _ in range(MIN_SAMPLES):
+            ctl.on_tokens(t, 1, 0.01)  # 10 ms a token
+    assert ctl.slot_wait_s(0) == pytest.approx((500 - MIN_SAMPLES) * 0.01, rel=0.05)
+    with pytest.raises(APIError) as exc:
+        ctl.check(0, 10, ttft_ms=200)
+    assert exc.value.status == 429 and int(exc.value.headers["Retry-After"]) >= 4
+    ctl.check(0, 10, ttft_ms=10_000)  # a looser class can wait for the slot
+    ctl.release(running[0])
+    ctl.check(0, 10, ttft_ms=200)  # a slot is free again
+    assert ctl.slot_wait_s(0, seqs=2) == pytest.approx((500 - MIN_SAMPLES) * 0.01, rel=0.05)  # n=2 needs both
+    ending = ctl.admit(0, 10, None, budget=5)
+    ctl.first_token(ending)
+    ctl.on_tokens(ending, 4, 0.01)
+    ctl.check(0, 10, ttft_ms=200)  # both held, but one has a token left: ~10 ms
+    low = AdmissionController("low", slots=1)
+    t = low.admit(10, 10, None, budget=1000)
+    low.first_token(t)
+    for _ in range(MIN_SAMPLES):
+        low.on_tokens(t, 1, 0.01)
+    low.check(0, 10, ttft_ms=50)  # a higher class preempts the lower one's slot
+    with pytest.raises(APIError):
+        low.check(10, 10, ttft_ms=50)
+
+
 def test_cost_is_shared_by_concurrent_requests():
     meter = CostMeter(gpu_cost_per_hour=3600.0)  # 1 per GPU-second
     a = meter.enter()

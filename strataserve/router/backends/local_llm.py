@@ -22,7 +22,7 @@ class LocalLLMBackend(Backend):
     def __init__(self, state: ServerState, gpu_cost_per_hour: float | None = None) -> None:
         super().__init__(state.model_name, gpu_cost_per_hour)
         self.state = state
-        self.admission = AdmissionController(state.model_name)
+        self.admission = AdmissionController(state.model_name, state.max_running_seqs)
         self.supervisors: list[EngineSupervisor] = []
 
     async def start(self) -> None:
