@@ -13,8 +13,8 @@ from strataserve.api.errors import bad_request
 from strataserve.api.formatting import ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage
 from strataserve.api.guided import guided_params, validate
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
-from strataserve.api.serving import (ServerState, admit, engine_abort_error, engine_stream, forward, make_params,
-                                     new_id, resolve_max_tokens, sse_body, traced, until_disconnect)
+from strataserve.api.serving import (ServerState, admit, counts_outcome, engine_abort_error, engine_stream, forward,
+                                     make_params, new_id, resolve_max_tokens, sse_body, traced, until_disconnect)
 from strataserve.api.tools import ToolPlan, ToolStreamer, assistant_message, message_dicts, plan_tools, tool_events
 from strataserve.types.sampling import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
 from strataserve.router.metrics import RouteTrace
@@ -84,6 +84,7 @@ def _prefix(messages: list[ChatMessage]) -> str:
 
 
 @router.post("/v1/chat/completions")
+@counts_outcome
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     routed = admit(request, body)
     if routed.upstream:

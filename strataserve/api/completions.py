@@ -14,9 +14,9 @@ from strataserve.api.errors import bad_request
 from strataserve.api.formatting import ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
 from strataserve.api.guided import guided_params
 from strataserve.api.protocol import CompletionRequest
-from strataserve.api.serving import (ServerState, admit, check_token_ids, engine_abort_error, engine_stream,
-                                     forward, make_params, merge_streams, new_id, resolve_max_tokens, sse_body,
-                                     traced, until_disconnect)
+from strataserve.api.serving import (ServerState, admit, check_token_ids, counts_outcome, engine_abort_error,
+                                     engine_stream, forward, make_params, merge_streams, new_id, resolve_max_tokens,
+                                     sse_body, traced, until_disconnect)
 from strataserve.router.metrics import RouteTrace
 from strataserve.types.sampling import SamplingParams
 
@@ -55,6 +55,7 @@ class _Choice:
 
 
 @router.post("/v1/completions")
+@counts_outcome
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     routed = admit(request, body)
     if routed.upstream:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ class Routed:
     key: str | None = None  # the request's API key (rate limits are per key)
     limits: RequestLimits = field(default_factory=RequestLimits)
     _shape: tuple[int, float | None] = (1, None)  # (sequences, max_tokens each) as ``check`` was told
+    counted: bool = False  # its outcome is (or will be) in the router's metrics: traced, or refused as counted
 
     @property
     def upstream(self) -> bool:
@@ -103,12 +105,17 @@ class Routed:
         most this request may use) and the class's TTFT target (``seqs`` sequences of at most ``budget`` output
         tokens each: the engine slots they need, and how long they will hold them)."""
         self.limits.check_prompt(int(work))
-        self.router.check_admission(self.backend, self.sla, work, seqs)
+        try:
+            self.router.check_admission(self.backend, self.sla, work, seqs)
+        except APIError:
+            self.counted = True  # check_admission counted the refusal
+            raise
         if tokens is not None:  # charged last: a request refused above spends nothing
             self.router.quota.take_tokens(self.key, tokens)
         self._shape = (seqs, budget)
 
     def trace(self, work: float) -> RouteTrace:
+        self.counted = True
         return self.router.trace(self.backend, self.sla, work, *self._shape)
 
 
@@ -172,10 +179,30 @@ def check_stream_options(body: Any) -> None:
         raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
 
 
+def counts_outcome(handler: Callable[[Any, Request], Awaitable[Response]]
+                   ) -> Callable[[Any, Request], Awaitable[Response]]:
+    """A generation route whose request fails before its trace starts (a bad parameter's 400, a dead engine's
+    503, the key's quota 429) still counts in ``strata:router_requests_total``, under the outcome a traced
+    request would get, once ``admit`` has resolved its model and class."""
+
+    @functools.wraps(handler)
+    async def counted_handler(body: Any, request: Request) -> Response:
+        try:
+            return await handler(body, request)
+        except BaseException as exc:
+            routed = getattr(request.state, "routed", None)
+            if routed is not None and not routed.counted:
+                routed.counted = True
+                routed.router.metrics.reject(routed.backend.name, routed.sla.name, outcome_of(exc))
+            raise
+
+    return counted_handler
+
+
 def admit(request: Request, body: Any) -> Routed:
     """Checks shared by the OpenAI generation routes, before any route-specific validation: the route (404 for
     an unknown model, 400 for a non-text one), the SLA class, and the checks every backend needs."""
-    routed = route(request, body.model)
+    routed = request.state.routed = route(request, body.model)
     routed.limits.check(body)
     check_stream_options(body)
     if not routed.upstream:

@@ -84,6 +84,25 @@ def test_counters_move_with_traffic(server, http):
     assert delta("strata:prefix_cache_hits_total") >= 16  # the second request reuses at least one full block
 
 
+def test_requests_refused_before_they_run_are_counted(server, http):
+    """A bad parameter's 400 (found by the route, after the model is known) counts as client_error in the
+    router's outcomes, as a request that fails later does; 400s of an unknown model name have no model to count."""
+    before = scrape(server)
+    bad = [("/v1/completions", {"prompt": "x", "max_tokens": 0}),
+           ("/v1/completions", {"prompt": "x", "temperature": -1}),
+           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 5000}], "max_tokens": 4})]
+    for path, body in bad:
+        assert http.post(path, json={"model": MODEL, **body}).status_code == 400
+    assert http.post("/v1/completions", json={"model": "nope", "prompt": "x"}).status_code == 404
+    ok = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+    assert ok.status_code == 200
+    after = scrape(server)
+    key = dict(sla_class="default")
+    for outcome, n in (("client_error", 3), ("ok", 1)):
+        assert value(after, "strata:router_requests_total", outcome=outcome, **key) - \
+            value(before, "strata:router_requests_total", outcome=outcome, **key) == n, outcome
+
+
 def _used_blocks(server) -> float:
     return value(scrape(server), "strata:kv_cache_used_blocks")
 

@@ -109,8 +109,11 @@ def test_engine_and_isolated_model_heal_then_sigterm_drains(tiny_ckpt, tmp_path)
         health = httpx.get(f"{url}/health")
         assert health.status_code == 503, health.text
         assert health.json()["status"] == "degraded" and health.json()["models"][MODEL] in ("dead", "restarting")
+        unavailable = f'model_name="{MODEL}",outcome="unavailable"'
+        seen = _metric(url, "strata:router_requests_total", unavailable) or 0.0
         refused = httpx.post(f"{url}/v1/completions", json=greedy, timeout=30)
         assert refused.status_code == 503 and refused.headers["retry-after"]
+        assert _metric(url, "strata:router_requests_total", unavailable) == seen + 1  # outages show in the counts
         assert _y(_infer(url, 7))[1] == 8  # the repository model keeps serving meanwhile
         queries = _metric(url, "strata:prefix_cache_queries_total", f'model_name="{MODEL}"')
         _wait_health(srv, 200)
