@@ -29,7 +29,11 @@ class TensorRouter:
         return self.local.live() if self.local is not None else True
 
     def ready(self) -> bool:
-        return self.local.ready() if self.local is not None else True
+        """Triton's strict readiness: every model this process serves is ready, the text and speech engines
+        included (a dead or restarting engine makes ``/v2/health/ready`` 503, as it makes ``/health``)."""
+        if self.local is not None and not self.local.ready():
+            return False
+        return all(c.ready for c in self.other_models() if not c.backend.startswith("upstream"))
 
     def server_metadata(self) -> dict:
         if self.local is not None:
@@ -71,6 +75,9 @@ class TensorRouter:
         up = self._upstream(name)
         if up is not None:
             return await up.model_ready(version)
+        for card in self.other_models():
+            if card.name == name:  # a text or speech model: ready while its engine serves
+                return card.ready and version in ("", "1")
         return self.local is not None and self.local.model_ready(name, version)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:

@@ -115,9 +115,15 @@ def test_engine_and_isolated_model_heal_then_sigterm_drains(tiny_ckpt, tmp_path)
         assert refused.status_code == 503 and refused.headers["retry-after"]
         assert _metric(url, "strata:router_requests_total", unavailable) == seen + 1  # outages show in the counts
         assert _y(_infer(url, 7))[1] == 8  # the repository model keeps serving meanwhile
+        # KServe's probes agree with /health: the server is not ready while one of its models is not
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 503
+        assert httpx.get(f"{url}/v2/models/{MODEL}/ready").status_code == 400
+        assert httpx.get(f"{url}/v2/models/iso/ready").status_code == 200
         queries = _metric(url, "strata:prefix_cache_queries_total", f'model_name="{MODEL}"')
         _wait_health(srv, 200)
         assert _engine_pid(srv) != engine
+        assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+        assert httpx.get(f"{url}/v2/models/{MODEL}/ready").json() == {"name": MODEL, "ready": True}
         # the new engine's pool shows before its first request; the old engine's counts stay counted
         assert _metric(url, "strata:kv_cache_total_blocks", f'model_name="{MODEL}"') > 0
         assert _metric(url, "strata:prefix_cache_queries_total", f'model_name="{MODEL}"') == queries > 0
