@@ -14,22 +14,42 @@ import logging
 import time
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
 
 from strataserve.types.errors import EngineDeadError
 
 log = logging.getLogger("strataserve.supervisor")
 
 
+class _Count:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self) -> None:
+        self.value += 1
+
+
 class RestartMetrics:
-    """``strata:engine_restarts_total{model_name}``, one counter family per server registry."""
+    """``strata:engine_restarts_total{model_name}``, one counter family per server registry (a collector, as the
+    server's other families: prometheus-client's Counter would add a ``_created`` gauge family beside it)."""
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.counter = Counter("strata:engine_restarts", "Restarts of a crashed engine-core process",
-                               ["model_name"], registry=registry)
+        self.counts: dict[str, _Count] = {}
+        if registry is not None:
+            registry.register(self)
 
-    def model(self, name: str) -> Any:
-        return self.counter.labels(model_name=name)
+    def model(self, name: str) -> _Count:
+        return self.counts.setdefault(name, _Count())
+
+    def collect(self) -> list[CounterMetricFamily]:
+        fam = CounterMetricFamily("strata:engine_restarts", "Restarts of a crashed engine-core process",
+                                  labels=["model_name"])
+        for name, count in self.counts.items():
+            fam.add_metric([name], count.value)
+        return [fam]
 
 
 class EngineSupervisor:

@@ -67,6 +67,8 @@ def test_a_dead_engine_is_replaced_and_a_crash_loop_backs_off():
             assert old.shut and box["engine"] is made[-1]
             backoffs.append(sup._backoff)
         await sup.stop()
+        # one family, as the server's others: no prometheus-client ``_created`` gauge beside it
+        assert {s.name for m in registry.collect() for s in m.samples} == {"strata:engine_restarts_total"}
         return backoffs, sup.last_error, registry.get_sample_value("strata:engine_restarts_total",
                                                                    {"model_name": "m"})
 
