@@ -153,7 +153,8 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
         try:
             config = load_config(args.config)
             return ServeOptions.from_config(config, lambda e: _entry_engine(args, e),
-                                            (args.tool_call_parser, args.enable_auto_tool_choice), **server)
+                                            (args.tool_call_parser, args.enable_auto_tool_choice),
+                                            args.generation_config, **server)
         except (ConfigError, ValueError) as exc:
             console.print(f"[red]error:[/] {exc}", soft_wrap=True)
             return None

@@ -101,14 +101,16 @@ class ServeOptions:
 
     @classmethod
     def from_config(cls, config: RouterConfig, base_engine: Callable[[LocalModel], EngineConfig],
-                    tools: tuple[str | None, bool] = (None, False), **server: Any) -> "ServeOptions":
+                    tools: tuple[str | None, bool] = (None, False), generation_config: str = "auto",
+                    **server: Any) -> "ServeOptions":
         """Options for a config file; ``base_engine`` builds an entry's EngineConfig (CLI defaults + its keys),
-        ``tools`` is the command line's (tool_call_parser, enable_auto_tool_choice), which an entry may override."""
+        ``tools`` is the command line's (tool_call_parser, enable_auto_tool_choice) and ``generation_config`` its
+        --generation-config, which an entry may override."""
         llms = tuple(LocalLLMSpec(m.name, base_engine(m), m.gpu_cost_per_hour,
                                   m.tool_call_parser if m.tool_call_parser is not None else tools[0],
                                   m.enable_auto_tool_choice if m.enable_auto_tool_choice is not None else tools[1],
                                   (m.placement or "local") if m.replicated else None, m.replicas, m.ray_address,
-                                  m.num_gpus_per_replica)
+                                  m.num_gpus_per_replica, m.generation_config or generation_config)
                      for m in config.models if isinstance(m, LocalModel))
         ups = tuple(m for m in config.models if not isinstance(m, LocalModel))
         classes = {k: SLA(k, v.priority, v.ttft_ms, v.tpot_ms) for k, v in config.sla_classes.items()}

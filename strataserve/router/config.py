@@ -42,7 +42,7 @@ class LocalModel(_ModelBase):
     """A local LLM engine in its own engine-core process; the keys are `strata serve`'s engine flags."""
 
     path: str
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "half", "float"] = "auto"  # vLLM's aliases too
     device: str = "auto"
     max_model_len: int | None = Field(None, ge=1)
     max_num_seqs: int | None = Field(None, ge=1)
@@ -63,6 +63,8 @@ class LocalModel(_ModelBase):
     skip_tokenizer_init: bool | None = None
     tool_call_parser: Literal["hermes", "llama3_json", "mistral"] | None = None
     enable_auto_tool_choice: bool | None = None
+    generation_config: str | None = Field(None, min_length=1, description="auto (the checkpoint's "
+                                          "generation_config.json), vllm (none), or a folder holding one")
     # Replicas: K engine cores of this model, balanced by the router (``router/local_replicas.py``).
     replicas: int = Field(1, ge=1, le=1024)
     placement: Literal["local", "ray"] | None = Field(None, description="local: K engine processes on this host; "
