@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from strataserve.api.server import ServeOptions
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown, except where the help already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        return text if "(default" in text else super()._get_help_string(action)
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16", "half", "float"])
@@ -81,7 +89,7 @@ def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve an LLM over the OpenAI API (and a model repository over KServe v2)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=_Help)
     p.add_argument("model", nargs="?", default=None,
                    help="HF checkpoint folder (default: the embedded demo model, unless --model-repository)")
     p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
@@ -237,7 +245,7 @@ def _add_bench(sub: argparse._SubParsersAction, full: bool = True) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bench_sub = p.add_subparsers(dest="bench_cmd", required=True)
     serve_p = bench_sub.add_parser("serve", help="load-test an OpenAI-compatible server (ours, vLLM, ...)",
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   formatter_class=_Help)
     if not full:  # another command: its options are never parsed
         return
     try:
@@ -263,7 +271,7 @@ def _missing(module: str) -> int:
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="offline generation with the LLM class (no server)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=_Help)
     p.add_argument("model", nargs="?", default=None, help="HF checkpoint folder (default: the demo model)")
     p.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
     p.add_argument("--max-tokens", type=positive_int, default=64)
@@ -322,7 +330,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``strata`` parser. Given the command line ``argv``, the bench options (their module imports aiohttp
     and numpy: ~0.3 s) are only built when it names ``bench`` (or asks for help), so ``strata serve`` spawns its
     engine process that much sooner."""
+    from strataserve import __version__
+
     parser = argparse.ArgumentParser(prog="strata", description="strataserve: LLM + multi-model inference server")
+    parser.add_argument("-V", "--version", action="version", version=f"strataserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_bench(sub, full=argv is None or not argv or argv[0] not in ("serve", "generate"))

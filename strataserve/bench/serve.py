@@ -168,6 +168,10 @@ async def _first_model(session: aiohttp.ClientSession, base: str, headers: dict[
     try:
         async with session.get(f"{base}/v1/models", headers=headers, raise_for_status=True) as resp:
             return (await resp.json(content_type=None))["data"][0]["id"]
+    except aiohttp.ClientResponseError as exc:
+        hint = ("the server wants an API key: pass --api-key (or set OPENAI_API_KEY)" if exc.status == 401
+                else "pass --model")
+        raise ValueError(f"cannot list models at {base}/v1/models (HTTP {exc.status} {exc.message}); {hint}") from None
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError, KeyError, IndexError, TypeError, ValueError) as exc:
         raise ValueError(f"cannot list models at {base}/v1/models ({type(exc).__name__}: {exc}); pass --model") from None
 

@@ -2,6 +2,7 @@
 ``strata bench serve`` runs against the server and agrees with its counters."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -186,3 +187,17 @@ def test_bench_serve_cli_against_server(server, tiny_ckpt, tmp_path):
     assert generated in (36, 36 + 6)
     prompt = value(after, "strata:prompt_tokens_total") - value(before, "strata:prompt_tokens_total")
     assert prompt >= result["total_input_tokens"] and (prompt == result["total_input_tokens"]) == (generated == 36)
+
+
+def test_bench_without_the_key_says_to_pass_it(server):
+    import aiohttp
+
+    from strataserve.bench.serve import _first_model
+
+    async def probe() -> str:
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(ValueError) as exc:
+                await _first_model(session, server.url, {})
+            return str(exc.value)
+
+    assert "HTTP 401" in (msg := asyncio.run(probe())) and "--api-key" in msg
