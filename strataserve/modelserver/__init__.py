@@ -7,7 +7,7 @@
     autocomplete.py fill a config from the model file (ONNX) / LLM text I/O
     model.py        one loaded version: request validation, response shaping
     batcher.py      the scheduler: priority queues, dynamic batching, queue policy, instance workers
-    ensemble.py     DAG validation and parallel execution of ensemble steps
+    ensemble.py     DAG + step-model config validation, parallel execution of ensemble steps
     llm.py          LLM models served by the LLM engine (AsyncLLM)
     generate.py     KServe generate extension: JSON fields ↔ tensors
     stats.py        statistics extension + Prometheus collector (strata: metric names)

@@ -96,10 +96,8 @@ class Scheduler:
             raise self._unloaded()
         loop = asyncio.get_running_loop()
         db = self.spec.dynamic_batching
-        level = priority or self.default_level
-        if db and db.priority_levels and not 1 <= level <= db.priority_levels:
-            raise ModelServerError("invalid_argument", f"model '{self.spec.name}': priority {priority} is outside "
-                                   f"1..{db.priority_levels}")
+        # Triton's InferenceRequest::SetPriority: 0 or a priority outside 1..priority_levels is the default level.
+        level = priority if 1 <= priority <= self.levels else self.default_level
         if not db or not db.priority_levels:
             level = 1
         policy = db.policy(level) if db else None
@@ -108,8 +106,11 @@ class Scheduler:
                                    f"(max_queue_size {policy.max_queue_size} at priority level {level})")
         p = Pending(request, level, loop)
         timeout = policy.default_timeout_us if policy else 0
-        if timeout_us and (policy is None or policy.allow_timeout_override or not policy.configured):
-            timeout = timeout_us
+        if timeout_us and (policy is None or not policy.configured):
+            timeout = timeout_us  # no queue policy in the config: the request's own timeout holds
+        elif timeout_us and policy.allow_timeout_override:
+            # model_config.proto: a request may set a timeout less than the default but may not increase it
+            timeout = min(timeout_us, timeout) if timeout else timeout_us
         if timeout:
             p.timer = loop.call_later(timeout / 1e6, self._expire, p, policy.timeout_action if policy else "REJECT",
                                       timeout)

@@ -1,14 +1,19 @@
 """Ensembles: a DAG of model steps wired by tensor names, each step started as soon as its inputs exist.
 
 `validate_ensemble` checks the graph at load (unknown models or tensors, a tensor produced twice, a consumed
-tensor nobody produces, cycles); errors name the config file and the step. At run time a failing step's
-error names the ensemble, the step index and the model.
+tensor nobody produces, cycles) and, as Triton's ensemble validation does, the step models' configs: every
+ensemble tensor has one datatype and compatible shapes wherever it appears (the ensemble's inputs and outputs,
+each step's mapped inputs and outputs; -1 matches any size, and a batching side's implicit batch dim is
+accounted for), and no step model allows a smaller max_batch_size than the ensemble. Errors name the config
+file, the step, the tensor and both types and shapes. The server re-runs it whenever a step model changes.
+At run time a failing step's error names the ensemble, the step index and the model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from strataserve.modelserver.config import ConfigError, ModelSpec
@@ -19,20 +24,74 @@ from strataserve.types.tensors import InferRequest, InferResponse, InferTensor, 
 InferFn = Callable[[InferRequest], Awaitable[InferResponse]]
 
 
+@dataclass(frozen=True)
+class _TensorUse:
+    """Where an ensemble tensor appears, with the type and shape it has there (Triton's TensorNode)."""
+
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dim
+    full: tuple[int, ...]  # with it (-1) where that side batches
+    where: str  # e.g. "the ensemble input 'X'", "input 'INPUT0' of model 'm' (step 0)"
+
+    @classmethod
+    def of(cls, datatype: str, dims, batching: bool, where: str) -> "_TensorUse":
+        dims = tuple(int(d) for d in dims)
+        return cls(datatype, dims, ((-1,) if batching else ()) + dims, where)
+
+    def describe(self) -> str:
+        return f"{self.where} is {self.datatype} [{','.join(str(d) for d in self.full)}]"
+
+
+def _dims_match(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
+
+
+def _inconsistency(tensor: str, have: _TensorUse, new: _TensorUse) -> str | None:
+    """Triton's ValidateTensorConsistency: one datatype; shapes equal where neither is -1, compared without the
+    batch dims and then with them (a tensor shared by a batching and a non-batching model: [d..] vs [-1, d..])."""
+    if have.datatype != new.datatype:
+        what = "data types"
+    elif not _dims_match(have.dims, new.dims) and not _dims_match(have.full, new.full):
+        what = "shapes (-1: any size)"
+    else:
+        return None
+    return f"tensor '{tensor}' has inconsistent {what}: {have.describe()}, {new.describe()}"
+
+
 def validate_ensemble(spec: ModelSpec, lookup: Callable[[str, int], ModelSpec | None]) -> None:
     """`lookup(name, version)` gives the spec of a ready step model (version -1: latest) or None."""
     src = spec.source
+    batching = spec.max_batch_size > 0
     producer: dict[str, str] = {t.name: "the ensemble input" for t in spec.inputs}
+    uses: dict[str, _TensorUse] = {}
+
+    def use(tensor: str, new: _TensorUse, field_name: str, prefix: str) -> None:
+        have = uses.setdefault(tensor, new)
+        problem = _inconsistency(tensor, have, new) if have is not new else None
+        if problem:
+            raise ConfigError(src, field_name, f"{prefix}{problem}")
+
+    for t in spec.inputs:  # the tensor the steps get is the reshaped one
+        use(t.name, _TensorUse.of(t.datatype, t.reshape if t.reshape is not None else t.dims, batching,
+                                  f"the ensemble input '{t.name}'"), "input", f"ensemble '{spec.name}': ")
+    for t in spec.outputs:
+        use(t.name, _TensorUse.of(t.datatype, t.reshape if t.reshape is not None else t.dims, batching,
+                                  f"the ensemble output '{t.name}'"), "output", f"ensemble '{spec.name}': ")
     for i, step in enumerate(spec.ensemble_steps):
         where = f"ensemble_scheduling.step[{i}]"
         ms = lookup(step.model_name, step.model_version)
         if ms is None:
             version = "" if step.model_version < 0 else f" version {step.model_version}"
-            raise ConfigError(src, f"{where}.model_name", f"model '{step.model_name}'{version} is not loaded or not in "
-                              "the repository")
+            raise ConfigError(src, f"{where}.model_name", f"model '{step.model_name}'{version} is not ready (not "
+                              "loaded, failed to load, or not in the repository)")
         if ms.decoupled and ms.backend != "llm":  # an LLM step answers with its whole text
             raise ConfigError(src, f"{where}.model_name", f"model '{step.model_name}' is decoupled; ensembles take "
                               "one response per step")
+        prefix = f"ensemble '{spec.name}' step {i} (model '{step.model_name}'): "
+        if ms.max_batch_size != 0 and ms.max_batch_size < spec.max_batch_size:
+            # a non-batching step is fine as long as the shapes agree with the batch dim spelled out
+            raise ConfigError(src, "max_batch_size", f"{prefix}the ensemble allows max_batch_size "
+                              f"{spec.max_batch_size}, but model '{step.model_name}' allows only {ms.max_batch_size}")
         for key in step.input_map:
             if ms.input(key) is None:
                 raise ConfigError(src, f"{where}.input_map", f"'{key}' is not an input of model '{step.model_name}' "
@@ -40,14 +99,24 @@ def validate_ensemble(spec: ModelSpec, lookup: Callable[[str, int], ModelSpec | 
         unmapped = [t.name for t in ms.inputs if not t.optional and t.name not in step.input_map]
         if unmapped:
             raise ConfigError(src, f"{where}.input_map", f"inputs {unmapped} of model '{step.model_name}' are not mapped")
+        step_batching = ms.max_batch_size > 0
+        for key, tensor in step.input_map.items():
+            ts = ms.input(key)
+            use(tensor, _TensorUse.of(ts.datatype, ts.dims, step_batching,
+                                      f"input '{key}' of model '{step.model_name}' (step {i})"),
+                f"{where}.input_map", prefix)
         for key, tensor in step.output_map.items():
-            if ms.output(key) is None:
+            ts = ms.output(key)
+            if ts is None:
                 raise ConfigError(src, f"{where}.output_map", f"'{key}' is not an output of model "
                                   f"'{step.model_name}' (outputs: {[t.name for t in ms.outputs]})")
             if tensor in producer:
                 raise ConfigError(src, f"{where}.output_map", f"tensor '{tensor}' is already produced by "
                                   f"{producer[tensor]}")
             producer[tensor] = f"step {i} (model '{step.model_name}')"
+            use(tensor, _TensorUse.of(ts.datatype, ts.dims, step_batching,
+                                      f"output '{key}' of model '{step.model_name}' (step {i})"),
+                f"{where}.output_map", prefix)
     for i, step in enumerate(spec.ensemble_steps):
         for tensor in step.input_map.values():
             if tensor not in producer:
@@ -101,6 +170,7 @@ class EnsembleVersion(ServedVersion):
             t0 = time.perf_counter_ns()
             await self._run(tensors, req)
             infer_ns = time.perf_counter_ns() - t0
+            self._check_datatypes(req, tensors)
             resp = self._io._response(req, {k: v[1] for k, v in tensors.items()}, partial=False)
             self.stats.execution_done(1, breq.rows, 0, infer_ns, 0)
             ok = True
@@ -108,6 +178,21 @@ class EnsembleVersion(ServedVersion):
         finally:
             self.stats.add_pending(-1)
             self.stats.request_done(ok, time.monotonic_ns() - start)
+
+    def _check_datatypes(self, req: InferRequest, tensors: dict) -> None:
+        """An output a step produced in another datatype than the ensemble declares is an error, never cast
+        (load-time validation refuses such configs; this guards a step model that changed since)."""
+        names = req.requested_outputs if req.requested_outputs is not None else [o.name for o in self.spec.outputs]
+        for name in names:
+            ts = self.spec.output(name)
+            if ts is not None and name in tensors and tensors[name][0] != ts.datatype:
+                raise ModelServerError("internal", f"ensemble '{self.spec.name}': output '{name}' was produced as "
+                                       f"{tensors[name][0]}, but the ensemble declares {ts.datatype}")
+
+    async def close(self) -> None:
+        """Once unloaded, let the requests in flight finish (their steps are other models)."""
+        while self.stats.pending:
+            await asyncio.sleep(0.005)
 
     async def _run(self, tensors: dict, req: InferRequest) -> None:
         steps = self.spec.ensemble_steps

@@ -66,6 +66,9 @@ class ServedVersion:
     def config_json(self) -> dict:
         return config_to_json(self.spec.proto)
 
+    def stop_admitting(self) -> None:
+        """Refuse new requests from now on (unload); `close` then finishes the ones in flight."""
+
     async def close(self) -> None:
         """Stop serving; called once."""
 
@@ -94,6 +97,10 @@ class ModelVersion(ServedVersion):
             raise
         self.scheduler = Scheduler(spec, version, instances, stats)
         return self
+
+    def stop_admitting(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.closing = True
 
     async def close(self) -> None:
         if self.scheduler is not None:

@@ -4,6 +4,14 @@ Control modes (Triton's): "none" loads every model at start; "explicit" loads on
 what `load`/`unload` ask for; "poll" loads everything and a background task re-scans the repository every
 `poll_interval_s` (new, changed and removed models and versions). A model that fails to load is listed as
 UNAVAILABLE with the reason; every other model keeps serving.
+
+Ensembles follow their steps: loading one loads the step models it needs (not "explicitly" loaded); while a
+step model is not ready, or no longer fits the ensemble's config, the ensemble is UNAVAILABLE with the reason
+(index, model ready, infer) and it is READY again once the step is (`Entries.refresh_ensembles`, after every control
+call). `unload(ensemble, unload_dependents=True)` also unloads its steps that were not explicitly loaded and
+that no other loaded ensemble uses (Triton's meaning). Unloading (or reloading) stops admitting at once and
+returns; the old version finishes its queued and running requests in the background (listed UNLOADING
+meanwhile), so other control calls never wait for a drain. `stop` waits for every drain.
 """
 
 from __future__ import annotations
@@ -11,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import prometheus_client
 
 from strataserve.modelserver.config import ModelSpec
+from strataserve.modelserver.entries import Entries, Entry
 from strataserve.modelserver.ensemble import EnsembleVersion, validate_ensemble
 from strataserve.modelserver.generate import generate_request, generate_response
 from strataserve.modelserver.llm import LLMVersion
@@ -29,15 +37,6 @@ log = logging.getLogger(__name__)
 CONTROL_MODES = ("none", "explicit", "poll")
 EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
               "binary_tensor_data", "parameters", "statistics", "generate"]
-
-
-@dataclass
-class _Entry:
-    name: str
-    spec: ModelSpec | None = None
-    versions: dict[int, ServedVersion] = field(default_factory=dict)  # ready ones
-    states: dict[str, tuple[str, str]] = field(default_factory=dict)  # version ("" = whole model) -> state, reason
-    fingerprint: tuple | None = None
 
 
 class ModelServer:
@@ -60,9 +59,10 @@ class ModelServer:
         self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
         self._collector = StatsCollector(self._all_stats)
         self.registry.register(self._collector)
-        self._entries: dict[str, _Entry] = {}
+        self._entries = Entries()
         self._lock: asyncio.Lock | None = None
         self._poller: asyncio.Task | None = None
+        self._drains: set[asyncio.Task] = set()  # unloaded versions finishing their requests
         self._started = False
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -77,7 +77,12 @@ class ModelServer:
                 names = self.repository.model_names()
             async with self._lock:
                 for name in names:
-                    await self._load_quietly(name)
+                    entry = self._entries.get(name)
+                    if entry is None or not entry.versions:  # not already loaded as an ensemble's step
+                        await self._load_quietly(name)
+                    if name in self._entries:
+                        self._entries[name].explicit = True
+                self._entries.refresh_ensembles()
             if self.control_mode == "poll":
                 self._poller = asyncio.create_task(self._poll())
         self._started = True
@@ -89,7 +94,9 @@ class ModelServer:
             await asyncio.gather(self._poller, return_exceptions=True)
             self._poller = None
         for entry in list(self._entries.values()):
-            await self._close_versions(entry, "server stopped")
+            self._close_versions(entry, "server stopped")
+        while self._drains:  # shutdown waits for every in-flight request to finish
+            await asyncio.gather(*list(self._drains), return_exceptions=True)
         try:
             self.registry.unregister(self._collector)
         except KeyError:
@@ -111,20 +118,21 @@ class ModelServer:
     async def _load_locked(self, name: str, override: str | None, loading: set[str]) -> None:
         repo = self._repo()
         repo.resolve(name)  # refuse bad names before they get an entry
-        entry = self._entries.setdefault(name, _Entry(name))
+        entry = self._entries.setdefault(name, Entry(name))
         try:
             entry.fingerprint = repo.fingerprint(name)
             source = repo.load_source(name, override)
             spec = source.spec
+            entry.steps = tuple(dict.fromkeys(s.model_name for s in spec.ensemble_steps))
             if spec.backend == "ensemble":
                 loading = loading | {name}
                 for step in spec.ensemble_steps:  # load what the ensemble needs (explicit mode), once
-                    if step.model_name not in loading and not self._entries.get(step.model_name, _Entry("")).versions:
+                    if step.model_name not in loading and self._entries.lookup_spec(step.model_name, -1) is None:
                         try:
                             await self._load_locked(step.model_name, None, loading)
                         except ModelServerError:
                             pass  # validate_ensemble names the step; the step model's entry keeps its reason
-                validate_ensemble(spec, self._lookup_spec)
+                validate_ensemble(spec, self._entries.lookup_spec)
             if not source.versions:
                 raise ModelServerError("invalid_argument", f"model '{name}' has no version folder (e.g. {name}/1/)")
         except ModelServerError as e:
@@ -149,27 +157,38 @@ class ModelServer:
                 errors.append(e if isinstance(e, ModelServerError) else ModelServerError(
                     "invalid_argument", f"model '{name}' version {v} failed to load: {msg}"))
         old = entry.versions  # new requests go to the new versions at once; the old ones drain, then close
-        entry.spec, entry.versions, entry.states = spec, new, states
-        for mv in old.values():
-            await mv.close()
+        entry.spec, entry.versions, entry.states, entry.waiting = spec, new, states, ""
+        for v, mv in old.items():
+            self._drain(entry, v, mv, None)
         if errors and not new:
             raise errors[0]
 
-    async def _close_versions(self, entry: _Entry, reason: str) -> None:
-        old, entry.versions = entry.versions, {}
+    def _close_versions(self, entry: Entry, reason: str) -> None:
+        """Stop admitting now; each version finishes its requests in flight in the background, then closes."""
+        old, entry.versions, entry.waiting = entry.versions, {}, ""
         entry.states.pop("", None)
-        for v in old:
-            entry.states[str(v)] = ("UNAVAILABLE", reason)
-        for mv in old.values():
-            await mv.close()
+        for v, mv in old.items():
+            if mv.stats.pending:
+                state = ("UNLOADING", f"{reason}; finishing the requests in flight")
+            else:
+                state = ("UNAVAILABLE", reason)
+            entry.states[str(v)] = state
+            self._drain(entry, v, mv, state if state[0] == "UNLOADING" else None, reason)
 
-    def _lookup_spec(self, name: str, version: int) -> ModelSpec | None:
-        entry = self._entries.get(name)
-        if entry is None or not entry.versions:
-            return None
-        if version >= 0 and version not in entry.versions:
-            return None
-        return entry.spec
+    def _drain(self, entry: Entry, version: int, mv: ServedVersion, state: tuple | None, reason: str = "") -> None:
+        mv.stop_admitting()
+
+        async def drain() -> None:
+            try:
+                await mv.close()
+            except Exception:  # noqa: BLE001 - a failing close must not break the server
+                log.exception("model %s version %s: closing failed", entry.name, version)
+            if state is not None and entry.states.get(str(version)) is state:  # not loaded again meanwhile
+                entry.states[str(version)] = ("UNAVAILABLE", reason)
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
 
     def _repo(self) -> Repository:
         if self.repository is None:
@@ -189,7 +208,11 @@ class ModelServer:
         if override is not None and not isinstance(override, str):
             raise ModelServerError("invalid_argument", "load parameter 'config' must be a JSON string")
         async with self._lock:
-            await self._load_locked(name, override, set())
+            self._entries.setdefault(name, Entry(name)).explicit = True
+            try:
+                await self._load_locked(name, override, set())
+            finally:
+                self._entries.refresh_ensembles()
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         if self.control_mode != "explicit":
@@ -198,17 +221,24 @@ class ModelServer:
         if name not in self._entries:
             self._repo().resolve(name)  # invalid names and unknown models get their own errors
         async with self._lock:
-            await self._unload_locked(name, unload_dependents)
+            self._unload_locked(name, unload_dependents)
+            self._entries.refresh_ensembles()
 
-    async def _unload_locked(self, name: str, unload_dependents: bool) -> None:
+    def _unload_locked(self, name: str, unload_dependents: bool) -> None:
+        """Triton's unload_dependents: unloading an ensemble also unloads the step models that were loaded only
+        for it (not explicitly) and that no other loaded ensemble uses, recursively. Ensembles that use an
+        unloaded model are not unloaded: they wait, UNAVAILABLE, for it (`Entries.refresh_ensembles`)."""
         entry = self._entries.get(name)
         if entry is None:
             return
-        await self._close_versions(entry, "unloaded")
+        steps = entry.steps  # of the config last loaded (or tried: its steps were loaded for it all the same)
+        self._close_versions(entry, "unloaded")
+        entry.explicit = False
         if unload_dependents:
-            for other in list(self._entries.values()):
-                if other.spec and other.versions and name in {s.model_name for s in other.spec.ensemble_steps}:
-                    await self._unload_locked(other.name, True)
+            for step in steps:
+                other = self._entries.get(step)
+                if other is not None and other.versions and not other.explicit and not self._entries.used_by_an_ensemble(step):
+                    self._unload_locked(step, True)
 
     async def _poll(self) -> None:
         while True:
@@ -226,8 +256,11 @@ class ModelServer:
                 entry = self._entries.get(name)
                 if entry is None or entry.fingerprint != repo.fingerprint(name):
                     await self._load_quietly(name)
+                    if name in self._entries:
+                        self._entries[name].explicit = True
             for name in sorted(set(self._entries) - names):
-                await self._close_versions(self._entries.pop(name), "removed from the repository")
+                self._close_versions(self._entries.pop(name), "removed from the repository")
+            self._entries.refresh_ensembles()
 
     # -- lookup ------------------------------------------------------------------------------------------------
     def _version(self, name: str, version: str = "") -> ServedVersion:
@@ -237,6 +270,8 @@ class ModelServer:
                 reasons = "; ".join(r for s, r in entry.states.values() if r)
                 raise ModelServerError("unavailable", f"model '{name}' is not ready: {reasons or 'not loaded'}")
             raise ModelServerError("not_found", f"unknown model '{name}'")
+        if entry.waiting:
+            raise ModelServerError("unavailable", f"model '{name}' is not ready: {entry.waiting}")
         if not version:
             return entry.versions[max(entry.versions)]
         if not version.isdigit():

@@ -7,6 +7,7 @@ import asyncio
 
 import numpy as np
 from _model_repos import (
+    PY_SEQ,
     add_onnx_mlp,
     add_python_scale,
     add_python_seq,
@@ -14,6 +15,8 @@ from _model_repos import (
     write_python_model,
 )
 from ms_helpers import expect_error, outputs, request, run, serving
+
+from strataserve.types.tensors import ModelServerError
 
 
 def test_concurrent_requests_are_batched_and_split_back(tmp_path):
@@ -70,6 +73,13 @@ def _sleep(ms: float) -> np.ndarray:
     return np.array([[ms]], np.float32)
 
 
+def _at(model: str, priority: int):
+    """A request that sleeps 0 ms, at this priority."""
+    req = request(model, SLEEP_MS=_sleep(0))
+    req.priority = priority
+    return req
+
+
 def _seq(resp) -> int:
     return int(outputs(resp)["SEQ"][0, 0])
 
@@ -110,20 +120,34 @@ def test_timed_out_request_gets_its_error(tmp_path):
 
 
 def test_delay_action_moves_timed_out_requests_back(tmp_path):
-    add_python_seq(tmp_path, default_timeout_us=10_000, timeout_action="DELAY")
+    # Priority 1 times out after 10 ms with DELAY; the default level 2 has no timeout (a request could only
+    # shorten a default, so the request that must not time out sits at a level without one).
+    write_python_model(tmp_path, "py_seq", PY_SEQ, """
+        backend: "python"
+        max_batch_size: 1
+        input [ { name: "SLEEP_MS" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        output [ { name: "SEQ" data_type: TYPE_INT64 dims: [ 1 ] } ]
+        instance_group [ { count: 1 kind: KIND_CPU } ]
+        dynamic_batching {
+          priority_levels: 2
+          default_priority_level: 2
+          priority_queue_policy { key: 1 value: { default_timeout_microseconds: 10000 timeout_action: DELAY } }
+        }
+    """)
 
     async def main():
         async with serving(tmp_path) as server:
             blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(500))))
             await _until_executing(server, "py_seq")
-            first = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(0))))
+            first = request("py_seq", SLEEP_MS=_sleep(0))
+            first.priority = 1
+            first = asyncio.create_task(server.infer(first))
             await asyncio.sleep(0.05)  # `first` exceeds its 10 ms queue timeout: delayed, not rejected
             second = request("py_seq", SLEEP_MS=_sleep(0))
-            second.timeout_us = 10_000_000
             results = await asyncio.gather(blocker, first, server.infer(second))
             return [_seq(r) for r in results]
 
-    assert run(main()) == [0, 2, 1]
+    assert run(main()) == [0, 2, 1]  # the delayed request runs after every one that has not timed out
 
 
 def test_priorities_reorder_the_queue(tmp_path):
@@ -137,13 +161,60 @@ def test_priorities_reorder_the_queue(tmp_path):
             await asyncio.sleep(0)
             high = request("py_seq", SLEEP_MS=_sleep(0))
             high.priority = 1
-            bad = request("py_seq", SLEEP_MS=_sleep(0))
-            bad.priority = 3
-            await expect_error("invalid_argument", server.infer(bad), "priority 3 is outside 1..2")
             results = await asyncio.gather(blocker, server.infer(high), *low)
             return [_seq(r) for r in results]
 
     assert run(main()) == [0, 1, 2, 3]
+
+
+def test_priority_outside_the_levels_gets_the_default_level(tmp_path):
+    """Triton's InferenceRequest::SetPriority: 0 or a priority above priority_levels means the default level
+    (here 2 of 3), never an error."""
+    write_python_model(tmp_path, "seq3", PY_SEQ, """
+        backend: "python"
+        max_batch_size: 1
+        input [ { name: "SLEEP_MS" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        output [ { name: "SEQ" data_type: TYPE_INT64 dims: [ 1 ] } ]
+        instance_group [ { count: 1 kind: KIND_CPU } ]
+        dynamic_batching { priority_levels: 3 default_priority_level: 2 }
+    """)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            blocker = asyncio.create_task(server.infer(request("seq3", SLEEP_MS=_sleep(300))))
+            await _until_executing(server, "seq3")
+            jobs = []
+            for priority in (3, 7, 0, 1):  # queued in this order behind the blocker
+                jobs.append(asyncio.create_task(server.infer(_at("seq3", priority))))
+                await asyncio.sleep(0)
+            results = await asyncio.gather(blocker, *jobs)
+            return [_seq(r) for r in results]
+
+    # level 1 first, then level 2 (7 and 0, in arrival order), then level 3
+    assert run(main()) == [0, 4, 2, 3, 1]
+
+
+def test_request_timeout_may_shorten_but_not_extend_the_default(tmp_path):
+    """allow_timeout_override (model_config.proto): a request may set a timeout less than the default, but may
+    not increase it: min(request, default)."""
+    add_python_seq(tmp_path, default_timeout_us=100_000)
+
+    async def main():
+        async with serving(tmp_path) as server:
+            blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(600))))
+            await _until_executing(server, "py_seq")
+            longer = request("py_seq", SLEEP_MS=_sleep(0))
+            longer.timeout_us = 10_000_000  # asks for 10 s: the default 100 ms still applies
+            shorter = request("py_seq", SLEEP_MS=_sleep(0))
+            shorter.timeout_us = 20_000
+            results = await asyncio.gather(server.infer(longer), server.infer(shorter), return_exceptions=True)
+            await blocker
+            return results
+
+    longer, shorter = run(main())
+    assert isinstance(longer, ModelServerError) and longer.code == "deadline_exceeded", longer
+    assert "timed out after 100000 us" in longer.message
+    assert isinstance(shorter, ModelServerError) and "timed out after 20000 us" in shorter.message, shorter
 
 
 MEET = """
@@ -257,18 +328,13 @@ def test_priority_queue_policy_applies_per_level(tmp_path):
         }
     """)
 
-    def at(priority: int):
-        req = request("py_seq", SLEEP_MS=_sleep(0))
-        req.priority = priority
-        return req
-
     async def main():
         async with serving(tmp_path) as server:
             blocker = asyncio.create_task(server.infer(request("py_seq", SLEEP_MS=_sleep(500))))
             await _until_executing(server, "py_seq")
-            queued = [asyncio.create_task(server.infer(at(p))) for p in (2, 2, 2, 1)]
+            queued = [asyncio.create_task(server.infer(_at("py_seq", p))) for p in (2, 2, 2, 1)]
             await asyncio.sleep(0)
-            await expect_error("unavailable", server.infer(at(1)), "queue full", "priority level 1")
+            await expect_error("unavailable", server.infer(_at("py_seq", 1)), "queue full", "priority level 1")
             return [_seq(r) for r in await asyncio.gather(blocker, *queued)]
 
     assert run(main()) == [0, 2, 3, 4, 1]

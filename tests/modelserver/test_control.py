@@ -8,7 +8,15 @@ import os
 
 import numpy as np
 import pytest
-from _model_repos import add_ensemble, add_onnx_mlp, add_python_scale, add_torchscript, mlp_reference, write_config
+from _model_repos import (
+    add_ensemble,
+    add_onnx_mlp,
+    add_python_scale,
+    add_torchscript,
+    mlp_reference,
+    write_config,
+    write_python_model,
+)
 from ms_helpers import expect_error, outputs, request, run, serving
 
 from strataserve.modelserver.server import ModelServer
@@ -175,8 +183,29 @@ def test_explicit_initial_models_and_none_mode_refuses_control(tmp_path):
     assert run(main()) == ((False, True), (True, True))
 
 
+IDENTITY = """
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                                .as_numpy())]) for r in requests]
+"""
+
+
+def add_identity(repo, name: str = "ident", datatype: str = "TYPE_FP32", dims: str = "[ 4 ]", mbs: int = 8) -> None:
+    write_python_model(repo, name, IDENTITY, f"""
+        backend: "python"
+        max_batch_size: {mbs}
+        input [ {{ name: "IN" data_type: {datatype} dims: {dims} }} ]
+        output [ {{ name: "OUT" data_type: {datatype} dims: {dims} }} ]
+    """)
+
+
 def test_ensemble_validation_errors(tmp_path):
     add_onnx_mlp(tmp_path)
+    add_identity(tmp_path)
     cases = {
         "unknown_model": ('{ model_name: "ghost" input_map { key: "INPUT0" value: "X" } '
                           'output_map { key: "OUTPUT0" value: "Y" } }', "step[0].model_name", "'ghost'"),
@@ -185,8 +214,8 @@ def test_ensemble_validation_errors(tmp_path):
                   "step[1].output_map", "'Y' is already produced by step 0"),
         "no_producer": ('{ model_name: "onnx_mlp" input_map { key: "INPUT0" value: "Z" } '
                         'output_map { key: "OUTPUT0" value: "Y" } }', "step[0].input_map", "'Z' is produced by no step"),
-        "cycle": ('{ model_name: "onnx_mlp" input_map { key: "INPUT0" value: "P" } output_map { key: "OUTPUT0" value: "Q" } },'
-                  '{ model_name: "onnx_mlp" input_map { key: "INPUT0" value: "Q" } output_map { key: "OUTPUT0" value: "P" } },'
+        "cycle": ('{ model_name: "ident" input_map { key: "IN" value: "P" } output_map { key: "OUT" value: "Q" } },'
+                  '{ model_name: "ident" input_map { key: "IN" value: "Q" } output_map { key: "OUT" value: "P" } },'
                   '{ model_name: "onnx_mlp" input_map { key: "INPUT0" value: "X" } output_map { key: "OUTPUT0" value: "Y" } }',
                   "ensemble_scheduling.step", "steps [0, 1] form a cycle"),
     }
