@@ -18,7 +18,8 @@ from strataserve.api.errors import APIError, install_error_handlers
 from strataserve.api.limits import RequestLimits
 from strataserve.api.middleware import GuardMiddleware
 from strataserve.api.protocol import DetokenizeRequest, TokenizeRequest
-from strataserve.api.serving import check_token_ids, forward_plain, route
+from strataserve.api.request_params import check_token_ids
+from strataserve.api.serving import forward_plain, route
 from strataserve.api.speech import make_speech_router
 from strataserve.router.router import Router
 from strataserve.router.types import Payload

@@ -13,8 +13,9 @@ from strataserve.api.errors import bad_request
 from strataserve.api.formatting import ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage
 from strataserve.api.guided import guided_params, validate
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
+from strataserve.api.request_params import make_params, resolve_max_tokens, truncated, vllm_extras
 from strataserve.api.serving import (ServerState, admit, counts_outcome, engine_abort_error, engine_stream, forward,
-                                     make_params, new_id, resolve_max_tokens, sse_body, traced, until_disconnect)
+                                     new_id, sse_body, traced, until_disconnect)
 from strataserve.api.tools import ToolPlan, ToolStreamer, assistant_message, message_dicts, plan_tools, tool_events
 from strataserve.types.sampling import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
 from strataserve.router.metrics import RouteTrace
@@ -96,6 +97,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     prompt_ids = render_chat(state, body.messages, body.add_generation_prompt, body.tools,
                              continue_final_message=body.continue_final_message,
                              template_kwargs=body.chat_template_kwargs)
+    prompt_ids = truncated(state, prompt_ids, body.truncate_prompt_tokens)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_tokens = resolve_max_tokens(state, len(prompt_ids), requested, param, "messages")
@@ -109,7 +111,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                          ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=top_n,
                          skip_special_tokens=body.skip_special_tokens and not (plan and plan.keep_special_tokens),
                          include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided,
-                         logit_bias=body.logit_bias)
+                         logit_bias=body.logit_bias, **vllm_extras(state, body))
     rid = new_id("chatcmpl")
     work = float(len(prompt_ids))
     # 429 when the key's tokens per minute are spent or the queue ahead would make it miss its class's TTFT

@@ -14,9 +14,9 @@ from strataserve.api.errors import bad_request
 from strataserve.api.formatting import ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
 from strataserve.api.guided import guided_params
 from strataserve.api.protocol import CompletionRequest
-from strataserve.api.serving import (ServerState, admit, check_token_ids, counts_outcome, engine_abort_error,
-                                     engine_stream, forward, make_params, merge_streams, new_id, resolve_max_tokens,
-                                     sse_body, traced, until_disconnect)
+from strataserve.api.request_params import check_token_ids, make_params, resolve_max_tokens, truncated, vllm_extras
+from strataserve.api.serving import (ServerState, admit, counts_outcome, engine_abort_error, engine_stream, forward,
+                                     merge_streams, new_id, sse_body, traced, until_disconnect)
 from strataserve.router.metrics import RouteTrace
 from strataserve.types.sampling import SamplingParams
 
@@ -66,6 +66,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of different from n is not supported", param="best_of")
     prompts = _prompts(state, body.prompt, body.add_special_tokens)
+    if body.truncate_prompt_tokens is not None:  # an echo of a cut prompt shows the tokens kept
+        cut = [truncated(state, ids, body.truncate_prompt_tokens) for _, ids in prompts]
+        prompts = [(text if len(kept) == len(ids) else None, kept) for (text, ids), kept in zip(prompts, cut)]
     if state.tokenizer is None and (body.echo or body.logprobs is not None or body.stop):
         raise bad_request("echo, logprobs and stop strings need a tokenizer; this server has none "
                           "(--skip-tokenizer-init): read the token ids (return_token_ids)", param="prompt")
@@ -75,7 +78,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                   stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
                   logprobs=body.logprobs, skip_special_tokens=body.skip_special_tokens,
                   include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided_params(body),
-                  prompt_logprobs=body.logprobs if _echo_logprobs(body) else None, logit_bias=body.logit_bias)
+                  prompt_logprobs=body.logprobs if _echo_logprobs(body) else None, logit_bias=body.logit_bias,
+                  **vllm_extras(state, body))
     params: list[SamplingParams] = []
     for _, ids in prompts:
         # echo with max_tokens 0 scores the prompt (vLLM, after OpenAI): one token is made and thrown away

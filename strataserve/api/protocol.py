@@ -60,6 +60,9 @@ class _SamplingFields(_Base):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: Int64 = 0
+    allowed_token_ids: list[Int64] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: Int64 | None = None  # keep the last k prompt tokens (-1: max_model_len)
     # structured outputs (vLLM extras; ``api/guided.py`` turns them into one GuidedDecodingParams)
     guided_json: str | dict | None = None
     guided_regex: str | None = None

@@ -18,9 +18,10 @@ from strataserve.api.errors import APIError, bad_request, engine_dead, from_valu
 from strataserve.api.formatting import DONE, sse
 from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import ServerMetrics
+from strataserve.api.request_params import check_token_ids
 from strataserve.types.errors import EngineDeadError
 from strataserve.types.outputs import RequestOutput
-from strataserve.types.sampling import RequestOutputKind, SamplingParams
+from strataserve.types.sampling import SamplingParams
 from strataserve.router.metrics import RouteTrace
 from strataserve.router.router import Router, outcome_of
 from strataserve.router.sla import SLA, bearer_key
@@ -255,45 +256,6 @@ def _upstream_charge(body: Any) -> float:
         return chars / 4 + int(n) * int(most)
     except (TypeError, ValueError):
         return chars / 4 + UPSTREAM_DEFAULT_OUTPUT  # the upstream answers the bad field with its own 400
-
-
-def check_token_ids(state: ServerState, ids: list[int], param: str = "prompt") -> None:
-    vocab = state.vocab_size
-    for t in ids:
-        if t < 0 or (vocab is not None and t >= vocab):
-            raise bad_request(f"token id {t} is outside the vocabulary [0, {vocab})", param=param)
-
-
-def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | None, param: str,
-                       prompt_param: str = "prompt") -> int:
-    """Check the prompt fits the context and return the output budget (the rest of the context by default).
-    ``prompt_param``: the field the prompt came in (chat's is ``messages``), named in the errors."""
-    if num_prompt == 0:
-        raise bad_request("the prompt is empty: give at least one token", param=prompt_param)
-    limit = state.max_model_len
-    if num_prompt >= limit:
-        raise bad_request(f"This model's maximum context length is {limit} tokens, but the prompt has {num_prompt} "
-                          "tokens; shorten the prompt.", param=prompt_param, code="context_length_exceeded")
-    if max_tokens is None:
-        return limit - num_prompt
-    if max_tokens < 1:
-        raise bad_request(f"{param}={max_tokens} is out of range: must be >= 1", param=param)
-    if num_prompt + max_tokens > limit:
-        raise bad_request(f"This model's maximum context length is {limit} tokens; the prompt has {num_prompt} and "
-                          f"{param} asks for {max_tokens} more. Set {param} to at most {limit - num_prompt}.",
-                          param=param, code="context_length_exceeded")
-    return max_tokens
-
-
-def make_params(defaults: dict[str, Any] | None = None, **kwargs: Any) -> SamplingParams:
-    """SamplingParams from request fields; one left ``None`` takes ``defaults`` (the checkpoint's), else
-    SamplingParams' default. Range errors become 400s."""
-    merged: dict[str, Any] = {"output_kind": RequestOutputKind.DELTA, **(defaults or {})}  # streams send what is new
-    merged.update((k, v) for k, v in kwargs.items() if v is not None)
-    try:
-        return SamplingParams(**merged)
-    except ValueError as exc:
-        raise from_value_error(exc) from None
 
 
 def engine_abort_error(stop_reason: Any) -> APIError:

@@ -62,6 +62,11 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, not {type(params).__name__}")
         text, ids = self._tokenize(prompt)
+        if params.truncate_prompt_tokens is not None:
+            ids = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
+        self._check_vocab_params(params)
+        if params.bad_words and params.bad_words_token_ids is None:
+            params = replace(params, bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
         check_guided(params.guided_decoding)
         if self.tokenizer is None and params.stop:
             raise ValueError("stop strings need a tokenizer (this engine skipped it): use stop_token_ids")
@@ -71,6 +76,15 @@ class InputProcessor:
             if extra:
                 params = replace(params, stop_token_ids=list(params.stop_token_ids) + extra)
         return text, ids, params
+
+    def _check_vocab_params(self, params: SamplingParams) -> None:
+        """Token ids a request names must exist (vLLM refuses them too; a bias on a missing id did nothing)."""
+        if self.vocab_size is None:
+            return
+        for name, ids in (("allowed_token_ids", params.allowed_token_ids), ("logit_bias", params.logit_bias)):
+            bad = [t for t in ids or () if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"{name}: token id {bad[0]} is out of range: ids must be in [0, {self.vocab_size})")
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -98,3 +112,29 @@ class InputProcessor:
             bad = min(out) if min(out) < 0 else max(out)
             raise ValueError(f"prompt token id {bad} is out of range: ids must be in [0, {self.vocab_size})")
         return out
+
+
+def truncate_prompt(ids: list[int], keep: int, max_model_len: int) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: the last ``keep`` prompt tokens (-1: the last ``max_model_len``)."""
+    if keep == -1:
+        keep = max_model_len
+    if keep > max_model_len:
+        raise ValueError(f"truncate_prompt_tokens={keep} is more than the model's context ({max_model_len} tokens): "
+                         f"give at most {max_model_len}, or -1")
+    return ids[-keep:]
+
+
+def bad_words_token_ids(tokenizer: Any, words: Sequence[str]) -> list[list[int]]:
+    """Each word as the tokenizer writes it at the start of the text and after a space (vLLM's rule: the spaced
+    form is kept when it is a different word token of the same length)."""
+    if tokenizer is None:
+        raise ValueError("bad_words need a tokenizer (this engine skipped it): use logit_bias to ban token ids")
+    out: list[list[int]] = []
+    for word in words:
+        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if bare:
+            out.append(bare)
+        if spaced and (not bare or (spaced[0] != bare[0] and len(spaced) == len(bare))):
+            out.append(spaced)
+    return out

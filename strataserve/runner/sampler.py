@@ -2,8 +2,9 @@
 
 Per step, for the rows of one batch (each row = one request's last position):
 
-1. ``min_tokens``: while a request has fewer outputs than ``min_tokens``, its eos (unless ``ignore_eos``) and
-   ``stop_token_ids`` are banned, unless nothing else is left to sample (a complete grammar); ``logit_bias`` is added (ids outside the vocabulary are skipped).
+1. ``allowed_token_ids`` leave only those tokens; ``bad_words`` ban the token that would complete one; while a
+   request has fewer outputs than ``min_tokens``, its eos (unless ``ignore_eos``) and ``stop_token_ids`` are
+   banned, unless nothing else is left to sample (a complete grammar); ``logit_bias`` is added.
 2. Penalties (``runner/penalties.py``): repetition, then frequency/presence - only for rows that use them.
 3. Greedy rows (temperature < 1e-5) take the argmax of the penalised logits.
 4. Other rows: divide by temperature, then min-p (drop tokens whose probability is below ``min_p`` times the
@@ -64,7 +65,19 @@ class SamplingRequest:
     def __post_init__(self) -> None:
         p = self.params
         self.plain_greedy = (p.greedy and not p.uses_penalties and p.logprobs is None and not p.logit_bias
+                             and not p.allowed_token_ids and not p.bad_words_token_ids
                              and not (p.min_tokens and (p.stop_token_ids or not p.ignore_eos)))
+
+
+def bad_word_bans(words: Sequence[Sequence[int]], output: Sequence[int]) -> list[int]:
+    """The tokens ``bad_words`` ban next: a one-token word always, a longer one's last token when the output
+    ends with the rest of it (vLLM's rule)."""
+    out = []
+    for w in words:
+        head = len(w) - 1
+        if head == 0 or (len(output) >= head and list(output[len(output) - head:]) == list(w[:head])):
+            out.append(w[-1])
+    return out
 
 
 def _unban_dead_rows(x: torch.Tensor, raw: torch.Tensor, rows: list[int]) -> None:
@@ -188,22 +201,33 @@ class Sampler:
         ban_ids: list[list[int]] = []
         bias_rows: list[int] = []
         pen_rows: list[int] = []
+        allow_rows: list[int] = []
         for i, r in enumerate(reqs):
             p = r.params
+            ids = []
             if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
                 ids = list(p.stop_token_ids)
                 if r.eos_token_id is not None and not p.ignore_eos:
                     ids.append(r.eos_token_id)
-                if ids:
-                    ban_rows.append(i)
-                    ban_ids.append(ids)
+            if p.bad_words_token_ids:
+                ids += bad_word_bans(p.bad_words_token_ids, r.output_token_ids)
+            if ids:
+                ban_rows.append(i)
+                ban_ids.append(ids)
+            if p.allowed_token_ids:
+                allow_rows.append(i)
             if p.logit_bias:
                 bias_rows.append(i)
             if p.uses_penalties:
                 pen_rows.append(i)
-        if not ban_rows and not pen_rows and not bias_rows:
+        if not ban_rows and not pen_rows and not bias_rows and not allow_rows:
             return raw
         x = raw.clone()
+        for i in allow_rows:  # everything else is out: -inf
+            keep = torch.full_like(x[i], float("-inf"))
+            ids = [t for t in reqs[i].params.allowed_token_ids if t < x.shape[1]]
+            keep[torch.tensor(ids, dtype=torch.long, device=x.device)] = 0.0
+            x[i] += keep
         if ban_rows:
             ban_tokens(x, ban_rows, ban_ids)
             _unban_dead_rows(x, raw, ban_rows)

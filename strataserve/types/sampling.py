@@ -115,9 +115,19 @@ class SamplingParams:
     #: what ``AsyncLLM.generate`` yields (vLLM's): the text so far (CUMULATIVE), only what is new (DELTA, the
     #: server's), or the finished output alone (FINAL_ONLY)
     output_kind: RequestOutputKind = field(default_factory=lambda: RequestOutputKind.CUMULATIVE)
+    #: vLLM's: sample only among these token ids
+    allowed_token_ids: list[int] | None = None
+    #: vLLM's: words never to write. Each is tokenized with and without a leading space; a word of several tokens
+    #: is banned at its last token when the output ends with the others
+    bad_words: list[str] | None = None
+    #: vLLM's: keep only the last k prompt tokens (-1: as many as max_model_len allows)
+    truncate_prompt_tokens: int | None = None
+    #: ``bad_words`` as token-id sequences; the front end fills it in from the tokenizer
+    bad_words_token_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed"):
+        for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "seed",
+                     "truncate_prompt_tokens"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 _fail(name, value, "must be an integer")  # else a 2.5 failed deep in the sampler, or rounded
@@ -172,6 +182,24 @@ class SamplingParams:
             _fail("stop_token_ids", self.stop_token_ids, "token ids must be >= 0")
         if self.logit_bias is not None:
             object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias) or None)
+        self._check_vllm_extras()
+
+    def _check_vllm_extras(self) -> None:
+        if self.allowed_token_ids is not None:
+            ids = list(self.allowed_token_ids)
+            if not ids or any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 for t in ids):
+                _fail("allowed_token_ids", self.allowed_token_ids, "must be a non-empty list of token ids (>= 0)")
+            object.__setattr__(self, "allowed_token_ids", [int(t) for t in ids])
+        if self.bad_words is not None:
+            words = [self.bad_words] if isinstance(self.bad_words, str) else list(self.bad_words)
+            if any(not isinstance(w, str) or not w.strip() for w in words):
+                _fail("bad_words", self.bad_words, "must be a list of non-empty strings")
+            object.__setattr__(self, "bad_words", words or None)
+        t = self.truncate_prompt_tokens
+        if t is not None and t < 1 and t != -1:
+            _fail("truncate_prompt_tokens", t, "must be >= 1, or -1 for max_model_len")
+        if self.bad_words_token_ids is not None:
+            object.__setattr__(self, "bad_words_token_ids", [list(map(int, w)) for w in self.bad_words_token_ids])
 
     @property
     def greedy(self) -> bool:

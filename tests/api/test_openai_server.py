@@ -196,6 +196,38 @@ def test_echo_with_max_tokens_0_scores_the_prompt(client, stream):
         client.completions.create(model=MODEL, prompt="x", max_tokens=0)  # without echo there is nothing to return
 
 
+def test_vllm_extras_allowed_ids_bad_words_truncation(client, server):
+    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": "one two three four five six"},
+                     headers=server.headers).json()["tokens"]
+    kw = dict(model=MODEL, max_tokens=6, temperature=0.0)
+    base = client.completions.create(prompt="one two three", extra_body={"return_token_ids": True}, **kw)
+    allowed = sorted(set(base.choices[0].token_ids[:3]))
+    for stream in (False, True):
+        out = client.completions.create(prompt="one two three", stream=stream, **kw,
+                                        extra_body={"allowed_token_ids": allowed, "return_token_ids": True})
+        got = [t for c in (out if stream else [out]) for ch in c.choices for t in (ch.token_ids or [])]
+        assert got and set(got) <= set(allowed)
+    cut = client.chat.completions.create(messages=[{"role": "user", "content": "one two three four"}],
+                                         extra_body={"truncate_prompt_tokens": 3}, **kw)
+    assert cut.usage.prompt_tokens == 3
+    cut = client.completions.create(prompt=ids, extra_body={"truncate_prompt_tokens": 2, "return_token_ids": True},
+                                    **kw)
+    assert cut.choices[0].prompt_token_ids == ids[-2:] and cut.usage.prompt_tokens == 2
+    word = base.choices[0].text.split()[0]
+    seq = httpx.post(f"{server.url}/tokenize", json={"prompt": word, "add_special_tokens": False},
+                     headers=server.headers).json()["tokens"]
+    assert base.choices[0].token_ids[:len(seq)] == seq  # greedy writes the word first...
+    banned = client.completions.create(prompt="one two three", **kw,
+                                       extra_body={"bad_words": [word], "return_token_ids": True}).choices[0]
+    got = banned.token_ids  # ...and never with it banned
+    assert not any(got[i:i + len(seq)] == seq for i in range(len(got))), (word, banned.text)
+    for extra, param in (({"allowed_token_ids": [10**7]}, "allowed_token_ids"),
+                         ({"truncate_prompt_tokens": 10**7}, "truncate_prompt_tokens")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(prompt="x", stream=True, extra_body=extra, **kw)
+        assert err.value.body["param"] == param
+
+
 def test_async_client_concurrent_streams(server):
     async def run() -> list[str]:
         aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)

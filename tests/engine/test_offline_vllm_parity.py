@@ -94,7 +94,7 @@ def test_generation_config_gives_the_sampling_defaults(tmp_path, caplog):
     refuse is left out rather than failing every request."""
     import json
 
-    from strataserve.api.serving import make_params
+    from strataserve.api.request_params import make_params
     from strataserve.models.generation_defaults import sampling_defaults
 
     path = make_tiny_checkpoint("llama", tmp_path / "ckpt")
@@ -146,3 +146,33 @@ def test_strata_generate_refuses_what_it_cannot_do(tmp_path, capsys):
         assert capsys.readouterr().err.startswith("error:")
     finally:
         signal.signal(signal.SIGTERM, before)  # main() installs its own handler
+
+
+def test_allowed_token_ids_bad_words_and_truncate_prompt_tokens(llm):
+    """vLLM's SamplingParams extras: sampling limited to allowed ids; a bad word's token sequence never appears
+    (at the start or after a space); a truncated prompt runs as its last k tokens would; ids must exist."""
+    tok = llm.get_tokenizer()
+    prompt = "the cat sat on the mat and the dog"
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    base = llm.generate([prompt], greedy)[0].outputs[0]
+    allowed = sorted(set(base.token_ids[2:6]))
+    for sp in (SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, allowed_token_ids=allowed),
+               SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True, allowed_token_ids=allowed)):
+        assert set(llm.generate([prompt], sp)[0].outputs[0].token_ids) <= set(allowed)
+    word = tok.decode(base.token_ids[:2]).strip()  # what greedy writes first, banned
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                                                bad_words=[word]))[0].outputs[0]
+    seqs = [tok.encode(w, add_special_tokens=False) for w in (word, " " + word)]
+    for seq in seqs:
+        assert not any(out.token_ids[i:i + len(seq)] == seq for i in range(len(out.token_ids))), (word, out.text)
+    assert out.token_ids != base.token_ids
+    ids = tok.encode(prompt)
+    cut = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
+                                                truncate_prompt_tokens=3))[0]
+    assert cut.prompt_token_ids == ids[-3:]
+    alone = llm.generate([{"prompt_token_ids": ids[-3:]}], SamplingParams(temperature=0, max_tokens=8,
+                                                                          ignore_eos=True))[0]
+    assert cut.outputs[0].token_ids == alone.outputs[0].token_ids
+    for bad in ({"allowed_token_ids": [10**6]}, {"logit_bias": {10**6: 1.0}}, {"truncate_prompt_tokens": 10**6}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            llm.generate([prompt], SamplingParams(**bad))

@@ -433,3 +433,34 @@ def test_row_argmax_takes_the_c_pass_unless_switched_off(monkeypatch) -> None:
     assert torch.equal(row_argmax(x), x.argmax(-1)) and len(calls) == 1
     monkeypatch.setattr(envs, "STRATA_CPU_LAYER_OPS", False)
     assert torch.equal(row_argmax(x), x.argmax(-1)) and len(calls) == 1
+
+
+def test_bad_words_match_transformers_no_bad_words_and_allowed_ids_mask() -> None:
+    """vLLM's bad_words rule is HF's NoBadWordsLogitsProcessor over the output tokens: a one-token word is always
+    banned, a longer one at its last token when the output ends with the rest. allowed_token_ids keep only those."""
+    from transformers.generation.logits_process import NoBadWordsLogitsProcessor
+
+    words = [[5], [7, 8], [9, 10, 11], [12, 13]]
+    outputs = [[], [3, 7], [1, 9, 10], [7, 12]]
+    x = _logits(len(outputs), seed=21)
+    reqs = [_req(SP(temperature=0.0, bad_words_token_ids=words), out) for out in outputs]
+    assert not reqs[0].plain_greedy
+    ours = Sampler._processed(x, reqs)
+    for i, out in enumerate(outputs):
+        ref = NoBadWordsLogitsProcessor(words, eos_token_id=63)(torch.tensor([[2, *out]]), x[i : i + 1].clone())[0]
+        assert torch.equal(torch.isinf(ours[i]), torch.isinf(ref)), i
+    allowed = [3, 17, 40]
+    y = _logits(10, seed=22)
+    toks, _ = Sampler()(y, [_req(SP(temperature=0.0, allowed_token_ids=allowed))] * 2
+                        + [_req(SP(temperature=0.9, seed=s, allowed_token_ids=allowed)) for s in range(8)])
+    assert set(toks) <= set(allowed) and len(set(toks[2:])) > 1
+    assert toks[0] == allowed[int(y[0, allowed].argmax())]
+
+
+@pytest.mark.parametrize("kwargs,needle", [({"allowed_token_ids": []}, "allowed_token_ids"),
+                                           ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
+                                           ({"bad_words": [""]}, "bad_words"),
+                                           ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens")])
+def test_vllm_extras_bad_values_name_the_fault(kwargs, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        SP(**kwargs)
