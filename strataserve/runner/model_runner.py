@@ -100,6 +100,8 @@ class ModelRunner(ModelRunnerBase):
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device,
                                                      kernels=not self._torch_views,
                                                      head_dim=self.model_config.head_dim)
+        # vLLM's seed: unseeded sampling (and dummy weights) repeat from one run of a script to the next
+        torch.manual_seed(mc.seed)
         with self.startup.time("weights"):
             self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops,
                                                   self.max_model_len, self.tp, mc.load_format)

@@ -176,3 +176,20 @@ def test_allowed_token_ids_bad_words_and_truncate_prompt_tokens(llm):
     for bad in ({"allowed_token_ids": [10**6]}, {"logit_bias": {10**6: 1.0}}, {"truncate_prompt_tokens": 10**6}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             llm.generate([prompt], SamplingParams(**bad))
+
+
+def test_llm_seed_makes_unseeded_sampling_repeat(tmp_path):
+    """LLM(seed=...) seeds the engine's generator, as vLLM's does: the same script samples the same text again;
+    another seed samples other text."""
+    path = make_tiny_checkpoint("llama", tmp_path / "m")
+    sp = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)  # no per-request seed
+
+    def run(seed: int) -> list[list[int]]:
+        engine = LLM(str(path), device="cpu", dtype="float32", num_blocks=32, seed=seed)
+        try:
+            return [o.outputs[0].token_ids for o in engine.generate(["a b c", "d e f"], sp)]
+        finally:
+            engine.shutdown()
+
+    first = run(7)
+    assert run(7) == first and run(8) != first
