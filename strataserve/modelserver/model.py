@@ -178,7 +178,13 @@ class ModelVersion(ServedVersion):
             if ts.datatype == "BYTES":
                 arr = as_bytes_array(arr)
             elif arr.dtype != KSERVE_DTYPES[ts.datatype]:
-                arr = arr.astype(KSERVE_DTYPES[ts.datatype])
+                want = np.dtype(KSERVE_DTYPES[ts.datatype])
+                # numpy's defaults (float64, int64) into FP32 / INT32 / UINT8 outputs are cast; floats into an
+                # integer or BOOL output would be truncated: the model's mistake, an error rather than wrong data
+                if arr.dtype.kind in "fc" and want.kind in "iub":
+                    raise ModelServerError("internal", f"model '{spec.name}' output '{name}' is {arr.dtype}, but "
+                                           f"its config declares {ts.datatype}: return {want} data")
+                arr = arr.astype(want)
             _check_output_shape(spec, name, arr.shape, ts.reshape if ts.reshape is not None else ts.dims)
             if ts.reshape is not None:
                 lead = arr.shape[:1] if spec.max_batch_size > 0 else ()

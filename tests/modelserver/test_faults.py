@@ -33,7 +33,8 @@ FLAKY = """
 """
 
 # X=1: hangs (bounded, so the abandoned thread ends); X=2: answers a wrong shape; X=3: reports its pid after a
-# short sleep (a request in flight when the test kills the process); else: Y = X + 1.
+# short sleep (a request in flight when the test kills the process); X=8: floats for the INT64 output; X=9: Y = X + 1
+# as int32 (cast); else: Y = X + 1.
 MISBEHAVING = """
     import os
     import threading
@@ -51,6 +52,10 @@ MISBEHAVING = """
                     threading.Event().wait(5)
                 if x[0] == 2:
                     out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.zeros((2, 2), np.int64))]))
+                    continue
+                if x[0] in (8, 9):
+                    out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + 0.5 if x[0] == 8
+                                                                           else (x + 1).astype(np.int32))]))
                     continue
                 if x[0] == 3:
                     time.sleep(1.0)
@@ -99,6 +104,9 @@ def test_wrong_shapes_and_hangs_fail_only_their_requests(tmp_path, isolated):
             x = lambda v: request("odd", X=np.array([v], np.int64))  # noqa: E731
             with pytest.raises(ModelServerError) as shape:
                 await server.infer(x(2))
+            with pytest.raises(ModelServerError, match="output 'Y' is float64, but its config declares INT64"):
+                await server.infer(x(8))  # truncated to ints it would be wrong data
+            assert outputs(await server.infer(x(9)))["Y"].tolist() == [10]  # int32 into INT64: cast
             hang = asyncio.ensure_future(server.infer(x(1)))
             await asyncio.sleep(0.05)
             later = [asyncio.ensure_future(server.infer(x(v))) for v in (5, 6, 7)]
@@ -113,7 +121,7 @@ def test_wrong_shapes_and_hangs_fail_only_their_requests(tmp_path, isolated):
     assert timeout.code == "deadline_exceeded" and "model 'odd'" in timeout.message
     assert "EXECUTION_TIMEOUT_MS" in timeout.message
     assert answers == [6, 7, 8]  # the model's later requests were served
-    assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 2
+    assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 3
 
 
 def test_sigkilled_isolated_model_restarts_and_only_its_inflight_request_fails(tmp_path):
