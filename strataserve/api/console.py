@@ -35,7 +35,9 @@ STATIC_DIR = Path(__file__).resolve().parents[1] / "console"
 INTERVAL_S = 1.0
 HISTORY = 600  # samples kept: 10 minutes at 1 s
 WINDOW = 10  # samples behind each latency quantile and the prefix-cache hit rate
-_ERRORS = ("rejected", "client_error", "upstream_error", "unavailable", "aborted")
+# Outcomes that are not errors: "ok", and "aborted" (the client went away or pressed Stop), shown on its own. Every
+# other outcome the router records (rejected, client_error, upstream_error, unavailable, ...) counts as an error.
+_NOT_ERRORS = ("ok", "aborted")
 
 
 def bucket_quantile(bounds: list[float], counts: list[int], q: float) -> float | None:
@@ -67,6 +69,17 @@ def _engine_of(backend: Any) -> tuple[Any, Any]:
     """A local LLM backend's ``ServerState`` and its engine's latest ``SchedulerStats`` (None before a step)."""
     state = getattr(backend, "state", None)
     return state, getattr(getattr(state, "engine", None), "stats", None)
+
+
+def _generated(state: Any, stats: Any) -> int:
+    """Output tokens of a local model: the count ``/metrics`` exposes as ``strata:generation_tokens_total`` (tokens
+    the API process received and sent on; ``ServerMetrics``), so the console and /metrics agree. The engine's own
+    ``SchedulerStats.generation_tokens`` also counts a token sampled for a request aborted before it was sent; it is
+    the fallback only for a backend without ``ServerMetrics``."""
+    metrics = getattr(state, "metrics", None)
+    if metrics is not None and hasattr(metrics, "generation_tokens"):
+        return int(metrics.generation_tokens)
+    return stats.generation_tokens if stats is not None else 0
 
 
 def _rate(now: float, then: float | None, dt: float) -> float:
@@ -106,14 +119,15 @@ class ConsoleFeed:
         """The counters the rates and windowed quantiles are differences of."""
         engines = {}
         for b in self.router.local_text_backends():
-            stats = _engine_of(b)[1]
+            state, stats = _engine_of(b)
             if stats is not None:
-                engines[b.name] = (stats.generation_tokens, stats.num_preemptions, stats.prefix_cache_hits,
+                engines[b.name] = (_generated(state, stats), stats.num_preemptions, stats.prefix_cache_hits,
                                    stats.prefix_cache_queries)
         series = {}
         for key, s in self.router.metrics.series.items():
-            series[key] = {"tokens": s.output_tokens, "ok": s.outcomes["ok"],
-                           "errors": sum(s.outcomes[o] for o in _ERRORS),
+            series[key] = {"tokens": s.output_tokens, "ok": s.outcomes.get("ok", 0),
+                           "aborted": s.outcomes.get("aborted", 0),
+                           "errors": sum(n for o, n in s.outcomes.items() if o not in _NOT_ERRORS),
                            **{name: list(h.counts) for name, h in (("ttft", s.ttft), ("itl", s.itl), ("e2e", s.e2e),
                                                                    ("queue", s.queue))}}
         return {"t": time.time(), "engines": engines, "series": series}
@@ -149,8 +163,9 @@ class ConsoleFeed:
             cur = snap["series"][(model, sla)]
             before = prev["series"].get((model, sla)) if prev else None
             first = old["series"].get((model, sla)) if old else None
+            # `model` and `sla` are the key's parts: a model name can hold "/", so the key is not to be split
             row: dict[str, Any] = {"model": model, "sla": sla, "tokens_total": cur["tokens"], "ok": cur["ok"],
-                                   "errors": cur["errors"],
+                                   "errors": cur["errors"], "aborted": cur["aborted"],
                                    # a series born since the last sample counts from zero
                                    "tps": _rate(cur["tokens"], (before or {"tokens": 0})["tokens"] if prev else None, dt)}
             for name, h in (("ttft", s.ttft), ("itl", s.itl), ("e2e", s.e2e), ("queue", s.queue)):

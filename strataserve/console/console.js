@@ -7,11 +7,14 @@ const $ = (id) => document.getElementById(id);
 Strata.$ = $;
 
 Strata.key = () => sessionStorage.getItem(KEY) || "";
+// An HTTP header value must be ISO-8859-1, or fetch throws before sending: accept printable ASCII only.
+const validKey = (k) => /^[\x20-\x7e]+$/.test(k);
+const INVALID_KEY = "Invalid key: an API key holds only printable ASCII characters (letters, digits, punctuation).";
 
 Strata.headers = (extra) => {
   const h = Object.assign({}, extra || {});
   const k = Strata.key();
-  if (k) h.Authorization = "Bearer " + k;
+  if (k && validKey(k)) h.Authorization = "Bearer " + k;
   return h;
 };
 
@@ -53,19 +56,59 @@ Strata.option = (select, values, keep) => {
 
 Strata.models = async () => (await Strata.json("/v1/models")).data;
 
+// An error line that a later successful load of the same page clears (a fetch failure while the server was away),
+// unlike the error of an action the user took, which stays until the next action.
+Strata.loadError = (id, e) => {
+  if (e instanceof AuthError) return;
+  $(id).textContent = e.message;
+  $(id).dataset.load = "1";
+};
+Strata.loaded = (id) => {
+  if ($(id).dataset.load) $(id).textContent = "";
+  delete $(id).dataset.load;
+};
+
+// A number field's value, or undefined when it is empty (Number("") is 0: a cleared field must be left out).
+Strata.num = (id) => {
+  const v = $(id).value.trim();
+  return v === "" || !Number.isFinite(Number(v)) ? undefined : Number(v);
+};
+
 // ------------------------------------------------------------------ API key
 let ready = false;
+// While the dialog is open the page behind it is inert (no focus, no clicks) and Tab cycles inside the dialog.
+function dialog(open) {
+  $("keybox").hidden = !open;
+  for (const el of document.querySelectorAll("header, main")) el.inert = open;
+}
 function askKey(message) {
   $("key-error").textContent = message || "";
-  $("keybox").hidden = false;
+  dialog(true);
   $("key").focus();
 }
+$("keybox").addEventListener("keydown", (ev) => {
+  if (ev.key !== "Tab") return;
+  const items = [...$("keybox").querySelectorAll("input, button")].filter((e) => !e.disabled);
+  const i = items.indexOf(document.activeElement);
+  const next = ev.shiftKey ? (i <= 0 ? items.length - 1 : i - 1) : (i + 1) % items.length;
+  ev.preventDefault();
+  items[next].focus();
+});
+document.addEventListener("focusin", (ev) => {
+  if (!$("keybox").hidden && !$("keybox").contains(ev.target)) $("key").focus();
+});
 
 $("keyform").addEventListener("submit", async (ev) => {
   ev.preventDefault();
-  sessionStorage.setItem(KEY, $("key").value.trim());
+  const k = $("key").value.trim();
+  if (!validKey(k)) {
+    $("key-error").textContent = INVALID_KEY;
+    $("key").focus();
+    return;
+  }
+  sessionStorage.setItem(KEY, k);
   $("key").value = "";
-  $("keybox").hidden = true;
+  dialog(false);
   boot();
 });
 
@@ -76,7 +119,10 @@ $("forget-key").addEventListener("click", () => {
 
 // ------------------------------------------------------------------ tabs
 function show(name) {
-  for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.page === name);
+  for (const b of document.querySelectorAll("#tabs button")) {
+    b.classList.toggle("active", b.dataset.page === name);
+    b.setAttribute("aria-selected", String(b.dataset.page === name));
+  }
   for (const p of document.querySelectorAll(".page")) p.hidden = p.id !== "page-" + name;
   Strata.current = name;
   const page = Strata.pages[name];
@@ -90,14 +136,30 @@ Strata.setConn = (ok, text) => {
   c.className = "pill " + (ok ? "ok" : "bad");
 };
 
+// The first /v1/models call can fail (server starting or draining, a proxy hiccup): retry with backoff,
+// 1 s doubling to 10 s, until it answers. A refused key stops here: submitting a new one boots again.
+let bootTimer = null;
+let bootDelay = 1000;
 async function boot() {
+  clearTimeout(bootTimer);
+  bootTimer = null;
+  const k = Strata.key();
+  if (k && !validKey(k)) { // stored by an older page: it would make every fetch throw
+    sessionStorage.removeItem(KEY);
+    askKey(INVALID_KEY);
+    return;
+  }
   try {
     const models = await Strata.models();
     $("tab-speech").hidden = !models.some((m) => m.payload === "speech");
   } catch (e) {
-    if (!(e instanceof AuthError)) Strata.setConn(false, "offline: " + e.message);
+    if (e instanceof AuthError) return;
+    Strata.setConn(false, `offline: ${e.message} · retrying in ${bootDelay / 1000} s`);
+    bootTimer = setTimeout(boot, bootDelay);
+    bootDelay = Math.min(bootDelay * 2, 10000);
     return;
   }
+  bootDelay = 1000;
   $("forget-key").hidden = !Strata.key();
   ready = true;
   for (const f of Strata.onReady) f(); // each hook is idempotent: a new key after a refusal restarts polling
@@ -124,13 +186,14 @@ function details(m) {
 }
 
 async function control(name, verb) {
-  $("repo-error").textContent = "";
+  let error = "";
   try {
     await Strata.post(`/v2/repository/models/${encodeURIComponent(name)}/${verb}`, {});
   } catch (e) {
-    if (!(e instanceof AuthError)) $("repo-error").textContent = `${verb} ${name}: ${e.message}`;
+    if (!(e instanceof AuthError)) error = `${verb} ${name}: ${e.message}`;
   }
   await Strata.pages.models.show();
+  if (error) $("repo-error").textContent = error;
 }
 
 Strata.pages.models = {
@@ -139,9 +202,10 @@ Strata.pages.models = {
     try {
       doc = await Strata.json("/console/api/models");
     } catch (e) {
-      if (!(e instanceof AuthError)) $("repo-error").textContent = e.message;
+      Strata.loadError("repo-error", e);
       return;
     }
+    $("repo-error").textContent = "";
     const body = $("models-table").tBodies[0];
     body.replaceChildren(...doc.models.map((m) => {
       const tr = document.createElement("tr");

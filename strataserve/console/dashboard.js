@@ -11,7 +11,11 @@
   const charts = {};
   const COLORS = ["#2f6fde", "#e8793a", "#1f9d55", "#a04bd6", "#d64545", "#1aa3b8", "#8a8f1c", "#6b7385"];
 
+  // A series key is "model/class"; model names can hold "/" (HF names, folder paths), so the model of a key is
+  // read from the series' own `model` field, never by splitting the key.
+  const modelOf = new Map();
   const filterKey = () => $("series-filter").value;
+  const filterModel = () => modelOf.get(filterKey());
   const seriesKeys = (s) => {
     const f = filterKey();
     return f ? (s.series[f] ? [f] : []) : Object.keys(s.series);
@@ -19,7 +23,7 @@
   const engineNames = (s) => {
     const f = filterKey();
     const names = Object.keys(s.engines);
-    return f ? names.filter((n) => n === f.split("/")[0]) : names;
+    return f ? names.filter((n) => n === filterModel()) : names;
   };
   const HEIGHT = 170;
   const clock = (u, splits) => splits.map((t) => new Date(t * 1000).toLocaleTimeString("en-GB"));
@@ -81,17 +85,32 @@
 
   const fmt = (v, digits) => (v == null ? "–" : Number(v).toLocaleString("en-US", { maximumFractionDigits: digits }));
 
+  // With a filter: tokens and tokens/s of that model and class (the router's count, at the end of each request);
+  // running and waiting of that model's engine, all classes (an engine does not know classes). The labels say so.
   function counters() {
     const s = samples[samples.length - 1];
     if (!s) return;
-    let ok = 0, errors = 0;
-    for (const k of seriesKeys(s)) { ok += s.series[k].ok; errors += s.series[k].errors; }
-    $("c-tokens").textContent = fmt(s.tokens_total, 0);
-    $("c-tps").textContent = fmt(s.tps, 1);
-    $("c-running").textContent = fmt(s.running, 0);
-    $("c-waiting").textContent = fmt(s.waiting, 0);
+    for (const [k, row] of Object.entries(s.series)) modelOf.set(k, row.model);
+    let ok = 0, errors = 0, aborted = 0;
+    for (const k of seriesKeys(s)) {
+      ok += s.series[k].ok;
+      errors += s.series[k].errors;
+      aborted += s.series[k].aborted || 0;
+    }
+    const f = filterKey();
+    const row = f ? s.series[f] : null;
+    const engine = f ? s.engines[filterModel()] : null;
+    $("c-tokens").textContent = fmt(f ? (row ? row.tokens_total : null) : s.tokens_total, 0);
+    $("c-tps").textContent = fmt(f ? (row ? row.tps : null) : s.tps, 1);
+    $("c-running").textContent = fmt(f ? (engine ? engine.running : null) : s.running, 0);
+    $("c-waiting").textContent = fmt(f ? (engine ? engine.waiting : null) : s.waiting, 0);
     $("c-ok").textContent = fmt(ok, 0);
     $("c-errors").textContent = fmt(errors, 0);
+    $("c-aborted").textContent = fmt(aborted, 0);
+    $("l-tokens").textContent = f ? `output tokens · ${f} (finished requests)` : "output tokens";
+    $("l-tps").textContent = f ? `tokens/s · ${f}` : "tokens/s";
+    $("l-running").textContent = f ? `running · ${filterModel()}, all classes` : "running";
+    $("l-waiting").textContent = f ? `waiting · ${filterModel()}, all classes` : "waiting";
     const sel = $("series-filter");
     const keys = Object.keys(s.series).sort();
     const have = [...sel.options].slice(1).map((o) => o.value);

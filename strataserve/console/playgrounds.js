@@ -51,22 +51,28 @@
     const model = $("chat-model").value;
     if (!text || !model || controller) return;
     $("chat-error").textContent = "";
+    delete $("chat-error").dataset.load;
     $("chat-input").value = "";
-    history.push({ role: "user", content: text });
-    bubble("user", text);
+    // The turn joins the history only once it has a reply: a failed turn is not sent again with the next message.
+    const turn = { role: "user", content: text };
+    const asked = bubble("user", text);
     const out = bubble("assistant", "");
     const system = $("chat-system").value.trim();
     const body = {
       model, stream: true, stream_options: { include_usage: true },
-      messages: system ? [{ role: "system", content: system }, ...history] : [...history],
-      temperature: Number($("chat-temperature").value), top_p: Number($("chat-top-p").value),
-      max_tokens: Number($("chat-max-tokens").value),
+      messages: [...(system ? [{ role: "system", content: system }] : []), ...history, turn],
     };
+    // An empty number field is left out (the server's default), not sent as Number("") = 0.
+    for (const [key, id] of [["temperature", "chat-temperature"], ["top_p", "chat-top-p"],
+      ["max_tokens", "chat-max-tokens"]]) {
+      const v = S.num(id);
+      if (v !== undefined) body[key] = v;
+    }
     if ($("chat-ignore-eos").checked) body.ignore_eos = true;
     controller = new AbortController();
     busy(true);
     const t0 = performance.now();
-    let first = null, lastT = null, chunks = 0, usage = null, reply = "";
+    let first = null, lastT = null, chunks = 0, usage = null, reply = "", failed = false;
     const stats = () => {
       const n = usage ? usage.completion_tokens : chunks;
       const ttft = first == null ? "–" : (first - t0).toFixed(0) + " ms";
@@ -95,12 +101,20 @@
         }
       }
     } catch (e) {
-      // Stop aborts the fetch: the browser closes the connection and the server aborts the request.
+      // Stop aborts the fetch: the browser closes the connection and the server aborts the request. What was
+      // received before Stop stays in the conversation; a failed turn (or a stop before any token) does not.
       if (e.name === "AbortError") out.classList.add("stopped");
-      else if (!(e instanceof S.AuthError)) $("chat-error").textContent = e.message;
+      else {
+        failed = true;
+        if (!(e instanceof S.AuthError)) $("chat-error").textContent = e.message;
+      }
     } finally {
       stats();
-      history.push({ role: "assistant", content: reply });
+      if (failed || !reply) {
+        asked.classList.add("failed");
+        out.classList.add("failed");
+        asked.title = out.title = "not sent again: this turn is left out of the conversation";
+      } else history.push(turn, { role: "assistant", content: reply });
       controller = null;
       busy(false);
     }
@@ -122,15 +136,43 @@
       try {
         const models = await S.models();
         S.option($("chat-model"), models.filter((m) => m.payload === "text").map((m) => m.id), true);
+        S.loaded("chat-error");
       } catch (e) {
-        if (!(e instanceof S.AuthError)) $("chat-error").textContent = e.message;
+        S.loadError("chat-error", e);
       }
     },
   };
 
   // ---------------------------------------------------------------- tensors
   const BYTES = "BYTES";
+  const WIDE = new Set(["INT64", "UINT64"]); // integers past 2^53: JS numbers would round them
   const defaultShape = (shape) => shape.map((d) => (d < 0 ? 1 : d));
+
+  // The data field of one input, as JSON text. JSON.parse checks it; INT64/UINT64 values are then taken from the
+  // text as typed (never through JS numbers, which round above 2^53).
+  function dataJSON(text, datatype) {
+    const flat = [JSON.parse(text)].flat(Infinity);
+    if (!WIDE.has(datatype)) return JSON.stringify(flat);
+    const tokens = text.replace(/[\[\]\s]/g, "").split(",").filter((t) => t !== "");
+    if (tokens.length !== flat.length || !tokens.every((t) => /^-?\d+$/.test(t)))
+      throw new Error(`${datatype} data must be integers`);
+    return "[" + tokens.join(",") + "]";
+  }
+
+  // A response body parsed with its large integers exact: BigInt where the browser gives the reviver the number's
+  // source text (Chrome 114+, Firefox 135+); `lossy` is set when it cannot and a value is past 2^53.
+  function parseExact(text) {
+    let lossy = false;
+    const doc = JSON.parse(text, (k, v, ctx) => {
+      if (typeof v !== "number" || Number.isSafeInteger(v) || !Number.isInteger(v)) return v;
+      if (ctx && typeof ctx.source === "string" && /^-?\d+$/.test(ctx.source)) return BigInt(ctx.source);
+      lossy = true;
+      return v;
+    });
+    return { doc, lossy };
+  }
+  const exact = (v) => (Array.isArray(v) ? "[" + v.map(exact).join(",") + "]"
+    : typeof v === "bigint" ? v.toString() : JSON.stringify(v));
   const sample = (dt, n) => JSON.stringify(dt === BYTES ? Array(n).fill("hello") : dt === "BOOL" ? Array(n).fill(false)
     : Array.from({ length: n }, (_, i) => i + 1));
 
@@ -162,20 +204,43 @@
     form.append(go);
   }
 
+  // No tensor model loaded: no form, a disabled Infer and a line saying why.
+  function noModel() {
+    $("tensor-form").replaceChildren();
+    $("tensor-output").textContent = "";
+    $("tensor-meta").textContent = "No tensor model is loaded (load one on the Models page).";
+    const go = document.createElement("button");
+    go.type = "submit";
+    go.id = "tensor-infer";
+    go.textContent = "Infer";
+    go.disabled = true;
+    $("tensor-form").append(go);
+  }
+
   $("tensor-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const name = $("tensor-model").value;
+    if (!name) return;
     $("tensor-error").textContent = "";
     $("tensor-output").textContent = "";
     try {
-      const inputs = [...$("tensor-form").querySelectorAll(".tensor-input")].map((box) => ({
-        name: box.dataset.name, datatype: box.dataset.datatype,
-        shape: JSON.parse(box.querySelector(".shape").value),
-        data: [JSON.parse(box.querySelector(".data").value)].flat(Infinity),
-      }));
-      const r = await S.post(`/v2/models/${encodeURIComponent(name)}/infer`, { inputs });
-      $("tensor-output").textContent = (r.outputs || []).map((o) =>
-        `${o.name} ${o.datatype} [${o.shape.join(", ")}]\n${JSON.stringify(o.data)}`).join("\n\n");
+      // The body is written as text so that each input's data goes out exactly as dataJSON made it.
+      const inputs = [...$("tensor-form").querySelectorAll(".tensor-input")].map((box) => {
+        const head = JSON.stringify({ name: box.dataset.name, datatype: box.dataset.datatype,
+          shape: JSON.parse(box.querySelector(".shape").value) });
+        return head.slice(0, -1) + ',"data":' + dataJSON(box.querySelector(".data").value, box.dataset.datatype) + "}";
+      });
+      const r = await S.fetch(`/v2/models/${encodeURIComponent(name)}/infer`, {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: `{"inputs":[${inputs.join(",")}]}` });
+      const text = await r.text();
+      let parsed = null;
+      try { parsed = parseExact(text); } catch (_) { /* not JSON: reported below */ }
+      if (!r.ok || !parsed) throw new Error(S.errorText(parsed && parsed.doc, r.status));
+      const outs = parsed.doc.outputs || [];
+      $("tensor-output").textContent = outs.map((o) =>
+        `${o.name} ${o.datatype} [${o.shape.join(", ")}]\n${exact(o.data)}`).join("\n\n")
+        + (parsed.lossy ? "\n\n(this browser rounds integers above 2^53 in the response: use a newer one for exact "
+          + "INT64/UINT64 values)" : "");
     } catch (e) {
       if (!(e instanceof S.AuthError)) $("tensor-error").textContent = e.message;
     }
@@ -186,7 +251,7 @@
     $("tensor-form").replaceChildren();
     $("tensor-output").textContent = "";
     $("tensor-error").textContent = "";
-    if (!name) return;
+    if (!name) { noModel(); return; }
     try {
       tensorForm(await S.json(`/v2/models/${encodeURIComponent(name)}`));
     } catch (e) {
@@ -202,22 +267,43 @@
         const names = models.filter((m) => m.payload === "tensors" && m.ready).map((m) => m.id);
         const before = $("tensor-model").value;
         S.option($("tensor-model"), names, true);
-        if (!names.length) $("tensor-error").textContent = "No tensor model is loaded (see Models).";
-        else if ($("tensor-model").value !== before || !$("tensor-form").children.length) await loadMeta();
+        S.loaded("tensor-error");
+        if (!names.length) noModel();
+        else if ($("tensor-model").value !== before || !$("tensor-form").querySelector(".tensor-input")) await loadMeta();
       } catch (e) {
-        if (!(e instanceof S.AuthError)) $("tensor-error").textContent = e.message;
+        S.loadError("tensor-error", e);
       }
     },
   };
 
   // ---------------------------------------------------------------- speech
+  // /v1/models lists each speech model's voices and languages: the Voice and Language selects offer them.
+  let speechModels = [];
+  function speechOptions() {
+    const m = speechModels.find((x) => x.id === $("speech-model").value) || {};
+    const voices = m.voices || [];
+    S.option($("speech-voice"), voices, true); // the first voice unless the one chosen is still offered
+    $("speech-voice").disabled = !voices.length;
+    const lang = $("speech-language");
+    const old = lang.value;
+    lang.replaceChildren(new Option("(model default)", ""), ...(m.languages || []).map((l) => new Option(l, l)));
+    if ((m.languages || []).includes(old)) lang.value = old;
+  }
+  $("speech-model").addEventListener("change", speechOptions);
+
   $("speech-go").addEventListener("click", async () => {
     $("speech-error").textContent = "";
+    delete $("speech-error").dataset.load;
+    // voice, language and instructions are sent only when set: a model may have no preset voices, and
+    // VoiceDesign models need instructions where others refuse them.
+    const body = { model: $("speech-model").value, input: $("speech-input").value, response_format: "wav" };
+    if ($("speech-voice").value) body.voice = $("speech-voice").value;
+    if ($("speech-language").value) body.language = $("speech-language").value;
+    const instructions = $("speech-instructions").value.trim();
+    if (instructions) body.instructions = instructions;
     try {
       const r = await S.fetch("/v1/audio/speech", {
-        method: "POST", headers: { "Content-Type": "application/json" },
-        body: JSON.stringify({ model: $("speech-model").value, input: $("speech-input").value,
-          voice: $("speech-voice").value, response_format: "wav" }),
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
       });
       if (!r.ok) throw new Error(S.errorText(await r.json().catch(() => null), r.status));
       const audio = $("speech-audio");
@@ -231,8 +317,15 @@
 
   S.pages.speech = {
     async show() {
-      const models = await S.models().catch(() => []);
-      S.option($("speech-model"), models.filter((m) => m.payload === "speech").map((m) => m.id), true);
+      try {
+        speechModels = (await S.models()).filter((m) => m.payload === "speech");
+        S.loaded("speech-error");
+      } catch (e) {
+        S.loadError("speech-error", e);
+        return;
+      }
+      S.option($("speech-model"), speechModels.map((m) => m.id), true);
+      speechOptions();
     },
   };
 })();

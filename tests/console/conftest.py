@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _model_repos import add_python_scale
+from _model_repos import add_python_scale, write_python_model
 from console_consts import API_KEY, ARTIFACTS, MODEL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
@@ -19,11 +19,36 @@ from strataserve.assets import DEMO_MODEL_DIR  # noqa: E402
 
 
 
+# "py_wide": A INT64 [-1] -> A_OUT = A + 1, U UINT64 [-1] -> U_OUT = U (values past 2^53 for the Tensors page)
+PY_WIDE = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                a = pb_utils.get_input_tensor_by_name(r, "A").as_numpy()
+                u = pb_utils.get_input_tensor_by_name(r, "U").as_numpy()
+                out.append(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("A_OUT", (a + 1).astype(np.int64)), pb_utils.Tensor("U_OUT", u.astype(np.uint64))]))
+            return out
+"""
+
+
 @pytest.fixture(scope="package")
 def console_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("console")
     repo = tmp / "repo"
     add_python_scale(repo)
+    write_python_model(repo, "py_wide", PY_WIDE, """
+        name: "py_wide"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "A" data_type: TYPE_INT64 dims: [ -1 ] }, { name: "U" data_type: TYPE_UINT64 dims: [ -1 ] } ]
+        output [ { name: "A_OUT" data_type: TYPE_INT64 dims: [ -1 ] }, { name: "U_OUT" data_type: TYPE_UINT64 dims: [ -1 ] } ]
+    """)
     cfg = write_config(tmp / "console.yaml", {
         "models": [{"name": MODEL, "path": str(DEMO_MODEL_DIR), "device": "cpu", "dtype": "float32",
                     "kv_cache_memory_gib": 0.02, "max_model_len": 1024, "gpu_cost_per_hour": 2.5}],

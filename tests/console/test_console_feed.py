@@ -115,7 +115,7 @@ def test_feed_rates_quantiles_and_history(clock):
     assert e["prefix_hit_rate"] == pytest.approx(50 / 50)  # over the window since the first sample
     assert e["kv_usage"] == 0.5 and s["running"] == 0
     row = s["series"]["m/default"]
-    assert (row["tokens_total"], row["ok"], row["errors"]) == (10, 1, 1)
+    assert (row["tokens_total"], row["ok"], row["errors"], row["aborted"]) == (10, 1, 0, 1)  # aborted: no error
     ttft = router.metrics.of("m", "default").ttft
     lo, hi = _bucket_of(ttft.bounds, ttft.sum)  # one observation: its value is the sum
     assert lo <= row["ttft_p50"] <= hi and lo <= row["ttft_p95"] <= hi
@@ -146,3 +146,27 @@ def test_upstream_tokens_count_from_the_router(clock):
     s = feed.take()
     assert s["tokens_total"] == 7 and s["tps"] == pytest.approx(7.0)
     assert s["series"]["remote/default"]["cost_p50"] is None  # no GPU price: no cost
+
+
+def test_local_tokens_are_the_ones_metrics_exposes(clock):
+    """A local model's output tokens come from its ServerMetrics (what /metrics exposes as
+    strata:generation_tokens_total), not from the engine's SchedulerStats, which also counts a token sampled for a
+    request aborted before it was sent."""
+
+    class _Metrics:
+        generation_tokens = 0
+
+    router = Router(metrics=RouterMetrics(None))
+    llm = _Local("m")
+    llm.state.metrics = _Metrics()
+    router.add(llm)
+    feed = ConsoleFeed(router)
+    llm.state.engine.stats = SchedulerStats(generation_tokens=101)
+    llm.state.metrics.generation_tokens = 100
+    feed.take()
+    clock.t += 1.0
+    llm.state.engine.stats = SchedulerStats(generation_tokens=161)
+    llm.state.metrics.generation_tokens = 150
+    s = feed.take()
+    assert s["engines"]["m"]["tokens_total"] == s["tokens_total"] == 150
+    assert s["engines"]["m"]["tps"] == pytest.approx(50.0)
