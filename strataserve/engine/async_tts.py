@@ -6,10 +6,13 @@
     async for pcm in stream: ...                          # float32 chunks at tts.sample_rate
     await stream.aclose()                                 # early close aborts the request (slot freed next step)
 
-Audio chunks: the first after ``first_chunk_frames`` frames (low time to first audio), then every
-``chunk_frames``; each is decoded with up to 25 frames of left context by the causal codec (on a worker thread,
-so the event loop never waits for it). A streamed clip can differ from a whole-clip decode in the last bits
-where the codec's attention window reaches past that context.
+Audio chunks: frames [0, F), then [F, F + C), [F + C, F + 2C), ... (F = ``first_chunk_frames``, C =
+``chunk_frames``), the last one cut where the clip ends. The boundaries depend on frame counts alone: a chunk
+waits for the frame at its boundary (or the end of the clip), and frames that arrived together are still cut at
+the boundaries, so the same seeded request gives the same bytes however fast the engine ran ahead of the codec,
+and the whole (non-streamed) response is the streamed chunks joined. Each is decoded with up to 25 frames of left
+context by the causal codec (on a worker thread, so the event loop never waits for it). A streamed clip can
+differ from a whole-clip decode in the last bits where the codec's attention window reaches past that context.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from strataserve.engine.tts_engine import (
     encode_reference,
     load_tts_model,
 )
-from strataserve.types.speech import SpeechParams
+from strataserve.types.speech import SpeechParams, TTSInputError
 
 
 class SpeechStream:
@@ -54,10 +57,23 @@ class SpeechStream:
         self.ref_frames: list[list[int]] = []  # in-context cloning: decoded in front of ``frames``, not sent
         self.input_tokens = 0  # talker prompt positions (text, speaker, language and control rows)
         self._sent = 0  # frames already turned into audio
+        self._counted = 0  # frames already added to the owner's ``frames_generated``
         self._closed = False
 
     def __aiter__(self) -> AsyncIterator[np.ndarray]:
         return self._chunks()
+
+    def _windows(self, n: int, final: bool) -> list[tuple[int, int]]:
+        """The chunks [start, end) that ``n`` frames complete (and, ``final``, the cut last one)."""
+        out, sent = [], self._sent
+        while True:
+            end = self.first_chunk if sent == 0 else sent + self.chunk
+            if end > n:
+                if final and n > sent:
+                    out.append((sent, n))
+                return out
+            out.append((sent, end))
+            sent = end
 
     async def _chunks(self) -> AsyncIterator[np.ndarray]:
         try:
@@ -69,12 +85,12 @@ class SpeechStream:
                     self.finish_reason = out.finish_reason
                 st = self.owner.runner.states.get(self.request_id)
                 n = len(st.frames) if st is not None else self._sent
-                need = self.first_chunk if self._sent == 0 else self.chunk
-                if n - self._sent >= need or (self.finish_reason and n > self._sent):
-                    self.frames = [list(f) for f in st.frames[:n]] if st is not None else self.frames
-                    pcm = await self.owner._decode(self.ref_frames + self.frames, len(self.ref_frames) + self._sent,
-                                                   len(self.ref_frames) + n)
-                    self._sent = n
+                if st is not None and n > len(self.frames):
+                    self.frames = [list(f) for f in st.frames[:n]]
+                ref = len(self.ref_frames)
+                for start, end in self._windows(n, self.finish_reason is not None):
+                    pcm = await self.owner._decode(self.ref_frames + self.frames, ref + start, ref + end)
+                    self._sent = end
                     if self.first_audio is None:
                         self.first_audio = time.perf_counter()
                     yield pcm
@@ -150,6 +166,11 @@ class AsyncTTS(ServesTTSModel):
             raise ValueError(f"request id {rid!r} is already in use")
         req, state = build_request(self.model, rid, text, voice=voice, language=language,
                                    instructions=instructions, params=params, clone=clone)
+        if req.sampling_params.max_tokens < 2:
+            # the last codebook-0 id never becomes a frame (it is the stop decision, or the limit): one id is a
+            # clip of no audio, which no flac / mp3 file can hold, so the request is refused instead
+            raise TTSInputError(f"max_new_frames={req.sampling_params.max_tokens} gives a clip of no audio (the "
+                                "last generated step is never a frame): use 2 or more")
         self.core.check_request(req)
         stream = SpeechStream(self, rid, self.first_chunk_frames, self.chunk_frames)
         stream.input_tokens = state.prompt.length
@@ -188,6 +209,7 @@ class AsyncTTS(ServesTTSModel):
         if stream.finish_reason is None:  # closed early (client went away): free its slot at the next step
             self.client.abort_requests([rid])
             stream.finish_reason = "abort"
+        self._count_frames(stream)
         self.runner.release(rid)
         now = time.perf_counter()
         frames = stream._sent
@@ -219,10 +241,18 @@ class AsyncTTS(ServesTTSModel):
             if outs.stats is not None:
                 self.scheduler_stats = outs.stats
             for o in outs.outputs:
-                self.frames_generated += len(o.new_token_ids)
                 s = self._streams.get(o.request_id)
                 if s is not None:
+                    self._count_frames(s)
                     s.queue.put_nowait(o)
+
+    def _count_frames(self, stream: SpeechStream) -> None:
+        """Add the request's new complete frames to ``frames_generated``: audio frames, as usage counts them, not
+        codebook-0 ids (the last id of a clip, its stop token or the limit, never becomes a frame)."""
+        st = self.runner.states.get(stream.request_id)
+        if st is not None and len(st.frames) > stream._counted:
+            self.frames_generated += len(st.frames) - stream._counted
+            stream._counted = len(st.frames)
 
     def shutdown(self) -> None:
         self._shut_down = True

@@ -3,9 +3,17 @@ a request, keeps collecting for ``window_s`` (or until ``max_batch`` are waiting
 match inside one batch (``num_step``, guidance on/off), runs each group to completion on the runner, decodes the
 audio and hands every request its result through its callback (on the worker thread).
 
+A long speech request is several runner requests (sentence pieces) that its front submits a few at a time, the
+next from the callback of one that finished (``omnivoice_tts.OmniVoiceStream``): a callback may call ``submit``,
+and what it submits is waiting before the worker collects its next batch, so other requests interleave between
+pieces instead of queueing behind the whole clip.
+
 Invariants: a request's callback is called exactly once (result or exception), unless it was cancelled while
-still waiting; a running batch is never interrupted (it lasts ``num_step`` forwards); ``shutdown`` fails the
-waiting requests with ``EngineDeadError`` and joins the thread.
+still waiting; a running batch is never interrupted (it lasts ``num_step`` forwards: the runner has no per-step
+hook); ``shutdown`` fails the waiting requests with ``EngineDeadError`` and joins the thread, and a ``submit``
+after that raises instead of waiting forever. A request's tokens depend on its seed, never on its batch (the
+runner's per-request generators); the audio decode must not depend on it either: give ``decode`` one clip per
+forward (``_OmniVoiceBase`` does), as a batched convolution can round differently from a lone one.
 """
 from __future__ import annotations
 
@@ -45,6 +53,7 @@ class NARScheduler:
         self.num_running = 0
         self.dead_error: BaseException | None = None
         self._stop = False
+        self._closed = False  # set by _fail_waiting: no submit is accepted after it
         self._thread = threading.Thread(target=self._loop, name="strata-nar", daemon=True)
         self._thread.start()
 
@@ -57,9 +66,12 @@ class NARScheduler:
             raise EngineDeadError(f"the speech scheduler stopped: {self.dead_error or 'shut down'}")
 
     def submit(self, request: NARRequest, done: Done) -> None:
+        """Queue one request (thread-safe; also from a callback on the worker thread)."""
         self.check_health()
         job = _Job(request, done)
-        with self._lock:
+        with self._lock:  # under the lock: _fail_waiting either sees this job or has closed the door before it
+            if self._closed:
+                raise EngineDeadError(f"the speech scheduler stopped: {self.dead_error or 'shut down'}")
             self._jobs[request.request_id] = job
         self._queue.put(job)
 
@@ -139,6 +151,7 @@ class NARScheduler:
     def _fail_waiting(self) -> None:
         err = EngineDeadError(f"the speech scheduler stopped: {self.dead_error or 'shut down'}")
         with self._lock:
+            self._closed = True
             jobs, self._jobs = list(self._jobs.values()), {}
         for j in jobs:
             if not j.cancelled:

@@ -3,8 +3,9 @@ what to change), resolve the voice (auto, a registered voice, or a reference cli
 voice-design instructions, estimate the clip length, and split long text into sentence chunks.
 
 Chunks: text whose estimated audio is longer than ``chunk_threshold_s`` is cut at sentence ends (then commas,
-then spaces) into pieces of at most ``chunk_s``; all pieces of a request run in the same batch and each is
-streamed as soon as it is decoded. Every piece keeps the request's voice (reference or instructions).
+then spaces) into pieces of at most ``chunk_s``; the served front submits them a few at a time
+(``omnivoice_tts.OmniVoiceStream``) and streams each as soon as it is decoded. Every piece keeps the request's
+voice (reference or instructions).
 """
 from __future__ import annotations
 

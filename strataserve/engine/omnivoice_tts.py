@@ -8,6 +8,14 @@ requests from every caller.
     stream = AsyncOmniVoice.from_pretrained(DIR).synthesize("Hello!", voice="auto")   # TTSInputError if bad
     async for pcm in stream: ...     # one float32 chunk per sentence piece, in order, as each is decoded
 
+Long inputs: a served request's sentence pieces go to the scheduler ``pieces_ahead`` (default 2) at a time, the
+next one as one finishes (from the scheduler's callback, so it joins the very next batch). The first piece's audio
+streams as soon as it is decoded, other requests share every batch in between instead of waiting for the whole
+clip, and a closed stream (client hang-up) submits nothing more and drops its waiting pieces; the batch already
+running finishes (the runner has no per-step stop). Each piece's seed is the request's seed + its index, and the
+runner's noise is per request, so which pieces share a batch changes no token; the decode runs one clip per
+forward so that it changes no sample either. The offline ``generate`` submits all pieces at once (throughput).
+
 Audio: the decoded waveform's volume follows the reference (a quiet reference clip gives quiet output; without
 one the peak is set to 0.5), as the reference package does; its silence trimming and edge fades are not applied.
 """
@@ -51,7 +59,11 @@ class _OmniVoiceBase:
         self.runner = NARRunner(ov.model, num_codebooks=ov.config.num_codebooks, mask_id=ov.config.audio_mask_id,
                                 cuda_graphs=ov.cuda_graphs)
         codec = ov.codec
-        self.scheduler = NARScheduler(self.runner, codec.decode_batch if codec is not None else None,
+
+        def decode(clips: list[torch.Tensor]) -> list[torch.Tensor]:  # one per forward: batch-independent samples
+            return [codec.decode_batch([c])[0] for c in clips]
+
+        self.scheduler = NARScheduler(self.runner, decode if codec is not None else None,
                                       window_s=window_s, max_batch=max_batch)
         enc = ReferenceEncoder(ov.folder / "audio_tokenizer", ov.model.device) \
             if ov.folder is not None and ReferenceEncoder.available() else None
@@ -133,9 +145,13 @@ class OmniVoiceTTS(_OmniVoiceBase):
 
 
 class OmniVoiceStream:
-    """Async iterator of float32 PCM chunks (one per text piece, in order); ``aclose`` cancels what is left."""
+    """Async iterator of float32 PCM chunks (one per text piece, in order); ``aclose`` cancels what is left.
 
-    def __init__(self, owner: AsyncOmniVoice, rid: str, reqs: list[NARRequest], ref: VoiceReference | None) -> None:
+    Pieces are submitted ``ahead`` at a time: ``_feed`` runs on the event loop for the first ones and on the
+    scheduler's worker thread (its callback) for the rest; ``_lock`` orders it against ``_stop``."""
+
+    def __init__(self, owner: AsyncOmniVoice, rid: str, reqs: list[NARRequest], ref: VoiceReference | None,
+                 ahead: int = 2) -> None:
         self.owner, self.request_id, self.reqs, self.ref = owner, rid, reqs, ref
         self.queue: asyncio.Queue[tuple[int, Any, Any, BaseException | None]] = asyncio.Queue()
         self.arrival = time.perf_counter()
@@ -143,8 +159,50 @@ class OmniVoiceStream:
         self.finish_reason: str | None = None
         self.frames: list[list[int]] = []
         self.input_tokens = sum(r.prefix_len for r in reqs)
+        self.ahead = max(1, ahead)
+        self._index = {r.request_id: i for i, r in enumerate(reqs)}
+        self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._submitted = 0  # pieces handed to the scheduler so far (in order)
+        self._stopped = False  # closed: submit no more
+        self._refused: BaseException | None = None  # why the scheduler took no more (it stopped)
         self._next = 0
         self._closed = False
+
+    def _start(self) -> None:
+        self._feed(self.ahead)
+        if self._refused is not None and self._submitted == 0:  # nothing will ever arrive: the caller's error
+            raise self._refused
+
+    def _feed(self, n: int) -> None:
+        with self._lock:
+            for _ in range(n):
+                if self._stopped or self._submitted >= len(self.reqs):
+                    return
+                i = self._submitted
+                try:
+                    self.owner.scheduler.submit(self.reqs[i], self._on_done)
+                except Exception as exc:  # noqa: BLE001 -- the scheduler stopped: the stream ends with the error
+                    self._stopped, self._refused = True, exc
+                    if i:
+                        self._loop.call_soon_threadsafe(self.queue.put_nowait, (i, None, None, exc))
+                    return
+                self._submitted += 1
+
+    def _on_done(self, req: NARRequest, tokens, wav, err) -> None:  # scheduler's worker thread
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, (self._index[req.request_id], tokens, wav, err))
+        except RuntimeError:  # the stream's event loop is gone: nobody reads this stream any more
+            self._stop()
+            return
+        if err is None:
+            self._feed(1)
+
+    def _stop(self) -> list[str]:
+        """Submit nothing more; the ids of the pieces already submitted (to cancel)."""
+        with self._lock:
+            self._stopped = True
+            return [r.request_id for r in self.reqs[:self._submitted]]
 
     def __aiter__(self) -> AsyncIterator[np.ndarray]:
         return self._chunks()
@@ -181,8 +239,10 @@ class AsyncOmniVoice(_OmniVoiceBase):
     supports_speed = True
     supports_reference_audio = True
 
-    def __init__(self, ov: LoadedOmniVoice, **kwargs: Any) -> None:
+    def __init__(self, ov: LoadedOmniVoice, *, pieces_ahead: int = 2, **kwargs: Any) -> None:
+        """``pieces_ahead``: how many pieces of one long request are queued or running at a time."""
         super().__init__(ov, **kwargs)
+        self.pieces_ahead = max(1, pieces_ahead)
         self.observers: list[Callable[[SpeechTiming], None]] = []
         self.frames_generated = 0
         self._streams: dict[str, OmniVoiceStream] = {}
@@ -209,25 +269,22 @@ class AsyncOmniVoice(_OmniVoiceBase):
             raise ValueError(f"request id {rid!r} is already in use")
         reqs, ref = self.requests.build(rid, text, voice=voice, language=language, instructions=instructions,
                                         params=params, speed=speed, ref_audio=ref_audio, ref_text=ref_text)
-        stream = OmniVoiceStream(self, rid, reqs, ref)
+        stream = OmniVoiceStream(self, rid, reqs, ref, self.pieces_ahead)
         self._streams[rid] = stream
-        loop = asyncio.get_running_loop()
-        index = {r.request_id: i for i, r in enumerate(reqs)}
-
-        def on_done(req: NARRequest, tokens, wav, err) -> None:  # worker thread -> the stream's loop
-            loop.call_soon_threadsafe(stream.queue.put_nowait, (index[req.request_id], tokens, wav, err))
-
-        for r in reqs:
-            self.scheduler.submit(r, on_done)
+        try:
+            stream._start()
+        except BaseException:
+            self._streams.pop(rid, None)
+            raise
         return stream
 
     def _done(self, stream: OmniVoiceStream) -> None:
         if self._streams.pop(stream.request_id, None) is None:
             return
-        if stream.finish_reason is None:  # closed early (client went away): drop what still waits
+        if stream.finish_reason != "stop":  # closed early (client went away) or failed: drop what still waits
             stream.finish_reason = "abort"
-            for r in stream.reqs:
-                self.scheduler.cancel(r.request_id)
+            for rid in stream._stop():
+                self.scheduler.cancel(rid)
         now = time.perf_counter()
         frames = len(stream.frames)
         self.frames_generated += frames

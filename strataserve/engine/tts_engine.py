@@ -153,9 +153,10 @@ def tune_talker(talker: Qwen3TTSTalker, cuda_graphs: bool) -> None:
 
 def resolve_params(p: SpeechParams, defaults: dict[str, Any]) -> tuple[SamplingParams, CodeSampling]:
     """Fill unset fields (checkpoint defaults, then the reference's); raise TTSInputError on bad values."""
-    if p.num_step is not None or p.guidance_scale is not None:
-        raise TTSInputError("num_step and guidance_scale apply to non-autoregressive models (OmniVoice); this "
-                            "model generates frame by frame: omit them")
+    if p.num_step is not None or p.guidance_scale is not None:  # the message starts with the field that was set
+        key, value = ("num_step", p.num_step) if p.num_step is not None else ("guidance_scale", p.guidance_scale)
+        raise TTSInputError(f"{key}={value}: num_step and guidance_scale apply to non-autoregressive models "
+                            "(OmniVoice); this model generates frame by frame: omit them")
     v = {}
     for name, ref in _REF_DEFAULTS.items():
         given = getattr(p, name)
