@@ -109,6 +109,11 @@ class ModelRunner(ModelRunnerBase):
             self.num_blocks = self._num_blocks()
             if self.tp_control is not None:  # every rank's pool holds the blocks the one scheduler hands out
                 self.num_blocks = self.tp_control.min_int(self.num_blocks)
+        if self.num_blocks * self.block_size < self.max_model_len:  # vLLM refuses to start; we serve, and say so
+            log.warning("the KV cache holds %d tokens, fewer than max_model_len=%d: a sequence stops at that length "
+                        "(finish_reason \"length\") and a longer prompt is refused. Give the cache more memory "
+                        "(--kv-cache-memory-gib on a CPU, --gpu-memory-utilization on a GPU) or lower "
+                        "--max-model-len", self.num_blocks * self.block_size, self.max_model_len)
         with self.startup.time("KV allocation"):
             # One spare block past the pool: CUDA-graph padding rows write their K/V there, never a real block.
             self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,

@@ -161,6 +161,17 @@ def test_modes_kv_sizing_and_limits(ckpt):
         ModelRunner(EngineConfig(ModelConfig(**base), CacheConfig(kv_cache_memory_gib=1e-6)))
 
 
+def test_a_pool_smaller_than_the_context_is_said_at_start(ckpt, caplog):
+    base = dict(model=str(ckpt), dtype="float32", device="cpu", max_model_len=512)
+    with caplog.at_level("WARNING", logger="strataserve"):
+        ModelRunner(EngineConfig(ModelConfig(**base), CacheConfig(block_size=16, num_blocks=8))).shutdown()
+    assert "holds 128 tokens, fewer than max_model_len=512" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="strataserve"):
+        ModelRunner(EngineConfig(ModelConfig(**base), CacheConfig(block_size=16, num_blocks=32))).shutdown()
+    assert "fewer than max_model_len" not in caplog.text
+
+
 def test_decode_only_steps_go_through_the_graph_hook(ckpt, hf):
     """graph/hybrid modes replay captured decode steps; on CPU a stand-in replays eagerly with the kernels
     helper's ``decode_metadata``, checking the runner's dispatch and that the captured step computes the same."""
