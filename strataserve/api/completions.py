@@ -65,6 +65,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         raise bad_request("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of different from n is not supported", param="best_of")
+    if body.prompt_logprobs is not None and body.stream:
+        raise bad_request("prompt_logprobs are not returned in streams (as in vLLM): use stream=false",
+                          param="prompt_logprobs")
     prompts = _prompts(state, body.prompt, body.add_special_tokens)
     if body.truncate_prompt_tokens is not None:  # an echo of a cut prompt shows the tokens kept
         cut = [truncated(state, ids, body.truncate_prompt_tokens) for _, ids in prompts]
@@ -78,7 +81,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                   stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
                   logprobs=body.logprobs, skip_special_tokens=body.skip_special_tokens,
                   include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided_params(body),
-                  prompt_logprobs=body.logprobs if _echo_logprobs(body) else None, logit_bias=body.logit_bias,
+                  prompt_logprobs=_engine_prompt_logprobs(body), logit_bias=body.logit_bias,
                   **vllm_extras(state, body))
     params: list[SamplingParams] = []
     for _, ids in prompts:
@@ -145,6 +148,27 @@ def _token_ids(body: CompletionRequest, prompt_ids: list[int], ids: list[int]) -
     return {"prompt_token_ids": prompt_ids, "token_ids": ids} if body.return_token_ids else {}
 
 
+def _engine_prompt_logprobs(body: CompletionRequest) -> int | None:
+    """The prompt logprobs the engine computes: for an echo with logprobs, for ``prompt_logprobs``, or both."""
+    wanted = [v for v in (body.logprobs if _echo_logprobs(body) else None, body.prompt_logprobs) if v is not None]
+    return max(wanted) if wanted else None
+
+
+def _prompt_logprobs(namer: TokenNamer, ids: list[int], lps: list | None, top: int) -> list[dict | None] | None:
+    """vLLM's ``prompt_logprobs`` of one prompt: None for the first token, then {token id: {logprob, rank,
+    decoded_token}} with the prompt's own token and the ``top`` most likely."""
+    if lps is None:
+        return None
+    out: list[dict | None] = []
+    for tid, pos in zip(ids, lps):
+        if pos is None:
+            out.append(None)
+            continue
+        out.append({str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": namer(t, lp)}
+                    for t, lp in pos.items() if t == tid or (lp.rank is not None and lp.rank <= top)})
+    return out
+
+
 def _echo_logprobs(body: CompletionRequest) -> bool:
     """echo with logprobs: the logprobs cover the prompt tokens too (the engine's prompt_logprobs)."""
     return body.echo and body.logprobs is not None
@@ -170,7 +194,10 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
             if prefix:
                 choice.parts.append(prefix)
             choices.append(choice)
+    prompt_lps: dict[int, list | None] = {}
     async for pi, out in merge_streams(_streams(state, rid, prompts, params, job, _echo_only(body))):
+        if out.prompt_logprobs is not None:
+            prompt_lps[pi] = out.prompt_logprobs
         if _echo_logprobs(body) and out.prompt_logprobs is not None:
             _add_prompt_logprobs([ch.logprobs for ch in choices], pi * n, n, echoes[pi], prompts[pi][1], out)
         for c in out.outputs:
@@ -190,6 +217,9 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
         "choices": [{"index": k, "text": "".join(ch.parts), "finish_reason": ch.finish_reason,
                      "stop_reason": ch.stop_reason,
                      "logprobs": ch.logprobs.result() if ch.logprobs is not None else None,
+                     **({"prompt_logprobs": _prompt_logprobs(namer, prompts[k // n][1], prompt_lps.get(k // n),
+                                                             body.prompt_logprobs)}
+                        if body.prompt_logprobs is not None else {}),
                      **_token_ids(body, prompts[k // n][1], ch.token_ids)}
                     for k, ch in enumerate(choices)],
         "usage": usage(sum(len(ids) for _, ids in prompts), sum(ch.num_tokens for ch in choices)),

@@ -82,6 +82,7 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     best_of: Int64 | None = None
     add_special_tokens: bool = True  # vLLM extra: False leaves out what the tokenizer adds (BOS) to text prompts
+    prompt_logprobs: Int64 | None = None  # vLLM extra: each prompt token's logprob and the top N (not streamed)
 
 
 class TextPart(_Base):

@@ -228,6 +228,26 @@ def test_vllm_extras_allowed_ids_bad_words_truncation(client, server):
         assert err.value.body["param"] == param
 
 
+def test_prompt_logprobs_match_the_echoed_logprobs(client):
+    """vLLM's prompt_logprobs: per prompt token (None for the first) its logprob, rank and text, plus the top N;
+    the same numbers as an echo with logprobs gives. Not streamed (400), as in vLLM."""
+    kw = dict(model=MODEL, prompt="score this prompt", temperature=0.0, max_tokens=1)
+    out = client.completions.create(extra_body={"prompt_logprobs": 2}, **kw).choices[0]
+    echo = client.completions.create(echo=True, logprobs=1, **kw).choices[0].logprobs
+    plp = out.model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(echo.tokens) - 1
+    for k, pos in enumerate(plp[1:], start=1):
+        assert 2 <= len(pos) <= 3 and all(v["rank"] >= 1 for v in pos.values())
+        mine = [v for v in pos.values() if v["decoded_token"] == echo.tokens[k]]
+        assert mine and math.isclose(mine[0]["logprob"], echo.token_logprobs[k], abs_tol=1e-4)
+    mixed = client.completions.create(echo=True, logprobs=3, extra_body={"prompt_logprobs": 1}, **kw).choices[0]
+    alone = client.completions.create(echo=True, logprobs=3, **kw).choices[0]
+    assert mixed.logprobs.top_logprobs == alone.logprobs.top_logprobs  # each keeps its own N
+    assert all(len(p) <= 2 for p in mixed.model_extra["prompt_logprobs"][1:])
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(stream=True, extra_body={"prompt_logprobs": 2}, **kw)
+
+
 def test_async_client_concurrent_streams(server):
     async def run() -> list[str]:
         aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
