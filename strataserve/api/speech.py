@@ -137,7 +137,9 @@ def _model_kwargs(body: SpeechRequest, tts: Any) -> dict[str, Any]:
             raise bad_request("ref_audio / ref_text (voice cloning from a clip) are not supported by this model",
                               param="ref_audio")
         try:
-            out["ref_audio"] = None if body.ref_audio is None else base64.b64decode(body.ref_audio, validate=True)
+            # line breaks allowed: `base64 clip.wav` wraps at 76 columns (MIME)
+            out["ref_audio"] = None if body.ref_audio is None else base64.b64decode("".join(body.ref_audio.split()),
+                                                                                  validate=True)
         except ValueError:
             raise bad_request("ref_audio is not valid base64", param="ref_audio") from None
         out["ref_text"] = body.ref_text

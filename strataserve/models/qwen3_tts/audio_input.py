@@ -42,7 +42,7 @@ def _pcm_data_url(header: str, payload: bytes) -> tuple[np.ndarray, int]:
 
 def _b64(text: str) -> bytes:
     try:
-        return base64.b64decode(text, validate=True)
+        return base64.b64decode("".join(text.split()), validate=True)  # `base64 clip.wav` wraps at 76 columns
     except (binascii.Error, ValueError):
         raise AudioInputError("ref_audio is not valid base64 (send an audio file's bytes base64-encoded, or a "
                               "data:audio/...;base64, URL)") from None
