@@ -9,8 +9,8 @@ and what it submits is waiting before the worker collects its next batch, so oth
 pieces instead of queueing behind the whole clip.
 
 Invariants: a request's callback is called exactly once (result or exception), unless it was cancelled while
-still waiting; a running batch is never interrupted (it lasts ``num_step`` forwards: the runner has no per-step
-hook); ``shutdown`` fails the waiting requests with ``EngineDeadError`` and joins the thread, and a ``submit``
+still waiting; a running batch runs its ``num_step`` forwards unless every request in it is cancelled, when it
+stops at the next step; ``shutdown`` fails the waiting requests with ``EngineDeadError`` and joins the thread, and a ``submit``
 after that raises instead of waiting forever. A request's tokens depend on its seed, never on its batch (the
 runner's per-request generators); the audio decode must not depend on it either: give ``decode`` one clip per
 forward (``_OmniVoiceBase`` does), as a batched convolution can round differently from a lone one.
@@ -76,7 +76,8 @@ class NARScheduler:
         self._queue.put(job)
 
     def cancel(self, request_id: str) -> None:
-        """A waiting request is dropped (no callback); a running one completes and its result is ignored."""
+        """A waiting request is dropped (no callback); a running one gets no callback either, and a running batch
+        whose requests are all cancelled stops at its next step."""
         with self._lock:
             job = self._jobs.pop(request_id, None)
         if job is not None:
@@ -118,7 +119,12 @@ class NARScheduler:
     def _run(self, batch: list[_Job]) -> None:
         self.num_running = len(batch)
         try:
-            tokens = self.runner.generate([j.request for j in batch])
+            # every request of the batch cancelled (its clients hung up): the rest of its steps are not run
+            tokens = self.runner.generate([j.request for j in batch], lambda: all(j.cancelled for j in batch))
+            if tokens is None:
+                for j in batch:
+                    self._finish(j, None, None, None)
+                return
             wavs = self.decode(tokens) if self.decode is not None else [None] * len(batch)
         except Exception as exc:  # noqa: BLE001 -- one bad batch fails its requests, not the server
             for j in batch:

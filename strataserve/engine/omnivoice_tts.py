@@ -11,8 +11,8 @@ requests from every caller.
 Long inputs: a served request's sentence pieces go to the scheduler ``pieces_ahead`` (default 2) at a time, the
 next one as one finishes (from the scheduler's callback, so it joins the very next batch). The first piece's audio
 streams as soon as it is decoded, other requests share every batch in between instead of waiting for the whole
-clip, and a closed stream (client hang-up) submits nothing more and drops its waiting pieces; the batch already
-running finishes (the runner has no per-step stop). Each piece's seed is the request's seed + its index, and the
+clip, and a closed stream (client hang-up) submits nothing more and drops its waiting pieces; a running batch
+stops at its next step once all its requests are cancelled. Each piece's seed is the request's seed + its index, and the
 runner's noise is per request, so which pieces share a batch changes no token; the decode runs one clip per
 forward so that it changes no sample either. The offline ``generate`` submits all pieces at once (throughput).
 

@@ -194,9 +194,11 @@ class NARRunner:
         return cv
 
     @torch.inference_mode()
-    def generate(self, reqs: list[NARRequest]) -> list[torch.Tensor]:
+    def generate(self, reqs: list[NARRequest], should_stop: Callable[[], bool] | None = None
+                 ) -> list[torch.Tensor] | None:
         """Unmask every request's canvas; returns long ``[C, t_len]`` per request (on the model's device).
-        All requests of one batch must share ``settings.num_step`` and ``settings.guidance_scale == 0`` or not."""
+        All requests of one batch must share ``settings.num_step`` and ``settings.guidance_scale == 0`` or not.
+        ``should_stop`` is asked before each step (no device sync): True abandons the batch (returns None)."""
         s0 = reqs[0].settings
         if any(r.settings.num_step != s0.num_step or (r.settings.guidance_scale == 0) != (s0.guidance_scale == 0)
                for r in reqs):
@@ -219,6 +221,8 @@ class NARRunner:
                                device=dev).view(-1, 1, 1) * torch.arange(c, device=dev).view(1, -1, 1)
         cols = (cv.rows_c - torch.arange(b_pad, device=dev)[:, None] * l_pad)[:, None, :].expand(-1, c, -1)
         for step in range(s0.num_step):
+            if should_stop is not None and should_stop():
+                return None
             lp, pred, conf = cv.run()
             ks = scheds[:, step].tolist()
             pred = self._sample_classes(reqs, ks, gens, lp, pred)

@@ -39,10 +39,10 @@ class Gate:
         self.inner = tts.runner.generate
         tts.runner.generate = self.generate
 
-    def generate(self, reqs):
+    def generate(self, reqs, should_stop=None):
         assert self.sem.acquire(timeout=60), "the test never released this batch"
         self.batches.append([r.request_id for r in reqs])
-        return self.inner(reqs)
+        return self.inner(reqs, should_stop)
 
     def release(self, n: int = 1) -> None:
         for _ in range(n):
@@ -129,3 +129,29 @@ def test_batch_composition_changes_no_sample(ov):
     tts = AsyncOmniVoice(ov, policy=POLICY)
     (alone,), _ = _run(tts, clip(tts, text=LONG.split(". ")[0] + "."))
     assert np.array_equal(outs[0][0][0], alone)
+
+
+def test_a_running_batch_whose_requests_all_hung_up_stops(ov):
+    """Both pieces of a batch cancelled while it runs (here: while the gate holds it): none of its steps run
+    (no batch statistics), no callback comes, and the scheduler serves the next request."""
+    tts = AsyncOmniVoice(ov, policy=POLICY)
+    gate = Gate(tts)
+    finished, answers = [], []
+    tts.runner.observers.append(finished.append)
+    reqs, _ = tts.requests.build("gone", LONG, params=PARAMS)
+    for r in reqs[:2]:
+        tts.scheduler.submit(r, lambda *a: answers.append(a))
+    for _ in range(6000):  # until the worker has taken the batch: it waits at the gate
+        if tts.scheduler.num_running == 2:
+            break
+        threading.Event().wait(0.01)
+    for r in reqs[:2]:
+        tts.scheduler.cancel(r.request_id)
+    gate.release(100)
+    after = _run(tts, _collect(lambda: tts.synthesize(SHORT, params=PARAMS, request_id="after")))
+    assert gate.batches[0] == ["gone.0", "gone.1"] and answers == [] and len(after) == 1
+    assert len(finished) == len(gate.batches) - 1  # every batch but the abandoned one ran to its end
+
+
+async def _collect(start):
+    return [c async for c in start()]
