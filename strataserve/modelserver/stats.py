@@ -102,6 +102,8 @@ _METRICS = (
     ("strata:inference_exec_count", "Number of model executions (batches)", _CUMULATIVE, lambda s: s.execution_count),
     ("strata:model_restarts", "Model processes restarted after they died", _CUMULATIVE, lambda s: s.restarts),
     ("strata:inference_pending_request_count", "Requests queued or executing", "gauge", lambda s: s.pending),
+    ("strata:inference_request_duration_us", "Cumulative end-to-end duration of successful requests", _CUMULATIVE,
+     lambda s: s.success.ns // 1000),
     ("strata:inference_queue_duration_us", "Cumulative queue time of requests", _CUMULATIVE,
      lambda s: s.phases["queue"].ns // 1000),
     ("strata:inference_compute_input_duration_us", "Cumulative compute-input time", _CUMULATIVE,

@@ -54,6 +54,7 @@ def test_statistics_and_prometheus_metrics(tmp_path):
     assert value("strata:inference_exec_count") == v2["execution_count"]
     assert value("strata:inference_pending_request_count") == 0
     assert value("strata:inference_queue_duration_us") == v2["inference_stats"]["queue"]["ns"] // 1000
+    assert value("strata:inference_request_duration_us") == v2["inference_stats"]["success"]["ns"] // 1000 > 0
     assert value("strata:inference_compute_infer_duration_us") == v2["inference_stats"]["compute_infer"]["ns"] // 1000
     for name in ("compute_input", "compute_output"):
         assert value(f"strata:inference_{name}_duration_us") is not None
