@@ -322,8 +322,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM before the server took over its signals: unwinds as Ctrl-C does, exits 128 + 15 as killed."""
+
+
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -348,8 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(args.func(args) or 0)
+    except _Terminated:
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        return 130
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

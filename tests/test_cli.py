@@ -24,3 +24,28 @@ def test_help_states_each_default_once(command, capsys):
     text = re.sub(r"\s+", " ", capsys.readouterr().out)
     assert "(default" in text
     assert not re.search(r"\(default[^)]*\) \(default", text), text
+
+
+def test_interrupted_start_up_exits_as_the_signal_says(monkeypatch):
+    """Stopped while loading: SIGTERM exits 143 (128 + 15), Ctrl-C 130, as a shell reports a killed process."""
+    import os
+    import signal
+
+    from strataserve import cli
+
+    def load_then(sig):
+        def func(args):
+            os.kill(os.getpid(), sig)  # arrives while "loading"
+            raise AssertionError("not reached")
+        return func
+
+    import argparse
+
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        parsed = argparse.Namespace(func=load_then(sig))
+        monkeypatch.setattr(cli, "build_parser", lambda argv, a=parsed: argparse.Namespace(parse_args=lambda _: a))
+        previous = signal.getsignal(signal.SIGTERM)
+        try:
+            assert cli.main(["generate"]) == code
+        finally:
+            signal.signal(signal.SIGTERM, previous)
