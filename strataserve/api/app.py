@@ -79,8 +79,7 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
                      "root": card.name, "payload": card.payload.value, "backend": card.backend, "ready": card.ready}
             if card.max_model_len is not None:
                 entry["max_model_len"] = card.max_model_len
-            if card.payload == Payload.SPEECH or "replicas" in card.extra:
-                entry.update(card.extra)  # voices, languages; local replicas: each one's health, load, place
+            entry.update(card.extra)  # voices, languages; upstream name; replicas: each one's health, load, place
             data.append(entry)
         if router.tensors is not None and router.tensors.local is not None:
             for m in router.tensors.local.repository_index(ready_only=True):

@@ -36,6 +36,8 @@ def test_models_are_listed_with_their_payload(router):
     assert {"local", "big", "mlp", "words", "hang"} <= set(data)
     assert data["local"]["payload"] == "text" and data["local"]["max_model_len"] == 256
     assert data["big"]["backend"] == "upstream-openai" and data["mlp"]["payload"] == "tensors"
+    for name, remote in (("big", "tiny"), ("mlp", "onnx_mlp")):  # either kind of upstream: its name, its replicas
+        assert data[name]["upstream_model"] == remote and data[name]["replicas"][0]["healthy"] is True
     index = {m["name"]: m for m in httpclient.InferenceServerClient(router.http).get_model_repository_index()}
     assert index["mlp"]["state"] == "READY" and index["words"]["state"] == "READY"
     assert index["local"]["state"] == "READY" and "text" in index["local"]["reason"]

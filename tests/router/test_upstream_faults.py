@@ -186,3 +186,119 @@ def test_upstream_requests_are_charged_tokens_as_local_ones():
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10}
     assert _upstream_charge(chat) > 10
     assert _upstream_charge({"prompt": "abcd"}) == 1 + UPSTREAM_DEFAULT_OUTPUT
+
+
+def test_an_upstream_error_body_comes_through_as_written():
+    async def handler(request):
+        return web.json_response({"error": {"message": "bad tool_choice", "type": "BadRequestError",
+                                            "param": "tool_choice", "code": None}}, status=400)
+
+    async def forward(b, trace):
+        with pytest.raises(APIError) as exc:
+            await b.forward("/v1/chat/completions", {"model": "m"}, stream=False, prefix=None, trace=trace)
+        return exc.value.body()["error"]
+
+    assert asyncio.run(_once(handler, forward))[0] == {"message": "bad tool_choice", "type": "BadRequestError", "param": "tool_choice",
+                                  "code": None}
+
+
+def test_a_client_hanging_up_before_the_headers_ends_its_trace_and_admission_ticket():
+    """Cancelled while the upstream has not answered: counted as aborted, and its admission ticket released (a
+    leaked ticket counted as work ahead for good, and a class with a TTFT target was refused from then on)."""
+    from strataserve.router.admission import AdmissionController
+
+    async def handler(request):
+        await asyncio.sleep(3)  # longer than the wait; short, as cleanup waits for it
+
+    async def run():
+        runner, url = await _serve(handler)
+        b, metrics = _backend([url])
+        ctl = AdmissionController("m")
+        trace = RouteTrace(metrics, b.name, "default", b.cost, ctl, ctl.enter(0, 10))
+        try:
+            task = asyncio.ensure_future(b.forward("/v1/completions", {"model": "m"}, stream=False, prefix=None,
+                                                   trace=trace))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return metrics.of("m", "default").outcomes, ctl.work_ahead(100), b.replicas.replicas[0].outstanding
+        finally:
+            await b.stop()
+            await runner.cleanup()
+
+    outcomes, ahead, outstanding = asyncio.run(run())
+    assert outcomes["aborted"] == 1 and ahead == 0 and outstanding == 0
+
+
+def test_a_replica_that_does_not_connect_in_time_is_failed_over():
+    """connect_timeout_s passing is a connection failure (nothing was sent): the replica is marked down and the
+    request goes to the next one, not a 504. The dead replica is a listener whose accept queue is full."""
+    import socket
+
+    async def handler(request):
+        return web.json_response({"id": "x", "model": "remote-m", "usage": {"completion_tokens": 1},
+                                  "choices": [{"text": "ok"}]})
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    fill = []
+    for _ in range(4):  # fill the queue: further SYNs are dropped, so connects hang
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(hole.getsockname())
+        fill.append(c)
+
+    async def run():
+        runner, url = await _serve(handler)
+        b, metrics = _backend([f"http://127.0.0.1:{hole.getsockname()[1]}", url], connect_timeout_s=0.3)
+        b.replicas.replicas[1].outstanding = 5  # least-outstanding tries the black hole first
+        try:
+            resp = await b.forward("/v1/completions", {"model": "m"}, stream=False, prefix=None,
+                                   trace=_trace(b, metrics))
+            return resp.status_code, json.loads(resp.body), b.replicas.replicas[0].healthy
+        finally:
+            await b.stop()
+            await runner.cleanup()
+
+    try:
+        status, body, first_healthy = asyncio.run(run())
+    finally:
+        for s in (hole, *fill):
+            s.close()
+    assert status == 200 and body["choices"][0]["text"] == "ok" and not first_healthy
+
+
+def test_a_compressed_answer_is_relayed_decoded():
+    """An upstream behind a gzip proxy that compresses whatever the client accepts: the answer arrives as JSON."""
+    import gzip
+
+    async def handler(request):
+        body = gzip.compress(json.dumps({"id": "x", "model": "remote-m", "usage": {"completion_tokens": 2},
+                                         "choices": [{"text": "hello"}]}).encode())
+        return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+    async def forward(b, trace):
+        return json.loads((await b.forward("/v1/completions", {"model": "m"}, stream=False, prefix=None,
+                                           trace=trace)).body)
+
+    body, metrics, _ = asyncio.run(_once(handler, forward))
+    tokens = metrics.of("m", "default").output_tokens
+    assert body["model"] == "m" and body["choices"][0]["text"] == "hello" and tokens == 2
+
+
+def test_no_headers_in_time_counts_as_the_upstreams_fault():
+    """504 upstream_timeout is one outcome, upstream_error, whether the upstream stalled before or after its
+    headers (before: it was counted as unavailable)."""
+    async def handler(request):
+        await asyncio.sleep(3)  # longer than the wait; short, as cleanup waits for it
+
+    async def forward(b, trace):
+        with pytest.raises(APIError) as exc:
+            await b.forward("/v1/completions", {"model": "m"}, stream=False, prefix=None, trace=trace)
+        return exc.value.status
+
+    status, metrics, _ = asyncio.run(_once(handler, forward))
+    outcomes = metrics.of("m", "default").outcomes
+    assert status == 504 and outcomes["upstream_error"] == 1 and outcomes["unavailable"] == 0

@@ -33,7 +33,7 @@ class KServeUpstreamBackend(UpstreamBackend):
 
     def card(self) -> ModelCard:
         return ModelCard(self.name, Payload.TENSORS, "upstream-kserve", self.ready(), self.unavailable_reason(),
-                         extra={"upstream_model": self.spec.remote_name})
+                         extra=self.listing(self.spec.remote_name))
 
     # ------------------------------------------------------------------ wire
     def _path(self, version: str, tail: str = "") -> str:
@@ -54,8 +54,11 @@ class KServeUpstreamBackend(UpstreamBackend):
                 async with self.session.request(method, r.url + path, data=body, headers=headers,
                                                 timeout=timeout) as resp:
                     return resp.status, await resp.read(), resp.headers
-            except aiohttp.ServerTimeoutError:
-                raise self._timeout() from None
+            except aiohttp.ServerTimeoutError as exc:
+                if not isinstance(exc, aiohttp.ConnectionTimeoutError):  # not connecting: try another replica
+                    raise self._timeout() from None
+                r.mark_down(f"{type(exc).__name__}: {exc}")
+                tried.append(r)
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 r.mark_down(f"{type(exc).__name__}: {exc}")
                 tried.append(r)

@@ -22,6 +22,7 @@ from strataserve.router.config import OpenAIUpstream
 from strataserve.router.metrics import NullTrace, RouteTrace
 from strataserve.router.backends.upstream import UpstreamBackend
 from strataserve.router.replicas import Replica
+from strataserve.router.router import outcome_of
 from strataserve.router.types import ModelCard, Payload
 
 _PASS_THROUGH = (400, 413, 422, 429)
@@ -32,18 +33,19 @@ def _upstream_message(body: bytes) -> str:
     return _upstream_error(body)[0]
 
 
-def _upstream_error(body: bytes) -> tuple[str, str | None, str | None]:
-    """The upstream's error (message, param, code): OpenAI's body, or the text of any other."""
+def _upstream_error(body: bytes) -> tuple[str, str | None, str | int | None, str | None]:
+    """The upstream's error (message, param, code, type): OpenAI's body, or the text of any other."""
     try:
         doc = msgspec.json.decode(body)
         err = doc.get("error", doc) if isinstance(doc, dict) else doc
         if not isinstance(err, dict):
-            return str(err)[:500], None, None
-        param, code = err.get("param"), err.get("code")
+            return str(err)[:500], None, None, None
+        param, code, kind = err.get("param"), err.get("code"), err.get("type")
         return (str(err.get("message"))[:500], param if isinstance(param, str) else None,
-                code if isinstance(code, str) else None)
+                code if isinstance(code, (str, int)) and not isinstance(code, bool) else None,
+                kind if isinstance(kind, str) else None)
     except (msgspec.DecodeError, AttributeError):
-        return body[:500].decode(errors="replace"), None, None
+        return body[:500].decode(errors="replace"), None, None, None
 
 
 class OpenAIUpstreamBackend(UpstreamBackend):
@@ -64,9 +66,7 @@ class OpenAIUpstreamBackend(UpstreamBackend):
 
     def card(self) -> ModelCard:
         return ModelCard(self.name, Payload.TEXT, "upstream-openai", self.ready(), self.unavailable_reason(),
-                         extra={"upstream_model": self.spec.remote_name,
-                                "replicas": [{"url": r.url, "healthy": r.healthy, "outstanding": r.outstanding}
-                                             for r in self.replicas.replicas]})
+                         extra=self.listing(self.spec.remote_name))
 
     # ------------------------------------------------------------------ requests
     def _rename(self, data: bytes) -> bytes:
@@ -89,7 +89,9 @@ class OpenAIUpstreamBackend(UpstreamBackend):
                                                timeout=timeout)
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 replica.outstanding -= 1
-                if isinstance(exc, aiohttp.ServerTimeoutError):
+                # no answer in timeout_s is the upstream's slowness (504); not connecting in connect_timeout_s
+                # is a connection failure: nothing was sent, so the next replica may take it
+                if isinstance(exc, aiohttp.ServerTimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError):
                     raise self._timeout() from None
                 replica.mark_down(f"{type(exc).__name__}: {exc}")
                 tried.append(replica)
@@ -109,11 +111,10 @@ class OpenAIUpstreamBackend(UpstreamBackend):
 
     async def _error(self, resp: aiohttp.ClientResponse) -> APIError:
         body = await resp.read()
-        msg, param, code = _upstream_error(body)
-        if resp.status in _PASS_THROUGH:  # the client's own fault: its status, param and code as the upstream said
+        msg, param, code, kind = _upstream_error(body)
+        if resp.status in _PASS_THROUGH:  # the client's own fault: its error as the upstream wrote it
             headers = {"Retry-After": resp.headers["Retry-After"]} if "Retry-After" in resp.headers else None
-            return APIError(resp.status, msg, param=param, code=code or "upstream_" + str(resp.status),
-                            headers=headers)
+            return APIError(resp.status, msg, param=param, code=code, type=kind, headers=headers)
         if resp.status == 503:
             return APIError(503, f"model `{self.name}`: the upstream server is unavailable: {msg}",
                             code="upstream_unavailable", type="service_unavailable",
@@ -131,8 +132,8 @@ class OpenAIUpstreamBackend(UpstreamBackend):
         payload = msgspec.json.encode({**body, "model": self.spec.remote_name})
         try:
             replica, resp = await self._send(path, payload, prefix)
-        except APIError as exc:
-            trace.finish("unavailable" if exc.status in (503, 504) else "upstream_error")
+        except BaseException as exc:  # no replica, a timeout, or the client hung up before the headers came
+            trace.finish(outcome_of(exc))  # (an unfinished trace would hold its admission ticket for good)
             raise
         relayed = done = False  # a stream's relay gives the replica back when it ends; anything else, here
         try:

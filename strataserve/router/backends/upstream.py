@@ -23,9 +23,10 @@ class UpstreamBackend(Backend):
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             # No per-host cap: concurrency is the clients', and the upstream does its own admission.
-            # auto_decompress off: bodies are relayed as the upstream encoded them.
+            # Bodies are asked for uncompressed (they are relayed, renamed and counted as text), and decoded
+            # should an upstream (a proxy's gzip) compress them anyway.
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                                                  auto_decompress=False)
+                                                  headers={"Accept-Encoding": "identity"})
         return self._session
 
     async def start(self) -> None:
@@ -45,6 +46,12 @@ class UpstreamBackend(Backend):
 
     def ready(self) -> bool:
         return bool(self.replicas.healthy())
+
+    def listing(self, remote_name: str) -> dict:
+        """The card's extra fields: the upstream's own name for the model, and each replica's health and load."""
+        return {"upstream_model": remote_name,
+                "replicas": [{"url": r.url, "healthy": r.healthy, "outstanding": r.outstanding}
+                             for r in self.replicas.replicas]}
 
     def unavailable_reason(self) -> str:
         return "" if self.ready() else self.replicas.unavailable_message()
