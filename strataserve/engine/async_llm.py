@@ -195,14 +195,13 @@ class AsyncLLM:
         self._abort_now(request_id, notify=True)
 
     def _abort_now(self, request_id: str, notify: bool) -> None:
+        collector = self._collectors.get(request_id)
+        final = self.outputs.abort_output(request_id) if notify and collector is not None else None
         core_ids = self.outputs.abort_requests([request_id])
         if core_ids:
             self.core.abort_requests(core_ids)
-        collector = self._collectors.get(request_id)
-        if notify and collector is not None:
-            collector.put(RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[], finished=True,
-                                        outputs=[CompletionOutput(i, "", [], finish_reason="abort")
-                                                 for i in range(collector.n)]))
+        if final is not None and collector is not None:
+            collector.put(final)
 
     # ------------------------------------------------------------------ output pump
     def _ensure_pump(self) -> None:

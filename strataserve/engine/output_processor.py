@@ -113,6 +113,17 @@ class OutputProcessor:
         self._requests[request_id] = req
         return core_reqs
 
+    def abort_output(self, request_id: str) -> RequestOutput | None:
+        """The last output of a request the user aborts: its prompt, metrics and each unfinished completion ending
+        with "abort" (nothing new in it: a DELTA; the consumer's CUMULATIVE view keeps what came before)."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        outs = [CompletionOutput(c.index, "", [], c.cumulative_logprob, [] if c.raw_logprobs is not None else None,
+                                 finish_reason="abort") for c in req.children if c.finish_reason is None]
+        return RequestOutput(request_id, req.prompt, req.prompt_token_ids, outs, finished=True,
+                             num_cached_tokens=req.num_cached_tokens, metrics=req.metrics)
+
     def abort_requests(self, request_ids: list[str]) -> list[str]:
         """Forget these requests; return their core request ids (still unfinished) to abort in the core."""
         core_ids = []

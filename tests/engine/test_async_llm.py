@@ -118,6 +118,9 @@ def test_abort_from_another_task_ends_the_stream_with_abort():
             await llm.abort("x")
             rest = [o async for o in gen]
             assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+            # the last output is shaped as every other (its prompt and metrics were missing)
+            assert rest[-1].prompt_token_ids == first.prompt_token_ids == [5, 6, 7]
+            assert rest[-1].metrics is not None
             await wait_idle(llm)
             await llm.abort("never-existed")
         finally:
