@@ -229,8 +229,9 @@ class Sampler:
             keep[torch.tensor(ids, dtype=torch.long, device=x.device)] = 0.0
             x[i] += keep
         if ban_rows:
+            allowed = x.clone() if allow_rows else raw  # a ban that empties a row yields to the allowed ids only
             ban_tokens(x, ban_rows, ban_ids)
-            _unban_dead_rows(x, raw, ban_rows)
+            _unban_dead_rows(x, allowed, ban_rows)
         if bias_rows:
             add_bias(x, bias_rows, [reqs[i].params.logit_bias for i in bias_rows])
         if pen_rows:

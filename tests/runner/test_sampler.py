@@ -464,3 +464,13 @@ def test_bad_words_match_transformers_no_bad_words_and_allowed_ids_mask() -> Non
 def test_vllm_extras_bad_values_name_the_fault(kwargs, needle) -> None:
     with pytest.raises(ValueError, match=needle):
         SP(**kwargs)
+
+
+def test_bans_that_leave_nothing_yield_to_the_allowed_ids_not_the_whole_vocabulary() -> None:
+    """min_tokens / stop ids / bad words banning every allowed id: the row samples among the allowed ids (as a
+    complete grammar's row does among its stops), never outside them."""
+    x = _logits(2, seed=23)
+    reqs = [_req(SP(temperature=0.0, allowed_token_ids=[10], stop_token_ids=[10], min_tokens=2)),
+            _req(SP(temperature=0.7, seed=1, allowed_token_ids=[2, 5], bad_words_token_ids=[[5]], min_tokens=3),
+                 eos=2)]
+    assert Sampler()(x, reqs)[0] == [10, 2]
