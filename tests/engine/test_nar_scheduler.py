@@ -21,7 +21,7 @@ class FakeRunner:
         self.batches: list[list[str]] = []
         self.gate, self.fail_on = gate, fail_on
 
-    def generate(self, reqs):
+    def generate(self, reqs, should_stop=None):
         if self.gate is not None:
             self.gate.wait(10)
         self.batches.append([r.request_id for r in reqs])
