@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from strataserve.engine.request import check_prompt_length
-from strataserve.types.sampling import SamplingParams
+from strataserve.types.sampling import SamplingParams, token_id
 from strataserve.grammar import check_guided
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
@@ -61,6 +61,7 @@ class InputProcessor:
         """Return (prompt text or None, prompt token ids, params to send). Raises ValueError on bad input."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, not {type(params).__name__}")
+        params = replace(params)  # a snapshot, checked again: a SamplingParams may have been changed since it was made
         text, ids = self._tokenize(prompt)
         if params.truncate_prompt_tokens is not None:
             ids = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
@@ -103,11 +104,9 @@ class InputProcessor:
 
     def _check_ids(self, ids: Any) -> list[int]:
         try:
-            out = [int(t) for t in ids]
-        except (TypeError, ValueError):
+            out = [token_id("prompt_token_ids", t) for t in ids]
+        except TypeError:
             raise ValueError("prompt_token_ids must be a list of integers") from None
-        if any(isinstance(t, bool) for t in ids):
-            raise ValueError("prompt_token_ids must be a list of integers")
         if out and (min(out) < 0 or (self.vocab_size is not None and max(out) >= self.vocab_size)):
             bad = min(out) if min(out) < 0 else max(out)
             raise ValueError(f"prompt token id {bad} is out of range: ids must be in [0, {self.vocab_size})")

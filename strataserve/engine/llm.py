@@ -187,7 +187,11 @@ def _normalise_prompts(prompts: Any, prompt_token_ids: Any) -> list[PromptType]:
         return [list(p) for p in prompt_token_ids]
     if isinstance(prompts, (str, Mapping)):
         return [prompts]
-    seq = list(prompts)
+    try:
+        seq = list(prompts)
+    except TypeError:
+        raise ValueError(f"prompts must be a string, token ids, a prompt dict, or a list of those; not "
+                         f"{type(prompts).__name__}") from None
     if seq and all(isinstance(t, int) for t in seq):
         return [seq]  # one prompt given as token ids
     return seq
@@ -198,6 +202,9 @@ def _per_prompt(sp: SamplingParams | Sequence[SamplingParams] | None, n: int) ->
         return [SamplingParams()] * n
     if isinstance(sp, SamplingParams):
         return [sp] * n
+    if isinstance(sp, (Mapping, str)) or not isinstance(sp, Sequence):
+        raise ValueError(f"sampling_params must be a SamplingParams (or a list, one per prompt), not "
+                         f"{type(sp).__name__}: write SamplingParams(**...)")
     sps = list(sp)
     if len(sps) != n:
         raise ValueError(f"got {len(sps)} sampling_params for {n} prompts: give one, or one per prompt")

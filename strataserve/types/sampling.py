@@ -1,9 +1,11 @@
 """Sampling parameters, named and defaulted as vLLM's ``SamplingParams`` so a vLLM user switches by import."""
 from __future__ import annotations
 
+import copy
 import enum
 import json
 import numbers
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +15,17 @@ MAX_LOGPROBS = 20
 
 def _fail(name: str, value: object, want: str) -> None:
     raise ValueError(f"{name}={value!r} is out of range: {want}")
+
+
+def token_id(name: str, value: object) -> int:
+    """An integer token id (numpy / torch integers too); a float or bool is refused, not truncated."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    _fail(name, value, "token ids are integers")
+    raise AssertionError  # unreachable: _fail raises
 
 
 class RequestOutputKind(enum.Enum):
@@ -67,8 +80,8 @@ def _logit_bias(bias: dict) -> dict[int, float]:
     out: dict[int, float] = {}
     for key, value in bias.items():
         try:
-            token = int(key)
-        except (TypeError, ValueError):
+            token = int(key) if isinstance(key, str) else token_id("logit_bias", key)
+        except ValueError:
             _fail("logit_bias", key, "keys must be token ids (integers)")
         if token < 0:
             _fail("logit_bias", key, "token ids must be >= 0")
@@ -78,7 +91,7 @@ def _logit_bias(bias: dict) -> dict[int, float]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingParams:
     """How to pick tokens for one request.
 
@@ -143,8 +156,14 @@ class SamplingParams:
             object.__setattr__(self, "stop", [self.stop])
         elif not isinstance(self.stop, list):
             object.__setattr__(self, "stop", list(self.stop or []))
-        if not isinstance(self.stop_token_ids, list):
-            object.__setattr__(self, "stop_token_ids", list(self.stop_token_ids or []))
+        if any(not isinstance(s, str) for s in self.stop):
+            _fail("stop", self.stop, "stop strings are text (token ids go in stop_token_ids)")
+        object.__setattr__(self, "stop_token_ids", [token_id("stop_token_ids", t) for t in self.stop_token_ids or []])
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                _fail(name, value, "must be a number")
+            object.__setattr__(self, name, float(value))
         if self.n < 1:
             _fail("n", self.n, "must be >= 1")
         if not 0.0 <= self.temperature <= 100.0:
@@ -200,6 +219,10 @@ class SamplingParams:
             _fail("truncate_prompt_tokens", t, "must be >= 1, or -1 for max_model_len")
         if self.bad_words_token_ids is not None:
             object.__setattr__(self, "bad_words_token_ids", [list(map(int, w)) for w in self.bad_words_token_ids])
+
+    def clone(self) -> "SamplingParams":
+        """A deep copy (vLLM's): change it without touching this one."""
+        return copy.deepcopy(self)
 
     @property
     def greedy(self) -> bool:

@@ -193,3 +193,31 @@ def test_llm_seed_makes_unseeded_sampling_repeat(tmp_path):
 
     first = run(7)
     assert run(7) == first and run(8) != first
+
+
+def test_sampling_params_are_mutable_as_vllms_and_checked_when_used(llm):
+    """vLLM's own example sets fields on get_default_sampling_params(); a changed value is checked at generate.
+    Token ids are integers (numpy / torch ones too): a float is refused, not truncated."""
+    import numpy as np
+
+    sp = llm.get_default_sampling_params()
+    sp.max_tokens, sp.temperature = 3, 0.0
+    copy = sp.clone()
+    copy.max_tokens = 5
+    assert sp.max_tokens == 3 and len(llm.generate(["a b"], sp)[0].outputs[0].token_ids) <= 3
+    sp.temperature = -1.0
+    with pytest.raises(ValueError, match="temperature"):
+        llm.generate(["a b"], sp)
+    ok = llm.generate([{"prompt_token_ids": [1, np.int64(44)]}], copy)[0]
+    assert ok.prompt_token_ids == [1, 44]
+    for bad, field in (({"prompt_token_ids": [1, 44.9]}, "prompt_token_ids"),):
+        with pytest.raises(ValueError, match=field):
+            llm.generate([bad], copy)
+    for kw, field in ((dict(stop_token_ids=[2.5]), "stop_token_ids"), (dict(stop=[1]), "stop"),
+                      (dict(logit_bias={9.7: 1}), "logit_bias"), (dict(temperature="0.5"), "temperature")):
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(**kw)
+    with pytest.raises(ValueError, match="prompts must be"):
+        llm.generate(5)
+    with pytest.raises(ValueError, match="SamplingParams"):
+        llm.generate("hi", {"max_tokens": 2})
