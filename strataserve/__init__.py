@@ -11,7 +11,7 @@ from strataserve.envs import apply_process_defaults
 apply_process_defaults()
 
 __all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "StructuredOutputsParams", "RequestOutput",
-           "CompletionOutput", "AsyncLLM", "TTS", "AsyncTTS"]
+           "CompletionOutput", "AsyncLLM", "EngineArgs", "AsyncEngineArgs", "TTS", "AsyncTTS"]
 __version__ = "0.1.0"
 
 _WHERE = {
@@ -22,12 +22,15 @@ _WHERE = {
     "RequestOutput": "strataserve.types.outputs",
     "CompletionOutput": "strataserve.types.outputs",
     "AsyncLLM": "strataserve.engine.async_llm",
+    "EngineArgs": "strataserve.engine.engine_args",
+    "AsyncEngineArgs": "strataserve.engine.engine_args",
     "TTS": "strataserve.engine.tts",
     "AsyncTTS": "strataserve.engine.async_tts",
 }
 
 if TYPE_CHECKING:
     from strataserve.engine.async_llm import AsyncLLM
+    from strataserve.engine.engine_args import AsyncEngineArgs, EngineArgs
     from strataserve.engine.llm import LLM
     from strataserve.types.outputs import CompletionOutput, RequestOutput
     from strataserve.engine.async_tts import AsyncTTS

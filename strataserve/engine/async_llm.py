@@ -126,6 +126,23 @@ class AsyncLLM:
         self._closed = False
 
     @classmethod
+    def from_engine_args(cls, engine_args: Any, **_: Any) -> "AsyncLLM":
+        """vLLM's way to build one: ``AsyncLLM.from_engine_args(AsyncEngineArgs(model=DIR, ...))``. The engine core
+        runs in its own process, as the server's does (call it under ``if __name__ == "__main__":``); vLLM's
+        other keywords (``start_engine_loop``, ``usage_context``) do not apply and are ignored."""
+        from strataserve.engine.mp_client import MPCoreClient
+
+        config = engine_args.create_engine_config()
+        client = MPCoreClient(config, wait=False)
+        try:
+            tokenizer = load_tokenizer(config.model.tokenizer or config.model.model, config.model.skip_tokenizer_init)
+            client.wait_ready()
+            return cls(config, core_client=client, tokenizer=tokenizer)
+        except BaseException:
+            client.shutdown()
+            raise
+
+    @classmethod
     def from_config(cls, engine_config: EngineConfig, *, runner: ModelRunnerBase | None = None,
                     tokenizer: Any = None) -> "AsyncLLM":
         """An AsyncLLM whose engine core steps on a background thread of this process."""

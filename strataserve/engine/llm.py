@@ -13,7 +13,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
+from strataserve.engine.engine_args import EngineArgs
 from strataserve.engine.input_processor import PromptType
 from strataserve.engine.llm_engine import LLMEngine
 from strataserve.models.chat_messages import plain_message
@@ -50,20 +50,15 @@ class LLM:
         if runner is None and not Path(model).is_dir():
             raise ValueError(f"model={str(model)!r} is not a directory: give the path of an HF checkpoint folder "
                              "(config.json + *.safetensors + tokenizer files, or skip_tokenizer_init=True)")
-        if kwargs.get("enforce_eager") and mode == "auto":
-            mode = "eager"
-        self.config = EngineConfig(
-            model=ModelConfig(model=str(model), dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,  # type: ignore[arg-type]
-                              tokenizer=tokenizer, served_model_name=served_model_name,
-                              skip_tokenizer_init=skip_tokenizer_init, load_format=load_format),  # type: ignore[arg-type]
-            cache=CacheConfig(block_size=block_size, kv_cache_memory_gib=kv_cache_memory_gib,
-                              gpu_memory_utilization=gpu_memory_utilization, num_blocks=num_blocks,
-                              enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      enable_chunked_prefill=enable_chunked_prefill, target_step_ms=target_step_ms),
-            runner=RunnerConfig(mode=mode, cuda_graph_max_bs=cuda_graph_max_bs),  # type: ignore[arg-type]
-            parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
-        )
+        self.config = EngineArgs(
+            str(model), tokenizer=tokenizer, dtype=dtype, device=device, max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill, kv_cache_memory_gib=kv_cache_memory_gib,
+            gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks_override=num_blocks, block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching, seed=seed, enforce_eager=bool(kwargs.get("enforce_eager")),
+            served_model_name=served_model_name, skip_tokenizer_init=skip_tokenizer_init,
+            tensor_parallel_size=tensor_parallel_size, load_format=load_format, kv_cache_dtype=kv_cache_dtype,
+            mode=mode, cuda_graph_max_bs=cuda_graph_max_bs, target_step_ms=target_step_ms).create_engine_config()
         self.engine = LLMEngine(self.config, runner=runner, tokenizer=tokenizer_obj)
         # The largest prompt-step CUDA graph now: a server captures it while idle, an offline LLM never idles, and
         # its first capture compiles the kernel variants of large steps (2-3 s on an empty Triton cache), which

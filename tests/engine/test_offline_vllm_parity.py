@@ -221,3 +221,31 @@ def test_sampling_params_are_mutable_as_vllms_and_checked_when_used(llm):
         llm.generate(5)
     with pytest.raises(ValueError, match="SamplingParams"):
         llm.generate("hi", {"max_tokens": 2})
+
+
+def test_async_llm_from_engine_args_as_vllm_builds_it(tmp_path):
+    """vLLM's async entry point: AsyncLLM.from_engine_args(AsyncEngineArgs(model=...)), the core in its own
+    process; greedy output equals the offline LLM's."""
+    import asyncio
+
+    from strataserve import AsyncEngineArgs, AsyncLLM
+
+    path = make_tiny_checkpoint("llama", tmp_path / "m")
+    args = AsyncEngineArgs(model=str(path), device="cpu", dtype="float32", num_gpu_blocks_override=32)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    async def run() -> list[int]:
+        engine = AsyncLLM.from_engine_args(args)
+        try:
+            return [o async for o in engine.generate("a b c", sp, "r")][-1].outputs[0].token_ids
+        finally:
+            engine.shutdown()
+
+    offline = LLM(str(path), device="cpu", dtype="float32", num_blocks=32)
+    try:
+        want = offline.generate(["a b c"], sp)[0].outputs[0].token_ids
+    finally:
+        offline.shutdown()
+    assert asyncio.run(run()) == want
+    assert args.create_engine_config() == AsyncEngineArgs(str(path), device="cpu", dtype="float32",
+                                                          num_gpu_blocks_override=32).create_engine_config()
