@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from strataserve.api.errors import bad_request, from_value_error
-from strataserve.engine.input_processor import truncate_prompt
-from strataserve.types.sampling import RequestOutputKind, SamplingParams
+from strataserve.types.sampling import RequestOutputKind, SamplingParams, truncate_prompt
 
 if TYPE_CHECKING:
     from strataserve.api.serving import ServerState
@@ -25,7 +24,8 @@ def vllm_extras(state: ServerState, body: Any) -> dict[str, Any]:
     otherwise report them after its 200)."""
     if body.allowed_token_ids is not None:
         if not body.allowed_token_ids:
-            raise bad_request("allowed_token_ids is empty: give the token ids to sample from", param="allowed_token_ids")
+            raise bad_request("allowed_token_ids is empty: give the token ids to sample from",
+                              param="allowed_token_ids")
         check_token_ids(state, body.allowed_token_ids, "allowed_token_ids")
     if body.bad_words and state.tokenizer is None:
         raise bad_request("bad_words need a tokenizer; this server has none (--skip-tokenizer-init): ban token ids "

@@ -45,7 +45,8 @@ class EngineArgs:
                               gpu_memory_utilization=self.gpu_memory_utilization,
                               num_blocks=self.num_gpu_blocks_override, enable_prefix_caching=self.enable_prefix_caching,
                               kv_cache_dtype=self.kv_cache_dtype),  # type: ignore[arg-type]
-            scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
+                                      max_num_batched_tokens=self.max_num_batched_tokens,
                                       enable_chunked_prefill=self.enable_chunked_prefill,
                                       target_step_ms=self.target_step_ms),
             runner=RunnerConfig(mode=mode, cuda_graph_max_bs=self.cuda_graph_max_bs),  # type: ignore[arg-type]

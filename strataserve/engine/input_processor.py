@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from strataserve.engine.request import check_prompt_length
-from strataserve.types.sampling import SamplingParams, token_id
+from strataserve.types.sampling import SamplingParams, token_id, truncate_prompt
 from strataserve.grammar import check_guided
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
@@ -111,16 +111,6 @@ class InputProcessor:
             bad = min(out) if min(out) < 0 else max(out)
             raise ValueError(f"prompt token id {bad} is out of range: ids must be in [0, {self.vocab_size})")
         return out
-
-
-def truncate_prompt(ids: list[int], keep: int, max_model_len: int) -> list[int]:
-    """vLLM's ``truncate_prompt_tokens``: the last ``keep`` prompt tokens (-1: the last ``max_model_len``)."""
-    if keep == -1:
-        keep = max_model_len
-    if keep > max_model_len:
-        raise ValueError(f"truncate_prompt_tokens={keep} is more than the model's context ({max_model_len} tokens): "
-                         f"give at most {max_model_len}, or -1")
-    return ids[-keep:]
 
 
 def bad_words_token_ids(tokenizer: Any, words: Sequence[str]) -> list[list[int]]:

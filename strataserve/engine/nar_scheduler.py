@@ -10,10 +10,10 @@ pieces instead of queueing behind the whole clip.
 
 Invariants: a request's callback is called exactly once (result or exception), unless it was cancelled while
 still waiting; a running batch runs its ``num_step`` forwards unless every request in it is cancelled, when it
-stops at the next step; ``shutdown`` fails the waiting requests with ``EngineDeadError`` and joins the thread, and a ``submit``
-after that raises instead of waiting forever. A request's tokens depend on its seed, never on its batch (the
-runner's per-request generators); the audio decode must not depend on it either: give ``decode`` one clip per
-forward (``_OmniVoiceBase`` does), as a batched convolution can round differently from a lone one.
+stops at the next step; ``shutdown`` fails the waiting requests with ``EngineDeadError`` and joins the thread,
+and a ``submit`` after that raises instead of waiting forever. A request's tokens depend on its seed, never on its
+batch (the runner's per-request generators); the audio decode must not depend on it either: give ``decode`` one
+clip per forward (``_OmniVoiceBase`` does), as a batched convolution can round differently from a lone one.
 """
 from __future__ import annotations
 

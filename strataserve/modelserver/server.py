@@ -237,7 +237,8 @@ class ModelServer:
         if unload_dependents:
             for step in steps:
                 other = self._entries.get(step)
-                if other is not None and other.versions and not other.explicit and not self._entries.used_by_an_ensemble(step):
+                if (other is not None and other.versions and not other.explicit
+                        and not self._entries.used_by_an_ensemble(step)):
                     self._unload_locked(step, True)
 
     async def _poll(self) -> None:

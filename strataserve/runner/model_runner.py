@@ -45,6 +45,8 @@ from strataserve.runner.tp_worker import RankSetup, setup
 from strataserve.startup import Phases
 
 log = logging.getLogger(__name__)
+_SMALL_POOL = ("the KV cache holds %d tokens, fewer than max_model_len=%d: a sequence stops there (finish_reason "
+               "length); raise --kv-cache-memory-gib (CPU) / --gpu-memory-utilization, or lower --max-model-len")
 
 # "graph" mode (torch attention inside CUDA graphs): the widest context a captured decode step covers.
 _GRAPH_TORCH_MAX_TOKENS = 2048
@@ -100,8 +102,7 @@ class ModelRunner(ModelRunnerBase):
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype, self.device,
                                                      kernels=not self._torch_views,
                                                      head_dim=self.model_config.head_dim)
-        # vLLM's seed: unseeded sampling (and dummy weights) repeat from one run of a script to the next
-        torch.manual_seed(mc.seed)
+        torch.manual_seed(mc.seed)  # vLLM's seed: unseeded sampling and dummy weights repeat from run to run
         with self.startup.time("weights"):
             self.model: DecoderModel = load_model(mc.model, self.dtype, self.device, self.plan.ops,
                                                   self.max_model_len, self.tp, mc.load_format)
@@ -110,10 +111,7 @@ class ModelRunner(ModelRunnerBase):
             if self.tp_control is not None:  # every rank's pool holds the blocks the one scheduler hands out
                 self.num_blocks = self.tp_control.min_int(self.num_blocks)
         if self.num_blocks * self.block_size < self.max_model_len:  # vLLM refuses to start; we serve, and say so
-            log.warning("the KV cache holds %d tokens, fewer than max_model_len=%d: a sequence stops at that length "
-                        "(finish_reason \"length\") and a longer prompt is refused. Give the cache more memory "
-                        "(--kv-cache-memory-gib on a CPU, --gpu-memory-utilization on a GPU) or lower "
-                        "--max-model-len", self.num_blocks * self.block_size, self.max_model_len)
+            log.warning(_SMALL_POOL, self.num_blocks * self.block_size, self.max_model_len)
         with self.startup.time("KV allocation"):
             # One spare block past the pool: CUDA-graph padding rows write their K/V there, never a real block.
             self.kv_caches = allocate_kv_cache(self.model_config.num_layers, self.num_blocks + 1, self.block_size,

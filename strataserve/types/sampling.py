@@ -231,3 +231,13 @@ class SamplingParams:
     @property
     def uses_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+
+def truncate_prompt(ids: list[int], keep: int, max_model_len: int) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: the last ``keep`` prompt tokens (-1: the last ``max_model_len``)."""
+    if keep == -1:
+        keep = max_model_len
+    if keep > max_model_len:
+        raise ValueError(f"truncate_prompt_tokens={keep} is more than the model's context ({max_model_len} tokens): "
+                         f"give at most {max_model_len}, or -1")
+    return ids[-keep:]

@@ -198,8 +198,8 @@ def test_an_upstream_error_body_comes_through_as_written():
             await b.forward("/v1/chat/completions", {"model": "m"}, stream=False, prefix=None, trace=trace)
         return exc.value.body()["error"]
 
-    assert asyncio.run(_once(handler, forward))[0] == {"message": "bad tool_choice", "type": "BadRequestError", "param": "tool_choice",
-                                  "code": None}
+    assert asyncio.run(_once(handler, forward))[0] == {"message": "bad tool_choice", "type": "BadRequestError",
+                                                       "param": "tool_choice", "code": None}
 
 
 def test_a_client_hanging_up_before_the_headers_ends_its_trace_and_admission_ticket():
