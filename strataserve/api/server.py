@@ -117,8 +117,11 @@ class ServeOptions:
         keys = config.key_classes()
         if config.model_repository:  # the file's repository wins over --model-repository
             server["model_repository"] = config.model_repository
-            server["model_control_mode"] = config.model_control_mode
-            server["repository_poll_s"] = config.repository_poll_secs
+            # and the keys it sets win over their flags; a key it leaves out keeps the flag's value
+            for key, option in (("model_control_mode", "model_control_mode"),
+                                ("repository_poll_secs", "repository_poll_s")):
+                if key in config.model_fields_set or option not in server:
+                    server[option] = getattr(config, key)
         return cls(llms=llms, upstreams=ups, sla=SLAPolicy(classes, config.default_sla or "", keys),
                    extra_api_keys=tuple(keys), health_check_interval_s=config.health_check_interval_s,
                    affinity_chars=config.prefix_affinity_chars, affinity_slack=config.affinity_slack, **server)
