@@ -214,7 +214,7 @@ PY_DECOUPLED = """
                 # Respond from another thread, after execute() returned, as Triton's decoupled examples do.
                 t = threading.Thread(target=self._respond, args=(sender, count))
                 t.start()
-                self.threads.append(t)
+                self.threads = [th for th in self.threads if th.is_alive()] + [t]  # finished ones are dropped
             return None
 
         def _respond(self, sender, count):
