@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import signal
 import time
 from dataclasses import replace
 from typing import Any, Callable
@@ -105,7 +106,15 @@ class MPCoreClient(ZmqCoreClient):
         return self._proc.is_alive()
 
     def _exit_reason(self) -> str:
-        return f"engine process exited unexpectedly (exit code {self._proc.exitcode})"
+        self._proc.join(timeout=1.0)  # a dying child: reap it, its exit code is None until then
+        code = self._proc.exitcode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"engine process was killed by {name} (exit code {code})"
+        return f"engine process exited unexpectedly (exit code {code})"
 
     def _watch_exit(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[], None]) -> None:
         sentinel = self._proc.sentinel  # the loop polls its fd: no thread

@@ -105,7 +105,7 @@ def test_engine_and_isolated_model_heal_then_sigterm_drains(tiny_ckpt, tmp_path)
             next(line for line in lines if line.startswith("data:"))
             os.kill(engine, signal.SIGKILL)
             rest = [line for line in lines if line.startswith("data:")]
-        assert rest[-1] == "data: [DONE]" and "engine_dead" in rest[-2]
+        assert rest[-1] == "data: [DONE]" and "engine_dead" in rest[-2] and "killed by SIGKILL" in rest[-2]
         health = httpx.get(f"{url}/health")
         assert health.status_code == 503, health.text
         assert health.json()["status"] == "degraded" and health.json()["models"][MODEL] in ("dead", "restarting")
