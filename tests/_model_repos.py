@@ -265,8 +265,11 @@ PY_SEQ = """
 
 
 def add_python_seq(repo: Path, name: str = "py_seq", max_queue_size: int = 0, default_timeout_us: int = 0,
-                   timeout_action: str = "REJECT", priority_levels: int = 2) -> None:
-    """One instance, batches of one; SEQ = execution order. Priorities: 1 (high) .. priority_levels (default)."""
+                   timeout_action: str = "REJECT", priority_levels: int = 2, default_level: int | None = None,
+                   level1_policy: str = "") -> None:
+    """One instance, batches of one; SEQ = execution order. Priorities: 1 (high) .. priority_levels (the default
+    level unless ``default_level``); ``level1_policy``: the queue policy fields of level 1 alone."""
+    level1 = f"priority_queue_policy {{ key: 1 value: {{ {level1_policy} }} }}" if level1_policy else ""
     write_python_model(repo, name, PY_SEQ, f"""
         name: "{name}"
         backend: "python"
@@ -276,7 +279,8 @@ def add_python_seq(repo: Path, name: str = "py_seq", max_queue_size: int = 0, de
         instance_group [ {{ count: 1 kind: KIND_CPU }} ]
         dynamic_batching {{
           priority_levels: {priority_levels}
-          default_priority_level: {priority_levels}
+          default_priority_level: {default_level or priority_levels}
+          {level1}
           default_queue_policy {{
             max_queue_size: {max_queue_size}
             default_timeout_microseconds: {default_timeout_us}

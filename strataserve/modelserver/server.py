@@ -23,7 +23,6 @@ from typing import AsyncIterator
 
 import prometheus_client
 
-from strataserve.modelserver.config import ModelSpec
 from strataserve.modelserver.entries import Entries, Entry
 from strataserve.modelserver.ensemble import EnsembleVersion, validate_ensemble
 from strataserve.modelserver.generate import generate_request, generate_response

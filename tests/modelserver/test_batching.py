@@ -7,7 +7,6 @@ import asyncio
 
 import numpy as np
 from _model_repos import (
-    PY_SEQ,
     add_onnx_mlp,
     add_python_scale,
     add_python_seq,
@@ -122,18 +121,7 @@ def test_timed_out_request_gets_its_error(tmp_path):
 def test_delay_action_moves_timed_out_requests_back(tmp_path):
     # Priority 1 times out after 10 ms with DELAY; the default level 2 has no timeout (a request could only
     # shorten a default, so the request that must not time out sits at a level without one).
-    write_python_model(tmp_path, "py_seq", PY_SEQ, """
-        backend: "python"
-        max_batch_size: 1
-        input [ { name: "SLEEP_MS" data_type: TYPE_FP32 dims: [ 1 ] } ]
-        output [ { name: "SEQ" data_type: TYPE_INT64 dims: [ 1 ] } ]
-        instance_group [ { count: 1 kind: KIND_CPU } ]
-        dynamic_batching {
-          priority_levels: 2
-          default_priority_level: 2
-          priority_queue_policy { key: 1 value: { default_timeout_microseconds: 10000 timeout_action: DELAY } }
-        }
-    """)
+    add_python_seq(tmp_path, level1_policy="default_timeout_microseconds: 10000 timeout_action: DELAY")
 
     async def main():
         async with serving(tmp_path) as server:
@@ -170,14 +158,7 @@ def test_priorities_reorder_the_queue(tmp_path):
 def test_priority_outside_the_levels_gets_the_default_level(tmp_path):
     """Triton's InferenceRequest::SetPriority: 0 or a priority above priority_levels means the default level
     (here 2 of 3), never an error."""
-    write_python_model(tmp_path, "seq3", PY_SEQ, """
-        backend: "python"
-        max_batch_size: 1
-        input [ { name: "SLEEP_MS" data_type: TYPE_FP32 dims: [ 1 ] } ]
-        output [ { name: "SEQ" data_type: TYPE_INT64 dims: [ 1 ] } ]
-        instance_group [ { count: 1 kind: KIND_CPU } ]
-        dynamic_batching { priority_levels: 3 default_priority_level: 2 }
-    """)
+    add_python_seq(tmp_path, "seq3", priority_levels=3, default_level=2)
 
     async def main():
         async with serving(tmp_path) as server:
@@ -314,19 +295,7 @@ def test_independent_ensemble_steps_run_in_parallel(tmp_path):
 
 
 def test_priority_queue_policy_applies_per_level(tmp_path):
-    from _model_repos import PY_SEQ
-
-    write_python_model(tmp_path, "py_seq", PY_SEQ, """
-        backend: "python"
-        max_batch_size: 1
-        input [ { name: "SLEEP_MS" data_type: TYPE_FP32 dims: [ 1 ] } ]
-        output [ { name: "SEQ" data_type: TYPE_INT64 dims: [ 1 ] } ]
-        dynamic_batching {
-          priority_levels: 2
-          default_priority_level: 2
-          priority_queue_policy { key: 1 value: { max_queue_size: 1 } }
-        }
-    """)
+    add_python_seq(tmp_path, level1_policy="max_queue_size: 1")
 
     async def main():
         async with serving(tmp_path) as server:
