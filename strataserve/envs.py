@@ -112,6 +112,14 @@ STRATA_CPU_PACKED_WEIGHTS: bool = os.environ.get("STRATA_CPU_PACKED_WEIGHTS", "0
 STRATA_KERNEL_CACHE: str = os.environ.get("STRATA_KERNEL_CACHE") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "strataserve", "kernels")
 
+#: threads that fill a step's grammar bitmasks (structured outputs; xgrammar's batch matcher). Unset: 1 for a CPU
+#: engine (its other cores run the model), else half the cores, at most 8: with 256 constrained rows of a 151k
+#: vocabulary one thread took longer than the forward pass (docs/performance.md, "Structured outputs on the H200").
+STRATA_GRAMMAR_THREADS: int | None = int(os.environ["STRATA_GRAMMAR_THREADS"]) if os.environ.get(
+    "STRATA_GRAMMAR_THREADS") else None
+if STRATA_GRAMMAR_THREADS is not None and STRATA_GRAMMAR_THREADS < 1:
+    raise ValueError(f"STRATA_GRAMMAR_THREADS={STRATA_GRAMMAR_THREADS}: must be >= 1")
+
 #: "adaptive" (default): a CPU engine drops a torch thread while its threads wait for a core (other processes keep the
 #: cores busy) and tries it again later (``runner/cpu_threads.py``); "fixed": torch's count (``torch.set_num_threads``
 #: / OMP_NUM_THREADS).

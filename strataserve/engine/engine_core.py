@@ -16,7 +16,7 @@ from strataserve.types.protocol import EngineCoreOutputs, EngineCoreRequest, Sch
 from strataserve.engine.request import Request
 from strataserve.engine.scheduler import Scheduler
 from strataserve.engine.step_budget import step_budget_for
-from strataserve.engine.structured_output import StructuredOutputManager
+from strataserve.engine.structured_output import StructuredOutputManager, fill_threads_for
 from strataserve.runner.base import ModelRunnerBase
 from strataserve.runner.cpu_threads import CpuThreadGovernor
 
@@ -43,7 +43,7 @@ class EngineCore:
         mcfg = getattr(runner, "model_config", None)
         self.structured = StructuredOutputManager(
             config.model.tokenizer or config.model.model, getattr(mcfg, "vocab_size", 0),
-            getattr(runner, "eos_token_ids", ()))
+            getattr(runner, "eos_token_ids", ()), fill_threads_for(getattr(runner, "device", "cpu")))
         self._async = bool(getattr(runner, "supports_async", False)) and hasattr(runner, "launch")
         #: CPU engines on the work-sharing pool (``runner/cpu_pool.py``): torch is held at one thread while stepping
         self.cpu_pool = getattr(runner, "cpu_pool", None)

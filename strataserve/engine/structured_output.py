@@ -17,6 +17,7 @@ The tokenizer is loaded here only when the first constrained request arrives, so
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -81,8 +82,10 @@ class StructuredStep:
 class StructuredOutputManager:
     """Compiles grammars, owns the worker thread, builds per-step bitmasks. One per engine core."""
 
-    def __init__(self, tokenizer_path: str | None, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+    def __init__(self, tokenizer_path: str | None, vocab_size: int, stop_token_ids: Sequence[int],
+                 fill_threads: int = 1) -> None:
         self.tokenizer_path = tokenizer_path
+        self.fill_threads = max(1, fill_threads)
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
         self._compiler: Any = None
@@ -140,7 +143,7 @@ class StructuredOutputManager:
         waiting = [r for r in reqs if r.num_pending > 1] if pending_tokens is not None else []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="strata-grammar")
-            self._batch = load_xgrammar().BatchGrammarMatcher(max_threads=1)
+            self._batch = load_xgrammar().BatchGrammarMatcher(max_threads=self.fill_threads)
         return StructuredStep(self._pool.submit(self._fill, rows, reqs, waiting, pending_tokens))
 
     def _fill(self, rows: list[int], reqs: list[Any], waiting: list[Any],
@@ -169,3 +172,15 @@ class StructuredOutputManager:
             self._pool.shutdown(wait=True)
             self._pool = None
 
+
+
+def fill_threads_for(device: Any) -> int:
+    """``STRATA_GRAMMAR_THREADS``, else 1 for a CPU engine (the model uses its other cores) and half the cores, at
+    most 8, for an accelerator's (its host cores are idle while the device runs the forward pass)."""
+    from strataserve import envs
+
+    if envs.STRATA_GRAMMAR_THREADS is not None:
+        return envs.STRATA_GRAMMAR_THREADS
+    if getattr(device, "type", str(device)) == "cpu":
+        return 1
+    return max(1, min(8, (os.cpu_count() or 2) // 2))

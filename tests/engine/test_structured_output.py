@@ -204,3 +204,28 @@ def test_text_with_escapes_compiles_to_itself(ckpt, spec, accepted):
     assert matcher.accept_string(accepted)
     matcher.reset()
     assert not matcher.accept_string(accepted.replace("\x85c", "\u085c").replace("u001fA", "u01fa"))
+
+
+def test_bitmasks_filled_on_several_threads_give_the_same_tokens(ckpt, monkeypatch):
+    """``STRATA_GRAMMAR_THREADS``: the batch fill on 3 threads constrains exactly as on one (greedy rows equal,
+    every constraint held); unset, a CPU engine keeps one thread and an accelerator's gets half the cores (<= 8)."""
+    from strataserve import envs
+    from strataserve.engine.structured_output import fill_threads_for
+
+    params = _mixed_params()
+    prompts = [f"item {i}: " for i in range(len(params))]
+    one = _llm(ckpt).generate(prompts, params, use_tqdm=False)
+    monkeypatch.setattr(envs, "STRATA_GRAMMAR_THREADS", 3)
+    llm = _llm(ckpt)
+    assert llm.engine.core.structured.fill_threads == 3
+    three = llm.generate(prompts, params, use_tqdm=False)
+    _check(three, params, llm.get_tokenizer())
+    for a, b, p in zip(one, three, params):
+        if p.greedy:
+            assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    monkeypatch.setattr(envs, "STRATA_GRAMMAR_THREADS", None)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert fill_threads_for(torch.device("cpu")) == 1
+    assert fill_threads_for(torch.device("cuda", 0)) == 8
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert fill_threads_for(torch.device("cuda", 0)) == 2
