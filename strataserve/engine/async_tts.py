@@ -11,7 +11,8 @@ Audio chunks: frames [0, F), then [F, F + C), [F + C, F + 2C), ... (F = ``first_
 waits for the frame at its boundary (or the end of the clip), and frames that arrived together are still cut at
 the boundaries, so the same seeded request gives the same bytes however fast the engine ran ahead of the codec,
 and the whole (non-streamed) response is the streamed chunks joined. Each is decoded with up to 25 frames of left
-context by the causal codec (on a worker thread, so the event loop never waits for it). A streamed clip can
+context by the causal codec (on a worker thread, so the event loop never waits for it; windows of streams that
+wait together share a forward, ``engine/codec_batcher.py``). A streamed clip can
 differ from a whole-clip decode in the last bits where the codec's attention window reaches past that context.
 """
 from __future__ import annotations
@@ -24,9 +25,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import numpy as np
-import torch
 
 from strataserve.types.speech import SpeechTiming
+from strataserve.engine.codec_batcher import CodecBatcher
 from strataserve.engine.core_client import InprocCoreClient
 from strataserve.types.errors import EngineDeadError
 from strataserve.types.protocol import EngineCoreOutput, SchedulerStats
@@ -39,6 +40,7 @@ from strataserve.engine.tts_engine import (
     encode_reference,
     load_tts_model,
 )
+from strataserve.models.qwen3_tts.codec import LEFT_CONTEXT_FRAMES
 from strataserve.types.speech import SpeechParams, TTSInputError
 
 
@@ -126,6 +128,8 @@ class AsyncTTS(ServesTTSModel):
         self._ids = itertools.count()
         self._pump: asyncio.Task | None = None
         self._codec_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-codec")
+        #: the streams' audio windows, decoded together when they wait together (``engine/codec_batcher.py``)
+        self.codec_batcher = CodecBatcher(model.codec, model.codec_device, self._codec_pool, LEFT_CONTEXT_FRAMES)
         self.scheduler_stats = SchedulerStats()
         #: called with a ``SpeechTiming`` when a request ends (the API's metrics hook in here)
         self.observers: list[Callable[[SpeechTiming], None]] = []
@@ -194,13 +198,7 @@ class AsyncTTS(ServesTTSModel):
         return await asyncio.get_running_loop().run_in_executor(None, encode_reference, self.model, clone)
 
     async def _decode(self, frames: list[list[int]], start: int, end: int) -> np.ndarray:
-        codec, dev = self.model.codec, self.model.codec_device
-
-        def run() -> np.ndarray:
-            codes = torch.tensor(frames[:end], dtype=torch.long).T[None].to(dev)
-            return codec.decode_window(codes, start, end)[0].cpu().numpy().astype(np.float32)
-
-        return await asyncio.get_running_loop().run_in_executor(self._codec_pool, run)
+        return await self.codec_batcher.decode(frames, start, end)
 
     def _done(self, stream: SpeechStream) -> None:
         rid = stream.request_id

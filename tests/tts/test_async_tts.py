@@ -59,3 +59,32 @@ def test_concurrent_streams_match_offline_and_abort_frees_slot(weak_eos_ckpt):
         tts.shutdown()
     with pytest.raises(EngineDeadError):
         tts.check_health()
+
+
+def test_windows_of_streams_waiting_together_share_a_codec_forward(weak_eos_ckpt):
+    """Concurrent streams' audio windows go through the codec together (one forward per window shape), and each
+    stream's audio is what it gets alone: rows of one shape stack without padding (the same frames; samples equal
+    up to float32 rounding: the matmuls of another row count)."""
+    tts = AsyncTTS(load_tts_model(weak_eos_ckpt, device="cpu"), first_chunk_frames=2, chunk_frames=3)
+    params = SpeechParams(temperature=0.0, code_temperature=0.0, max_new_frames=12)
+
+    async def collect(text):
+        return np.concatenate([c async for c in tts.synthesize(text, voice="ryan", params=params)])
+
+    b = tts.codec_batcher
+
+    async def main():
+        solo = [await collect(t) for t in TEXTS]
+        alone = (b.forwards, b.windows)
+        both = await asyncio.gather(*(collect(t) for t in TEXTS))
+        return solo, alone, both
+
+    try:
+        solo, alone, both = asyncio.run(main())
+        assert alone[0] == alone[1] > 0  # one stream at a time: every window alone
+        forwards, windows = b.forwards - alone[0], b.windows - alone[1]
+        assert windows >= 3 * len(TEXTS) and forwards <= windows - 2  # windows of different streams went together
+        for got, want in zip(both, solo):  # float32 matmuls of another row count: last-bit differences only
+            np.testing.assert_allclose(got, want, atol=1e-4)
+    finally:
+        tts.shutdown()
