@@ -11,6 +11,7 @@ thread idle and goes at once, alone, as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ class CodecBatcher:
 
     def __init__(self, codec: Any, device: Any, pool: Executor, left_context: int) -> None:
         self.codec, self.device, self.pool, self.left_context = codec, device, pool, left_context
+        # its own CUDA stream: on the default one the codec's kernels queued behind the talker's steps (and its
+        # copy back to the host waited for them), so the two never overlapped on the device
+        self.stream = torch.cuda.Stream(device) if torch.device(device).type == "cuda" else None
         self._waiting: list[_Window] = []
         self._drain: asyncio.Task | None = None
         self.forwards = 0
@@ -78,11 +82,12 @@ class CodecBatcher:
         for i, w in enumerate(batch):
             groups[(w.context, len(w.frames))].append(i)
         out: list[np.ndarray] = [np.empty(0, np.float32)] * len(batch)
-        for (ctx, length), rows in groups.items():
-            codes = torch.tensor([batch[i].frames for i in rows], dtype=torch.long).transpose(1, 2)  # [B, K, T]
-            wav = self.codec.decode_window(codes.to(self.device), ctx, length, left_context=ctx).cpu().numpy()
-            for j, i in enumerate(rows):
-                out[i] = wav[j].astype(np.float32, copy=False)
-            self.forwards += 1
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            for (ctx, length), rows in groups.items():
+                codes = torch.tensor([batch[i].frames for i in rows], dtype=torch.long).transpose(1, 2)  # [B,K,T]
+                wav = self.codec.decode_window(codes.to(self.device), ctx, length, left_context=ctx).cpu().numpy()
+                for j, i in enumerate(rows):
+                    out[i] = wav[j].astype(np.float32, copy=False)
+                self.forwards += 1
         self.windows += len(batch)
         return out
