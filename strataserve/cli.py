@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
 from strataserve import envs
+from strataserve.cli_checks import flag_error, options_error
 from strataserve.cli_door import add_door_args, door_options
 from strataserve.cli_types import api_key, port, positive_float, positive_int, positive_mib, step_ms
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
@@ -93,8 +94,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="HF checkpoint folder (default: the embedded demo model, unless --model-repository)")
     p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=port, default=8000)
+    p.add_argument("--host", default="0.0.0.0",
+                   help="address the HTTP and gRPC servers listen on (0.0.0.0: every IPv4 interface; :: for IPv6)")
+    p.add_argument("--port", type=port, default=8000, help="HTTP port (OpenAI API, KServe v2 HTTP, console)")
     p.add_argument("--api-key", type=api_key, default=envs.STRATA_API_KEY,
                    help="require 'Authorization: Bearer KEY' on HTTP and gRPC (the probes and docs stay open, "
                         "and /metrics unless --metrics-require-key)")
@@ -107,9 +109,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--disable-uvicorn-access-log", action="store_true")
     p.add_argument("--max-request-body-mib", type=positive_mib, default=16.0, help="larger bodies get 413")
     p.add_argument("--model-repository", default=None, help="serve this Triton-style model repository (KServe v2)")
-    p.add_argument("--model-control-mode", default="none", choices=["none", "explicit", "poll"])
-    p.add_argument("--repository-poll-secs", type=positive_float, default=1.0, metavar="S",
-                   help="poll mode: how often the repository is scanned for changes (Triton's flag)")
+    p.add_argument("--model-control-mode", default="none", choices=["none", "explicit", "poll"],
+                   help="repository models: none = load all at start; explicit = load / unload over the API; "
+                        "poll = follow the repository's changes (Triton's flag)")
+    # default None, so that a value given without --model-repository can be refused; it means 1 s
+    p.add_argument("--repository-poll-secs", type=positive_float, default=None, metavar="S",
+                   help="poll mode: how often the repository is scanned for changes (Triton's flag; default: 1)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="explicit mode: load this repository model at start (repeat; '*' = all)")
     p.add_argument("--grpc-port", type=port, default=8001, help="KServe v2 gRPC port (0 = no gRPC)")
@@ -137,15 +142,16 @@ def _entry_engine(args: argparse.Namespace, entry) -> EngineConfig:
 def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions | None:
     from strataserve.api.server import LocalLLMSpec, ServeOptions
 
-    if args.load_model and args.model_repository is None and args.config is None:
-        console.print("[red]error:[/] --load-model names repository models: give --model-repository too")
+    error = flag_error(args)
+    if error is not None:
+        console.print(f"[red]error:[/] {error}", soft_wrap=True)
         return None
+    poll_s = 1.0 if args.repository_poll_secs is None else args.repository_poll_secs
     server = dict(host=args.host, port=args.port, api_key=args.api_key,
                   max_body_bytes=int(args.max_request_body_mib * 2**20), uvicorn_log_level=args.uvicorn_log_level,
                   access_log=not args.disable_uvicorn_access_log, model_repository=args.model_repository,
                   model_control_mode=args.model_control_mode, load_models=tuple(args.load_model),
-                  repository_poll_s=args.repository_poll_secs,
-                  grpc_port=args.grpc_port or None)
+                  repository_poll_s=poll_s, grpc_port=args.grpc_port or None)
     try:
         server.update(door_options(args))
     except ValueError as exc:
@@ -160,12 +166,17 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
             return None
         try:
             config = load_config(args.config)
-            return ServeOptions.from_config(config, lambda e: _entry_engine(args, e),
-                                            (args.tool_call_parser, args.enable_auto_tool_choice),
-                                            args.generation_config, **server)
+            options = ServeOptions.from_config(config, lambda e: _entry_engine(args, e),
+                                               (args.tool_call_parser, args.enable_auto_tool_choice),
+                                               args.generation_config, **server)
         except (ConfigError, ValueError) as exc:
             console.print(f"[red]error:[/] {exc}", soft_wrap=True)
             return None
+        error = options_error(args, options)
+        if error is not None:
+            console.print(f"[red]error:[/] {error}", soft_wrap=True)
+            return None
+        return options
     model = args.model or args.model_flag
     if model is None and args.model_repository is None:
         from strataserve.assets import DEMO_MODEL_DIR
@@ -194,7 +205,7 @@ def _spawn_early(args: argparse.Namespace) -> dict:
     """The engine process of the LLM folder named on the command line, started before this process's heavy imports
     (fastapi, torch, transformers), so the two load side by side; {} where anything is off (``_serve_options``
     then reports it) or for a config file / speech checkpoint (loaded the ordinary way)."""
-    if args.config is not None or not envs.STRATA_SERVE_EARLY_SPAWN:
+    if args.config is not None or not envs.STRATA_SERVE_EARLY_SPAWN or flag_error(args) is not None:
         return {}
     from strataserve.models.qwen3_tts.config import is_qwen3_tts_dir  # no torch: models/ loads lazily
 

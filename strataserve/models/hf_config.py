@@ -21,8 +21,11 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
 )
 # Architectures whose checkpoints carry per-head RMSNorm on q and k before rotary (Qwen3).
 _QK_NORM_ARCHS = {"Qwen3ForCausalLM"}
-# Qwen2 always has q/k/v bias; others say so with ``attention_bias``.
+# Qwen2 always has q/k/v bias (no o_proj bias), whatever its config says.
 _QKV_BIAS_ARCHS = {"Qwen2ForCausalLM"}
+# Where transformers reads ``attention_bias``: it biases q/k/v AND o_proj, which the decoder does not implement.
+# (Mistral's and Qwen2's attention ignore the key, as transformers does.)
+_ATTENTION_BIAS_ARCHS = {"LlamaForCausalLM", "Qwen3ForCausalLM"}
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 
@@ -163,6 +166,10 @@ def decoder_config_from_dict(raw: dict[str, Any], generation: dict[str, Any] | N
         raise ValueError(f"config.json: missing field {exc.args[0]!r}") from None
     if raw.get("mlp_bias"):
         raise ValueError("config.json: mlp_bias=true is not supported (no supported family uses MLP biases)")
+    if raw.get("attention_bias") and arch in _ATTENTION_BIAS_ARCHS:
+        raise ValueError(f"config.json: attention_bias=true is not supported for {arch}: it adds biases to "
+                         "q_proj, k_proj, v_proj and o_proj, and the decoder implements q/k/v biases only (as "
+                         "Qwen2ForCausalLM has them); supported: attention_bias false or absent")
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"config.json: hidden_act={act!r} is not supported; the decoder implements SwiGLU (silu)")
@@ -186,7 +193,7 @@ def decoder_config_from_dict(raw: dict[str, Any], generation: dict[str, Any] | N
         rope_scaling=scaling,
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        qkv_bias=arch in _QKV_BIAS_ARCHS or bool(raw.get("attention_bias", False)),
+        qkv_bias=arch in _QKV_BIAS_ARCHS,
         qk_norm=arch in _QK_NORM_ARCHS,
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         eos_token_ids=eos,

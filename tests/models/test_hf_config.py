@@ -88,7 +88,8 @@ def test_head_dim_default_and_explicit():
 
 
 def test_attention_bias_flag_and_bad_fields():
-    assert decoder_config_from_dict(base(attention_bias=True)).qkv_bias
+    with pytest.raises(ValueError, match="attention_bias"):  # q/k/v + o_proj biases: see test_hf_attention_bias.py
+        decoder_config_from_dict(base(attention_bias=True))
     with pytest.raises(ValueError, match="mlp_bias"):
         decoder_config_from_dict(base(mlp_bias=True))
     with pytest.raises(ValueError, match="hidden_act"):
