@@ -197,6 +197,26 @@ def add_python_scale(repo: Path, name: str = "py_scale", max_queue_delay_us: int
     """)
 
 
+# a decoupled model that sends 0, an error response (not final), 2, then 3 with the final flag
+PY_ERROR_MID_STREAM = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    def resp(i):
+        return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([i], np.int32))])
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for r in requests:
+                s = r.get_response_sender()
+                s.send(resp(0))
+                s.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("mid-stream error")))
+                s.send(resp(2))
+                s.send(resp(3), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
 PY_DECOUPLED = """
     import threading
     import numpy as np

@@ -9,7 +9,8 @@ both fronts feed the same dynamic batchers without cross-thread hand-offs:
 
 Tensors come in as `raw_input_contents` (what tritonclient sends) or typed `contents`, and always go out as
 `raw_output_contents`. ModelStreamInfer runs the requests of one stream concurrently (so they batch) and
-sends every response of a decoupled model; a failing request sends an `error_message` and the stream goes on.
+sends every response of a decoupled model; a failing request sends an `error_message` and the stream goes on
+(a decoupled model's error response mid-stream too, as Triton: its later responses still follow).
 Errors map from ModelServerError codes to INVALID_ARGUMENT / NOT_FOUND / UNAVAILABLE / ...
 """
 
@@ -252,11 +253,18 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         async def run_one(msg: Any) -> None:
             try:
                 req, empty_final = decode_infer_request(msg)
-                flag = False if empty_final else None
                 if self.ms.is_decoupled(req.model_name, req.model_version):
+                    marked = False  # a response went out with triton_final_response true (Triton: no empty one)
                     async for resp in self.ms.infer_stream(req):
-                        queue.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(resp, flag)))
-                    if empty_final:
+                        error = getattr(resp, "error", None)  # modelserver.model.ErrorResponse
+                        if isinstance(error, ModelServerError):
+                            queue.put_nowait(_stream_error(msg, error.message))
+                            continue
+                        final = bool(getattr(resp, "final", False))  # modelserver.model.StreamResponse
+                        marked = marked or (empty_final and final)
+                        queue.put_nowait(pb.ModelStreamInferResponse(
+                            infer_response=encode_infer_response(resp, final if empty_final else None)))
+                    if empty_final and not marked:
                         last = pb.ModelInferResponse(model_name=req.model_name, model_version=req.model_version)
                         last.id = req.id or ""
                         last.parameters[_FINAL_FLAG].bool_param = True
@@ -269,9 +277,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 if not isinstance(exc, ModelServerError):
                     logger.exception("KServe gRPC stream request failed")
                 text = exc.message if isinstance(exc, ModelServerError) else f"internal error: {type(exc).__name__}: {exc}"
-                # the request's id travels with its error so raw-protocol clients can tell which one failed
-                who = pb.ModelInferResponse(model_name=msg.model_name, model_version=msg.model_version, id=msg.id)
-                queue.put_nowait(pb.ModelStreamInferResponse(error_message=text, infer_response=who))
+                queue.put_nowait(_stream_error(msg, text))
 
         async def reader() -> None:
             try:
@@ -292,6 +298,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             reader_task.cancel()
             for task in list(tasks):
                 task.cancel()
+
+
+def _stream_error(msg: Any, text: str) -> Any:
+    # the request's id travels with its error so raw-protocol clients can tell which one failed
+    who = pb.ModelInferResponse(model_name=msg.model_name, model_version=msg.model_version, id=msg.id)
+    return pb.ModelStreamInferResponse(error_message=text, infer_response=who)
 
 
 async def _maybe(value: Any) -> Any:

@@ -2,7 +2,8 @@
 
 `make_kserve_router(model_server)` returns a FastAPI APIRouter; the app that mounts it owns start-up.
 Errors are `{"error": "..."}` with the status that the `ModelServerError` code maps to (400/404/429/503/504);
-only a bug in the server itself answers 500.
+only a bug in the server itself answers 500. A model name may hold slashes (an LLM served under its folder path,
+as the repository index lists it): the per-model paths are read from their end, see kserve_paths.py.
 
 Decoupled models (zero, one or many responses per request) over HTTP -- Triton refuses them on /infer:
 - `POST .../infer` with `Accept: text/event-stream` streams each response as an SSE event
@@ -11,7 +12,8 @@ Decoupled models (zero, one or many responses per request) over HTTP -- Triton r
   `{"model_name", "model_version", "id", "responses": [<v2 response JSON>, ...]}`;
 - `.../generate_stream` streams them too when the model takes generate-style inputs.
 An error before the first response gets its HTTP status; one after it becomes a last event
-`data: {"error": "..."}`. The all-JSON forms put BYTES that are not UTF-8 in base64 (`content_type`).
+`data: {"error": "..."}`. A decoupled model's error response that is not its last (Triton goes on after it)
+is an event / a `responses` entry `{"error": "..."}` and the later responses follow. The all-JSON forms put BYTES that are not UTF-8 in base64 (`content_type`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ from strataserve.api.kserve_codec import (
     json_dumps,
     parameters_of,
     response_to_dict,
+)
+from strataserve.api.kserve_paths import (
+    GET_ROUTES,
+    POST_ROUTES,
+    REPOSITORY_PREFIX,
+    TRACE,
+    ModelPath,
+    raw_rest,
+    split_model_path,
+    split_repository_path,
 )
 from strataserve.api.serving import until_disconnect
 from strataserve.types.tensors import ModelServerError
@@ -122,14 +134,26 @@ def make_kserve_router(model_server: Any) -> APIRouter:
     ms = model_server
     router = APIRouter()
 
-    # ------------------------------------------------------------------------------------------ infer
+    # ------------------------------------------------------------------------------ infer + generate
     # Registered first: routes match in order, and infer is the hot path (each route tried costs a regex).
-    for prefix in ("/v2/models/{model_name}/infer", "/v2/models/{model_name}/versions/{model_version}/infer"):
-
-        @router.post(prefix)
-        async def infer(request: Request) -> Response:
-            m, v = _mv(request)
+    # One route per method for every per-model path: a model name may hold slashes (kserve_paths.py).
+    @router.post("/v2/models/{rest:path}")
+    async def model_post(request: Request) -> Response:
+        target = split_model_path(raw_rest(request))
+        if target is None or target.route not in POST_ROUTES:
+            return _no_route(request, target, "GET")
+        m, v = target.name, target.version
+        if target.route == "infer":
             return await _guard(lambda: _infer(ms, request, m, v))
+        stream = target.route == "generate_stream"
+
+        async def generate() -> Response:
+            inputs, params = _generate_args(await _json_body(request, allow_empty=False))
+            if stream:
+                return await _start_stream(aiter_of(ms.generate_stream(m, v, inputs, params)), lambda d: d)
+            return _json(await ms.generate(m, v, inputs, params))
+
+        return await _guard(generate)
 
     # ------------------------------------------------------------------------------------------ health
     @router.get("/v2/health/live")
@@ -152,58 +176,26 @@ def make_kserve_router(model_server: Any) -> APIRouter:
         return await _guard(lambda: _json_of(ms.statistics()))
 
     # ------------------------------------------------------------------------------------ per model
-    def model_routes(prefix: str) -> None:
-        """Register the per-model routes under `prefix` ('/v2/models/{m}' or '.../versions/{v}')."""
-
-        @router.get(prefix)
-        async def metadata(request: Request) -> Response:
-            m, v = _mv(request)
+    @router.get("/v2/models/{rest:path}")
+    async def model_get(request: Request) -> Response:
+        target = split_model_path(raw_rest(request))
+        if target is None or target.route not in GET_ROUTES and target.route:
+            return _no_route(request, target, "POST")
+        m, v, route = target.name, target.version, target.route
+        if route == "config":
+            return await _guard(lambda: _json_of(ms.model_config(m, v)))
+        if route == "stats":
+            return await _guard(lambda: _json_of(ms.statistics(m, v)))
+        if not route:
             return await _guard(lambda: _json_of(ms.model_metadata(m, v)))
 
-        @router.get(prefix + "/ready")
-        async def ready(request: Request) -> Response:
-            m, v = _mv(request)
+        async def ready() -> Response:
+            if await _maybe(ms.model_ready(m, v)):
+                return _json({"name": m, "ready": True})
+            label = f"'{m}'" + (f" version {v}" if v else "")
+            return _error(400, f"model {label} is not ready")
 
-            async def run() -> Response:
-                if await _maybe(ms.model_ready(m, v)):
-                    return _json({"name": m, "ready": True})
-                label = f"'{m}'" + (f" version {v}" if v else "")
-                return _error(400, f"model {label} is not ready")
-
-            return await _guard(run)
-
-        @router.get(prefix + "/config")
-        async def config(request: Request) -> Response:
-            m, v = _mv(request)
-            return await _guard(lambda: _json_of(ms.model_config(m, v)))
-
-        @router.get(prefix + "/stats")
-        async def stats(request: Request) -> Response:
-            m, v = _mv(request)
-            return await _guard(lambda: _json_of(ms.statistics(m, v)))
-
-        @router.post(prefix + "/generate")
-        async def generate(request: Request) -> Response:
-            m, v = _mv(request)
-
-            async def run() -> Response:
-                inputs, params = _generate_args(await _json_body(request, allow_empty=False))
-                return _json(await ms.generate(m, v, inputs, params))
-
-            return await _guard(run)
-
-        @router.post(prefix + "/generate_stream")
-        async def generate_stream(request: Request) -> Response:
-            m, v = _mv(request)
-
-            async def run() -> Response:
-                inputs, params = _generate_args(await _json_body(request, allow_empty=False))
-                return await _start_stream(aiter_of(ms.generate_stream(m, v, inputs, params)), lambda d: d)
-
-            return await _guard(run)
-
-    model_routes("/v2/models/{model_name}/versions/{model_version}")
-    model_routes("/v2/models/{model_name}")
+        return await _guard(ready)
 
     # ----------------------------------------------------------------------------------- repository
     @router.post("/v2/repository/index")
@@ -214,20 +206,19 @@ def make_kserve_router(model_server: Any) -> APIRouter:
 
         return await _guard(run)
 
-    @router.post("/v2/repository/models/{model_name}/load")
-    async def repository_load(request: Request, model_name: str) -> Response:
+    @router.post("/v2/repository/models/{rest:path}")
+    async def repository_control(request: Request) -> Response:
+        target = split_repository_path(raw_rest(request, REPOSITORY_PREFIX))
+        if target is None:
+            return _error(404, f"Not Found: {request.url.path} (this path takes .../NAME/load or .../NAME/unload)")
+        name, verb = target
+
         async def run() -> Response:
             params = _params_of(await _json_body(request))
-            await ms.load(model_name, params or None)
-            return _json({})
-
-        return await _guard(run)
-
-    @router.post("/v2/repository/models/{model_name}/unload")
-    async def repository_unload(request: Request, model_name: str) -> Response:
-        async def run() -> Response:
-            params = _params_of(await _json_body(request))
-            await ms.unload(model_name, unload_dependents=bool(params.get("unload_dependents", False)))
+            if verb == "load":
+                await ms.load(name, params or None)
+            else:
+                await ms.unload(name, unload_dependents=bool(params.get("unload_dependents", False)))
             return _json({})
 
         return await _guard(run)
@@ -235,13 +226,24 @@ def make_kserve_router(model_server: Any) -> APIRouter:
     return router
 
 
+def _stream_item(resp: Any) -> dict:
+    error = getattr(resp, "error", None)  # modelserver.model.ErrorResponse: one failed response mid-stream
+    return {"error": error.message} if isinstance(error, ModelServerError) else response_to_dict(resp)
+
+
 def aiter_of(obj: Any) -> AsyncIterator[Any]:
     return obj.__aiter__()
 
 
-def _mv(request: Request) -> tuple[str, str]:
-    p = request.path_params
-    return p["model_name"], p.get("model_version", "")
+def _no_route(request: Request, target: ModelPath | None, other_method: str) -> Response:
+    """404, or 405 where the path is a route of the other method (as separate routes per method answered)."""
+    path = request.url.path
+    if target is None:
+        return _error(404, f"Not Found: {path}")
+    if target.route == TRACE:
+        return _error(404, f"Not Found: {path}: this server has no trace or logging extension")
+    return JSONResponse({"error": f"Method Not Allowed: {request.method} {path} (it takes {other_method})"},
+                        status_code=405, headers={"Allow": other_method})
 
 
 def _params_of(doc: dict) -> dict:
@@ -276,9 +278,9 @@ async def _infer(ms: Any, request: Request, m: str, v: str) -> Response:
     if ms.is_decoupled(m, v):
         stream = aiter_of(ms.infer_stream(decoded.request))
         if "text/event-stream" in request.headers.get("accept", ""):
-            return await _start_stream(stream, response_to_dict)
-        responses = [response_to_dict(r) async for r in stream]
-        version = responses[-1]["model_version"] if responses else v
+            return await _start_stream(stream, _stream_item)
+        responses = [_stream_item(r) async for r in stream]
+        version = next((r["model_version"] for r in reversed(responses) if "model_version" in r), v)
         rid = decoded.request.id or ""
         return _json({"model_name": m, "model_version": version, "id": rid, "responses": responses})
     try:  # a client that hangs up takes its request out of the model's queue (as gRPC's cancel does)

@@ -78,21 +78,24 @@ def complete_llm_config(cfg: pb.ModelConfig, hf_folder_only: bool) -> None:
 
 
 def autocomplete_python(cfg: pb.ModelConfig, path: Path, source) -> None:
-    """Run the model class's static `auto_complete_config` (Triton's Python-backend hook), if it has one."""
+    """Run the model class's static `auto_complete_config` (Triton's Python-backend hook), if it has one. As in
+    Triton, `as_dict()` is the whole config with every field (empty `input: []` / `output: []` included); any
+    exception of the hook fails this model's load only, naming the file and the cause."""
     from google.protobuf import json_format
 
     from strataserve.modelserver import pb_utils
     from strataserve.modelserver.backends.python import load_model_class
+    from strataserve.modelserver.pbtxt import config_to_json
 
     cls = load_model_class(path)
     hook = getattr(cls, "auto_complete_config", None)
     if hook is None:
         return
-    config = json_format.MessageToDict(cfg, preserving_proto_field_name=True)
+    config = config_to_json(cfg)
     try:
         result = hook(pb_utils.ModelConfig(config))
         completed = (result if result is not None else pb_utils.ModelConfig(config)).as_dict()
         cfg.Clear()
         json_format.ParseDict(completed, cfg)
-    except (pb_utils.TritonModelException, json_format.ParseError, TypeError, ValueError) as e:
-        raise ConfigError(source, "auto_complete_config", f"{path}: {e}") from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - user code: anything it raises is this model's error
+        raise ConfigError(source, "auto_complete_config", f"{path}: {type(e).__name__}: {e}") from None

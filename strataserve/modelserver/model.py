@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 import numpy as np
@@ -17,6 +18,22 @@ from strataserve.modelserver.pbtxt import config_to_json
 from strataserve.modelserver.repository import ModelSource
 from strataserve.modelserver.stats import ModelStats
 from strataserve.types.tensors import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
+
+
+@dataclass
+class ErrorResponse(InferResponse):
+    """One response of a decoupled model's stream that is an error, with more responses to come (Triton
+    delivers it as that response's error and the stream goes on); fronts send it as an error message."""
+
+    error: ModelServerError | None = None
+
+
+@dataclass
+class StreamResponse(InferResponse):
+    """A decoupled model's response; `final`: it came with the model's final flag (Triton's
+    triton_final_response parameter of gRPC streams)."""
+
+    final: bool = False
 
 
 def _device(spec: ModelSpec, index: int) -> str:
@@ -164,7 +181,8 @@ class ModelVersion(ServedVersion):
                                    f"shape {shape} needs {math.prod(shape)}")
         return data.reshape(shape)
 
-    def _response(self, req: InferRequest, outputs: dict[str, np.ndarray], partial: bool) -> InferResponse:
+    def _response(self, req: InferRequest, outputs: dict[str, np.ndarray], partial: bool,
+                  final: bool | None = None) -> InferResponse:
         spec = self.spec
         names = req.requested_outputs if req.requested_outputs is not None else [o.name for o in spec.outputs]
         tensors = []
@@ -190,7 +208,10 @@ class ModelVersion(ServedVersion):
                 lead = arr.shape[:1] if spec.max_batch_size > 0 else ()
                 arr = arr.reshape(tuple(lead) + tuple(ts.dims))
             tensors.append(InferTensor(name, ts.datatype, list(arr.shape), arr))
-        return InferResponse(spec.name, str(self.version), req.id, tensors)
+        params = dict(getattr(outputs, "parameters", None) or {})
+        if final is None:
+            return InferResponse(spec.name, str(self.version), req.id, tensors, params)
+        return StreamResponse(spec.name, str(self.version), req.id, tensors, params, final)
 
     def _submit(self, req: InferRequest):
         start = time.monotonic_ns()
@@ -205,26 +226,33 @@ class ModelVersion(ServedVersion):
         return pending, start
 
     def _done(self, pending, start: int, ok: bool, finished: bool) -> None:
-        pending.cancelled = not finished  # a consumer that left: drop the request if still queued
+        if not finished:  # a consumer that left: drop the request if still queued, tell a running model
+            pending.cancelled = True
+            pending.request.cancel()
         self.stats.add_pending(-1)
         self.stats.request_done(ok, time.monotonic_ns() - start, pending.queue_ns)
 
-    async def _next(self, pending) -> tuple[dict | None, bool]:
+    async def _next(self, pending) -> tuple[dict | None, ModelServerError | None, bool]:
         outputs, error, final = await pending.events.get()
-        if error is not None:
-            raise error if isinstance(error, ModelServerError) else ModelServerError(
-                "internal", f"model '{self.spec.name}': {error}")
-        return outputs, final
+        if error is not None and not isinstance(error, ModelServerError):
+            error = ModelServerError("internal", f"model '{self.spec.name}': {error}")
+        return outputs, error, final
 
     async def stream(self, req: InferRequest) -> AsyncIterator[InferResponse]:
-        """Every response of the request (one, unless the model is decoupled)."""
+        """Every response of the request (one, unless the model is decoupled). A decoupled model's error
+        response before its last one is yielded as an `ErrorResponse`; an error that ends the request raises."""
         pending, start = self._submit(req)
         ok = final = False
         try:
             while not final:
-                outputs, final = await self._next(pending)
-                if outputs is not None:
-                    yield self._response(req, outputs, partial=self.spec.decoupled)
+                outputs, error, final = await self._next(pending)
+                if error is not None:
+                    if final or not self.spec.decoupled:
+                        raise error
+                    yield ErrorResponse(self.spec.name, str(self.version), req.id, error=error)
+                elif outputs is not None:
+                    yield self._response(req, outputs, partial=self.spec.decoupled,
+                                         final=final if self.spec.decoupled else None)
             ok = True
         finally:
             self._done(pending, start, ok, final)
@@ -234,13 +262,18 @@ class ModelVersion(ServedVersion):
             pending, start = self._submit(req)
             ok = final = False
             try:
-                outputs, final = await self._next(pending)
+                outputs, error, final = await self._next(pending)
+                if error is not None:
+                    raise error
                 response = self._response(req, outputs, partial=False)
                 ok = True
                 return response
             finally:
                 self._done(pending, start, ok, final)
         responses = [r async for r in self.stream(req)]
+        failed = next((r for r in responses if isinstance(r, ErrorResponse)), None)
+        if failed is not None:
+            raise failed.error
         if len(responses) == 1:
             return responses[0]
         if not responses:

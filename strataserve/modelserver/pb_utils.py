@@ -1,30 +1,31 @@
-"""`triton_python_backend_utils` for in-process Python models.
+"""`triton_python_backend_utils` for Python models.
 
 A Triton Python-backend `model.py` does `import triton_python_backend_utils as pb_utils`; the python backend
 registers this module under that name so such model folders move over unchanged. Tensors wrap numpy arrays
-without copies. BLS (`InferenceRequest(...).exec()`) calls other models of the same server.
+without copies. BLS (`InferenceRequest(...).exec()`, pb_bls.py) calls other models of the same server; custom
+metrics are pb_metrics.py's, the model's context, event loop and logger pb_runtime.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
+import enum
 import json
 import logging
-import threading
 from typing import Any, Callable
 
 import numpy as np
 
+from strataserve.modelserver import pb_bls, pb_runtime
+from strataserve.modelserver.pb_bls import is_model_ready, load_model, unload_model  # noqa: F401 - pb_utils API
+from strataserve.modelserver.pb_errors import TritonError, TritonModelException
+from strataserve.modelserver.pb_metrics import Metric, MetricFamily  # noqa: F401 - pb_utils API
 from strataserve.types.tensors import CONFIG_TO_KSERVE, KSERVE_DTYPES, KSERVE_TO_CONFIG
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
-
-_log = logging.getLogger("strataserve.modelserver.python_model")
-_bls = threading.local()  # .server and .loop while a model's execute() runs on this thread
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 
 def triton_string_to_numpy(triton_type_string: str) -> type:
@@ -45,34 +46,6 @@ def numpy_to_triton_type(data_type) -> str:
         if d == dt:
             return KSERVE_TO_CONFIG[name]
     raise TritonModelException(f"numpy dtype {dt} has no Triton type")
-
-
-class TritonError:
-    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
-
-    def __init__(self, message: str, code: int = 1):
-        self._message, self._code = message, code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> int:
-        return self._code
-
-    def __repr__(self) -> str:
-        return f"TritonError({self._message!r})"
-
-
-ERROR_CODE_NAMES = {  # TritonError code -> ModelServerError code
-    TritonError.UNKNOWN: "internal", TritonError.INTERNAL: "internal", TritonError.NOT_FOUND: "not_found",
-    TritonError.INVALID_ARG: "invalid_argument", TritonError.UNAVAILABLE: "unavailable",
-    TritonError.UNSUPPORTED: "failed_precondition", TritonError.ALREADY_EXISTS: "failed_precondition",
-    TritonError.CANCELLED: "unavailable",
-}
-
-
-class TritonModelException(Exception):
-    pass
 
 
 class Tensor:
@@ -104,11 +77,28 @@ class Tensor:
         return Tensor(name, np.from_dlpack(capsule))
 
 
+def _parameters_json(parameters: Any, what: str) -> str:
+    """Triton's request / response parameters: a dict of str keys and str, int, float or bool values, kept as
+    JSON."""
+    if parameters is None:
+        return "{}"
+    if isinstance(parameters, str):  # already JSON (an incoming request's parameters())
+        return parameters
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"{what} parameters must be a dict, got {type(parameters).__name__}")
+    for key, value in parameters.items():
+        if not isinstance(key, str) or not isinstance(value, (str, int, float, bool)):
+            raise TritonModelException(f"{what} parameter {key!r}: keys must be str and values str, int, float or "
+                                       f"bool, got {type(value).__name__}")
+    return json.dumps(parameters)
+
+
 class InferenceResponse:
-    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None, parameters=None):
+    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None,
+                 parameters: dict | str | None = None):
         self._outputs = list(output_tensors or [])
         self._error = error
-        self._parameters = parameters or {}
+        self._parameters = _parameters_json(parameters, "InferenceResponse")
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -119,10 +109,18 @@ class InferenceResponse:
     def error(self) -> TritonError | None:
         return self._error
 
+    def parameters(self) -> str:
+        return self._parameters
+
+
+def _never() -> bool:
+    return False
+
 
 class InferenceResponseSender:
-    def __init__(self, send: Callable[[InferenceResponse | None, bool], None]):
-        self._send, self._closed = send, False
+    def __init__(self, send: Callable[[InferenceResponse | None, bool], None],
+                 is_cancelled: Callable[[], bool] = _never):
+        self._send, self._closed, self._is_cancelled = send, False, is_cancelled
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:
@@ -134,7 +132,8 @@ class InferenceResponseSender:
         self._send(response, final)
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client cancelled the request or went away (Triton >= 23.10)."""
+        return self._is_cancelled()
 
 
 class InferenceRequest:
@@ -142,13 +141,23 @@ class InferenceRequest:
 
     def __init__(self, model_name: str = "", inputs: list[Tensor] | None = None,
                  requested_output_names: list[str] | None = None, model_version: int = -1,
-                 request_id: str = "", parameters: dict | str | None = None, flags: int = 0, **_ignored: Any):
+                 request_id: str = "", parameters: dict | str | None = None, flags: int = 0,
+                 correlation_id: int | str = 0, timeout: int = 0, preferred_memory: Any = None, trace: Any = None):
+        if not isinstance(correlation_id, (int, str)):
+            raise TritonModelException("Correlation ID must be integer or string")
         self._model_name, self._model_version = model_name, model_version
         self._inputs = {t.name(): t for t in (inputs or [])}
         self._requested = list(requested_output_names or [])
         self._id, self._flags = request_id or "", flags
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        self._correlation_id, self._timeout = correlation_id, int(timeout or 0)
+        self._parameters = _parameters_json(parameters, "InferenceRequest")
         self._sender: InferenceResponseSender | None = None
+        self._cancel_check: Callable[[], bool] = _never  # set by the backend for an incoming request
+
+    def __getstate__(self) -> dict:  # to an isolated model's process: its own cancel check is attached there
+        state = dict(self.__dict__)
+        state["_cancel_check"] = _never
+        return state
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs.values())
@@ -159,6 +168,13 @@ class InferenceRequest:
     def request_id(self) -> str:
         return self._id
 
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def timeout(self) -> int:
+        """Microseconds (0: none)."""
+        return self._timeout
+
     def requested_output_names(self) -> list[str]:
         return self._requested
 
@@ -168,72 +184,30 @@ class InferenceRequest:
     def flags(self) -> int:
         return self._flags
 
+    def set_flags(self, flags: int) -> None:
+        self._flags = flags
+
     def model_name(self) -> str:
         return self._model_name
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client cancelled the request or went away (Triton >= 23.10)."""
+        return self._cancel_check()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             raise TritonModelException("get_response_sender() is only for decoupled models")
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """BLS: run this request on another model of the server; errors come back in the response."""
-        return self._answer(lambda server, loop, req: asyncio.run_coroutine_threadsafe(server.infer(req), loop)
-                            .result(), decoupled)
+    def exec(self, decoupled: bool = False) -> Any:
+        """BLS: run this request on another model of the server; errors come back in the response. With
+        ``decoupled=True``, an iterator over every response of the called model."""
+        return pb_bls.exec_request(self, decoupled)
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> Any:
         """BLS from an ``async def execute``: awaits the other model on the server's loop, so calls gathered
-        together run together."""
-        future = self._answer(lambda server, loop, req: asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(server.infer(req), loop)), decoupled)
-        if isinstance(future, InferenceResponse):
-            return future
-        try:
-            resp = await future
-        except Exception as e:  # noqa: BLE001 - a ModelServerError: an error response, as the blocking call gives
-            return _error_response(e)
-        return InferenceResponse([Tensor(o.name, o.data) for o in resp.outputs])
-
-    def _answer(self, run: Any, decoupled: bool) -> Any:
-        from strataserve.types.tensors import InferRequest, InferTensor, kserve_dtype_of
-
-        server, loop = getattr(_bls, "server", None), getattr(_bls, "loop", None)
-        if server is None:
-            raise TritonModelException("InferenceRequest.exec() (BLS) works only inside execute() of an in-process "
-                                       "Python model (not with EXECUTION_ISOLATION 'process')")
-        if decoupled:
-            raise TritonModelException("decoupled BLS calls are not supported")
-        req = InferRequest(
-            model_name=self._model_name, model_version="" if self._model_version < 0 else str(self._model_version),
-            inputs=[InferTensor(t.name(), kserve_dtype_of(t.as_numpy()), list(t.as_numpy().shape), t.as_numpy())
-                    for t in self._inputs.values()],
-            requested_outputs=self._requested or None,
-        )
-        try:
-            resp = run(server, loop, req)
-        except Exception as e:  # noqa: BLE001 - a ModelServerError: the caller reads it from the response
-            return _error_response(e)
-        if isinstance(resp, asyncio.Future):
-            return resp
-        return InferenceResponse([Tensor(o.name, o.data) for o in resp.outputs])
-
-
-def run_execute(model: Any, requests: list) -> Any:
-    """``model.execute(requests)``; an ``async def execute`` (Triton's form for BLS ``async_exec``) runs to its end
-    on an event loop of the calling worker thread."""
-    result = model.execute(requests)
-    return asyncio.run(result) if inspect.iscoroutine(result) else result
-
-
-def _error_response(exc: Exception) -> InferenceResponse:
-    from strataserve.types.tensors import ModelServerError
-
-    if isinstance(exc, ModelServerError):
-        return InferenceResponse(error=TritonError(exc.message))
-    raise exc
+        together run together (``decoupled=True``: an async iterator over the responses)."""
+        return await pb_bls.async_exec_request(self, decoupled)
 
 
 class ModelConfig:
@@ -296,23 +270,37 @@ def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
 
 
+class LogLevel(enum.IntEnum):
+    """Triton's Logger levels, as Python logging levels (VERBOSE is DEBUG: off unless asked for)."""
+
+    INFO = logging.INFO
+    WARNING = logging.WARNING
+    ERROR = logging.ERROR
+    VERBOSE = logging.DEBUG
+
+
 class Logger:
+    """Model logs, to the logger named after the model (pb_runtime.model_logger)."""
+
+    INFO, WARNING, ERROR, VERBOSE = LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE
+    LogLevel = LogLevel
+
+    @staticmethod
+    def log(msg: str, level: int = LogLevel.INFO) -> None:
+        pb_runtime.model_logger().log(int(level), msg)
+
     @staticmethod
     def log_info(msg: str) -> None:
-        _log.info(msg)
+        Logger.log(msg, LogLevel.INFO)
 
     @staticmethod
     def log_warn(msg: str) -> None:
-        _log.warning(msg)
+        Logger.log(msg, LogLevel.WARNING)
 
     @staticmethod
     def log_error(msg: str) -> None:
-        _log.error(msg)
+        Logger.log(msg, LogLevel.ERROR)
 
     @staticmethod
     def log_verbose(msg: str) -> None:
-        _log.debug(msg)
-
-    @staticmethod
-    def log(msg: str, level: int = logging.INFO) -> None:
-        _log.log(level, msg)
+        Logger.log(msg, LogLevel.VERBOSE)

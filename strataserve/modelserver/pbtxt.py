@@ -107,10 +107,21 @@ def _block_end(text: str, i: int) -> int:
 
 
 def parse_json_override(text: str, source: str) -> pb.ModelConfig:
-    """A Triton-style `config` load parameter: the model's whole config as JSON."""
+    """A Triton-style `config` load parameter: the model's whole config as JSON. Triton-only blocks
+    (`IGNORED_FIELDS`, which Triton's own config JSON carries) are skipped with a warning, as in config.pbtxt."""
     msg = pb.ModelConfig()
     try:
-        json_format.Parse(text, msg)
+        doc = json.loads(text)
+        if isinstance(doc, dict):
+            ignored = sorted(k for k in doc if k in IGNORED_FIELDS)
+            if ignored:
+                log.warning("%s: ignoring Triton-only fields %s", source, ignored)
+                doc = {k: v for k, v in doc.items() if k not in IGNORED_FIELDS}
+            unsupported = next((k for k in doc if k in UNSUPPORTED_FIELDS and doc[k]), None)
+            if unsupported is not None:
+                raise ConfigError(source, unsupported, UNSUPPORTED_FIELDS[unsupported])
+            doc = {k: v for k, v in doc.items() if k not in UNSUPPORTED_FIELDS}  # empty: Triton prints them
+        json_format.ParseDict(doc, msg)
     except (json_format.ParseError, json.JSONDecodeError) as e:
         raise ConfigError(source, "config", f"cannot parse the JSON config override: {e}") from None
     return msg

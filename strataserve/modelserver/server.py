@@ -27,7 +27,8 @@ from strataserve.modelserver.entries import Entries, Entry
 from strataserve.modelserver.ensemble import EnsembleVersion, validate_ensemble
 from strataserve.modelserver.generate import generate_request, generate_response
 from strataserve.modelserver.llm import LLMVersion
-from strataserve.modelserver.model import ModelVersion, ServedVersion
+from strataserve.modelserver.model import ErrorResponse, ModelVersion, ServedVersion
+from strataserve.modelserver.pb_metrics import CustomMetrics
 from strataserve.modelserver.repository import Repository
 from strataserve.modelserver.stats import ModelStats, StatsCollector
 from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
@@ -58,6 +59,8 @@ class ModelServer:
         self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
         self._collector = StatsCollector(self._all_stats)
         self.registry.register(self._collector)
+        self.custom_metrics = CustomMetrics()  # Python models' pb_utils.MetricFamily, on the same /metrics
+        self.registry.register(self.custom_metrics)
         self._entries = Entries()
         self._lock: asyncio.Lock | None = None
         self._poller: asyncio.Task | None = None
@@ -96,10 +99,11 @@ class ModelServer:
             self._close_versions(entry, "server stopped")
         while self._drains:  # shutdown waits for every in-flight request to finish
             await asyncio.gather(*list(self._drains), return_exceptions=True)
-        try:
-            self.registry.unregister(self._collector)
-        except KeyError:
-            pass
+        for collector in (self._collector, self.custom_metrics):
+            try:
+                self.registry.unregister(collector)
+            except KeyError:
+                pass
 
     def live(self) -> bool:
         return True
@@ -113,6 +117,9 @@ class ModelServer:
             await self._load_locked(name, None, set())
         except ModelServerError as e:
             log.warning("model %s failed to load: %s", name, e.message)
+        except Exception as e:  # noqa: BLE001 - one model's failure must not stop the server
+            log.exception("model %s failed to load", name)
+            self._entries.setdefault(name, Entry(name)).states[""] = ("UNAVAILABLE", f"{type(e).__name__}: {e}")
 
     async def _load_locked(self, name: str, override: str | None, loading: set[str]) -> None:
         repo = self._repo()
@@ -134,9 +141,12 @@ class ModelServer:
                 validate_ensemble(spec, self._entries.lookup_spec)
             if not source.versions:
                 raise ModelServerError("invalid_argument", f"model '{name}' has no version folder (e.g. {name}/1/)")
-        except ModelServerError as e:
+        except Exception as e:  # noqa: BLE001 - model code runs here too (auto_complete_config): never fatal
+            if not isinstance(e, ModelServerError):
+                log.exception("model %s: loading its config failed", name)
+                e = ModelServerError("invalid_argument", f"model '{name}' failed to load: {type(e).__name__}: {e}")
             entry.states[""] = ("UNAVAILABLE", e.message)
-            raise
+            raise e from None
         new: dict[int, ServedVersion] = {}
         states: dict[str, tuple[str, str]] = {}
         errors = []
@@ -328,6 +338,8 @@ class ModelServer:
         return await self._version(request.model_name, request.model_version).infer(request)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Every response of the request; a decoupled model's error response that is not its last comes as an
+        `ErrorResponse` item (Triton sends it and goes on), an error that ends the request is raised."""
         mv = self._version(request.model_name, request.model_version)
         async for response in mv.stream(request):
             yield response
@@ -340,6 +352,8 @@ class ModelServer:
     async def generate_stream(self, name: str, version: str, inputs: dict, parameters: dict) -> AsyncIterator[dict]:
         mv = self._version(name, version)
         async for response in mv.stream(generate_request(mv.spec, mv.version, inputs, parameters)):
+            if isinstance(response, ErrorResponse):  # generate_stream has no per-response errors: it ends there
+                raise response.error
             yield generate_response(response)
 
     # -- statistics --------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 An execution is three timed phases (Triton's compute_input / compute_infer / compute_output):
 `prepare(requests)` → `infer(prepared)` → `finish(result, requests)`. The scheduler never calls one instance
 from two threads at once, so a backend need not lock. Decoupled backends answer through `BackendRequest.send`
-(thread-safe) and return None per request from `finish`.
+(thread-safe) and return None per request from `finish`. A request whose client cancelled or went away is
+marked (`BackendRequest.cancel`), so a model can stop early (Triton's `request.is_cancelled()`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,25 @@ class BackendRequest:
     request_id: str | None = None
     requested_outputs: list[str] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    cancelled: bool = False  # the client cancelled the request or went away
+    on_cancel: Callable[[], None] | None = None  # set by a backend that must pass the cancel on (a child process)
+
+    def cancel(self) -> None:
+        """Event-loop thread: mark the request cancelled (models poll the flag) and tell the backend."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        if self.on_cancel is not None:
+            self.on_cancel()
+
+
+class ModelOutputs(dict):
+    """A request's outputs (name -> array) with the response parameters the model set (Triton's
+    `InferenceResponse(parameters=...)`), which reach the client's response."""
+
+    def __init__(self, outputs: dict[str, np.ndarray], parameters: dict[str, Any] | None = None):
+        super().__init__(outputs)
+        self.parameters = parameters or {}
 
 
 @dataclass(frozen=True)

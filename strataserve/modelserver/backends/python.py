@@ -3,7 +3,9 @@
 In-process means tensors reach `execute()` as the very numpy arrays the server decoded (no shared-memory
 copies, unlike Triton's stub process); `EXECUTION_ISOLATION: process` opts into a child process instead
 (python_isolated.py). `execute(requests)` gets every request of a dynamic batch and returns
-one response per request; a decoupled model answers through `request.get_response_sender()` instead.
+one response per request; a decoupled model answers through `request.get_response_sender()` instead. An
+`async def execute` runs on the instance's own event loop (pb_runtime.InstanceLoop); model code runs with its
+`ModelContext` bound (BLS, Logger, MetricFamily need it).
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import numpy as np
 
-from strataserve.modelserver import pb_utils
-from strataserve.modelserver.backends.base import Backend, BackendRequest, InstanceContext
+from strataserve.modelserver import pb_runtime, pb_utils
+from strataserve.modelserver.backends.base import Backend, BackendRequest, InstanceContext, ModelOutputs
+from strataserve.modelserver.pb_errors import error_from_triton
 from strataserve.modelserver.config import ConfigError
 from strataserve.modelserver.pbtxt import config_to_json
 from strataserve.modelserver.repository import model_file
@@ -74,19 +76,28 @@ class PythonBackend(Backend):
             "model_version": str(ctx.version),
             "model_name": spec.name,
         }
-        if isolation == "process":
+        self.context = pb_runtime.ModelContext(ctx.server, spec.name)
+        self.loop: pb_runtime.InstanceLoop | None = None
+        self.isolated = isolation == "process"
+        if self.isolated:
             from strataserve.modelserver.backends.python_isolated import IsolatedModel
 
             self.model = IsolatedModel(path, args, spec.name,
                                        on_restart=ctx.stats.restarted if ctx.stats is not None else None)
             return
-        self.model = load_model_class(path)()
-        if hasattr(self.model, "initialize"):
-            try:
-                self.model.initialize(args)
-            except Exception as e:  # noqa: BLE001
-                raise ModelServerError("invalid_argument", f"{path}: initialize() failed: {type(e).__name__}: {e}") \
-                    from e
+        self.loop = pb_runtime.InstanceLoop(self.context, args["model_instance_name"])
+        try:
+            with pb_runtime.bound(pb_runtime.ModelContext(ctx.server, spec.name, initializing=True)):
+                self.model = load_model_class(path)()
+                if hasattr(self.model, "initialize"):
+                    try:
+                        self.model.initialize(args)
+                    except (Exception, SystemExit) as e:  # noqa: BLE001 - user code
+                        raise ModelServerError("invalid_argument",
+                                               f"{path}: initialize() failed: {type(e).__name__}: {e}") from e
+        except BaseException:
+            self.loop.close()
+            raise
 
     def prepare(self, requests: list[BackendRequest]) -> list[pb_utils.InferenceRequest]:
         out = []
@@ -94,10 +105,13 @@ class PythonBackend(Backend):
             req = pb_utils.InferenceRequest(
                 self.spec.name, [pb_utils.Tensor(k, v) for k, v in r.inputs.items()],
                 r.requested_outputs or [t.name for t in self.spec.outputs], self.ctx.version,
-                request_id=r.request_id or "", parameters=r.parameters,
+                request_id=r.request_id or "", parameters=json.dumps(r.parameters, default=str),
             )
+            req._cancel_check = lambda r=r: r.cancelled
             if self.spec.decoupled:
-                req._sender = pb_utils.InferenceResponseSender(self._sender_fn(r))
+                req._sender = pb_utils.InferenceResponseSender(self._sender_fn(r), req._cancel_check)
+            if self.isolated:  # the child process polls its own copy of the flag
+                r.on_cancel = lambda req=req: self.model.cancel(req)
             out.append(req)
         return out
 
@@ -114,12 +128,10 @@ class PythonBackend(Backend):
         return send
 
     def infer(self, prepared: list[pb_utils.InferenceRequest]):
-        pb_utils._bls.server = self.ctx.server
-        pb_utils._bls.loop = getattr(self.ctx.server, "loop", None)
-        try:
-            return pb_utils.run_execute(self.model, prepared)
-        finally:
-            pb_utils._bls.server = pb_utils._bls.loop = None
+        if self.isolated:
+            return self.model.execute(prepared)
+        with pb_runtime.bound(self.context):
+            return pb_runtime.run_execute(self.model, prepared, self.loop, self.spec.decoupled)
 
     def finish(self, result, requests: list[BackendRequest]):
         if self.spec.decoupled:
@@ -130,31 +142,33 @@ class PythonBackend(Backend):
                                    f"request ({len(requests)}), got {got}")
         return [self._convert(resp) for resp in result]
 
-    def _convert(self, resp) -> dict[str, np.ndarray] | BaseException:
+    def _convert(self, resp) -> ModelOutputs | BaseException:
         if not isinstance(resp, pb_utils.InferenceResponse):
             return ModelServerError("internal", f"model '{self.spec.name}': execute() returned a "
                                     f"{type(resp).__name__}, not an InferenceResponse")
         if resp.has_error():
-            err = resp.error()
-            code = pb_utils.ERROR_CODE_NAMES.get(err.code(), "internal") if isinstance(err, pb_utils.TritonError) \
-                else "internal"
-            msg = err.message() if isinstance(err, pb_utils.TritonError) else str(err)
-            return ModelServerError(code, f"model '{self.spec.name}': {msg}")
-        return {t.name(): t.as_numpy() for t in resp.output_tensors()}
+            return error_from_triton(resp.error(), self.spec.name)
+        params = json.loads(resp.parameters())
+        return ModelOutputs({t.name(): t.as_numpy() for t in resp.output_tensors()}, params)
 
     def wait_ready(self) -> None:
-        wait = getattr(self.model, "wait_ready", None)
-        if wait is not None:
-            wait()
+        if self.isolated:
+            self.model.wait_ready()
 
     def on_timeout(self) -> bool:
-        kill = getattr(self.model, "kill", None)  # only an isolated model can be stopped mid-execution
-        if kill is None:
+        if not self.isolated:  # only an isolated model can be stopped mid-execution
             return False
-        kill()
+        self.model.kill()
         return True
 
     def close(self) -> None:
-        if hasattr(self.model, "finalize"):
-            self.model.finalize()
-        self.model = None
+        if self.loop is not None:
+            self.loop.drain()
+        try:
+            if hasattr(self.model, "finalize"):
+                with pb_runtime.bound(self.context):
+                    self.model.finalize()
+        finally:
+            if self.loop is not None:
+                self.loop.close()
+            self.model = None

@@ -4,7 +4,9 @@
 `IsolatedModel` stands in for the TritonPythonModel object in the parent: `execute(requests)` pickles the
 requests (tensors are numpy arrays) to the child and waits for its responses; responses a decoupled model sends
 through its response sender flow back on the same pipe, read by one thread in the parent. Costs one copy of
-every tensor each way, which is why in-process is the default. BLS calls are not available in the child.
+every tensor each way, which is why in-process is the default. BLS calls and custom metrics are not
+available in the child. A request the client cancels is passed on (`cancel`), so `is_cancelled()` turns True
+in the child too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import multiprocessing as mp
+import queue
 import sys
 import threading
 import time
@@ -19,7 +22,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
-from strataserve.modelserver import pb_utils
+from strataserve.modelserver import pb_runtime, pb_utils
 from strataserve.startup import leave_stopping_to_the_parent
 from strataserve.types.tensors import ModelServerError
 
@@ -34,38 +37,67 @@ def _child_main(conn, path: str, args: dict) -> None:
             conn.send(msg)
 
     sys.path.insert(0, str(Path(path).parent))  # the child is the model's own process: keep it there
+    ctx = pb_runtime.ModelContext(None, args["model_name"])
     try:
-        spec = importlib.util.spec_from_file_location("_strata_isolated_model", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        model = module.TritonPythonModel()
-        if hasattr(model, "initialize"):
-            model.initialize(args)
+        with pb_runtime.bound(pb_runtime.ModelContext(None, args["model_name"], initializing=True)):
+            spec = importlib.util.spec_from_file_location("_strata_isolated_model", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            model = module.TritonPythonModel()
+            if hasattr(model, "initialize"):
+                model.initialize(args)
     except BaseException as e:  # noqa: BLE001 - reported to the parent as a load error
         send(("init_error", f"{type(e).__name__}: {e}"))
         return
+    loop = pb_runtime.InstanceLoop(ctx, args["model_instance_name"])
     send(("ready",))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            break
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    cancelled: set[int] = set()  # tokens of requests the parent says were cancelled
+
+    def reader() -> None:  # cancels must arrive while execute() runs, so the pipe is read on its own thread
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                inbox.put(None)
+                return
+            if msg[0] == "cancel":
+                cancelled.add(msg[1])
+                continue
+            inbox.put(msg)
+            if msg[0] == "finalize":
+                return
+
+    threading.Thread(target=reader, daemon=True, name="strata-pymodel-pipe").start()
+    while (msg := inbox.get()) is not None:
         if msg[0] == "finalize":
+            loop.drain()
             if hasattr(model, "finalize"):
-                model.finalize()
+                with pb_runtime.bound(ctx):
+                    model.finalize()
+            loop.close()
             send(("finalized",))
             break
         _, call_id, items = msg
-        requests = []
-        for token, req in items:
-            if token is not None:
-                req._sender = pb_utils.InferenceResponseSender(
-                    lambda resp, final, token=token: send(("send", token, resp, final)))
+        requests, plain = [], []
+        for token, decoupled, req in items:
+            req._cancel_check = lambda token=token: token in cancelled
+            if decoupled:
+                def send_response(resp, final, token=token) -> None:
+                    send(("send", token, resp, final))
+                    if final:
+                        cancelled.discard(token)
+                req._sender = pb_utils.InferenceResponseSender(send_response, req._cancel_check)
+            else:
+                plain.append(token)
             requests.append(req)
         try:
-            send(("result", call_id, pb_utils.run_execute(model, requests), None))
+            with pb_runtime.bound(ctx):
+                result = pb_runtime.run_execute(model, requests, loop, decoupled=len(plain) < len(requests))
+            send(("result", call_id, result, None))
         except BaseException as e:  # noqa: BLE001 - one failed execute fails its requests only
             send(("result", call_id, None, f"{type(e).__name__}: {e}"))
+        cancelled.difference_update(plain)
 
 
 class IsolatedModel:
@@ -86,6 +118,8 @@ class IsolatedModel:
         self._on_restart = on_restart
         self._calls: dict[int, Future] = {}
         self._senders: dict[int, pb_utils.InferenceResponseSender] = {}
+        self._live: set[int] = set()  # tokens of requests the child is working on (cancel only those)
+        self._call_tokens: dict[int, list[int]] = {}  # call -> its non-decoupled requests' tokens
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._dead: str | None = None
@@ -156,6 +190,8 @@ class IsolatedModel:
                 break
             if msg[0] == "result":
                 _, call_id, result, error = msg
+                with self._lock:
+                    self._live.difference_update(self._call_tokens.pop(call_id, ()))
                 fut = self._calls.pop(call_id, None)
                 if fut is None:
                     continue  # its caller gave up (execution timeout)
@@ -165,6 +201,9 @@ class IsolatedModel:
                     fut.set_exception(ModelServerError("internal", f"model '{self.name}': {error}"))
             elif msg[0] == "send":
                 _, token, resp, final = msg
+                if final:
+                    with self._lock:
+                        self._live.discard(token)
                 sender = self._senders.pop(token) if final else self._senders[token]
                 sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
             elif msg[0] == "finalized":
@@ -179,6 +218,8 @@ class IsolatedModel:
             calls, senders = list(self._calls.values()), list(self._senders.values())
             self._calls.clear()
             self._senders.clear()
+            self._live.clear()
+            self._call_tokens.clear()
         for fut in calls:
             if not fut.done():
                 fut.set_exception(err)
@@ -199,24 +240,41 @@ class IsolatedModel:
     def execute(self, requests: list[pb_utils.InferenceRequest]):
         if not self._up.wait(self.RESTART_WAIT_S) or self._closing:
             raise ModelServerError("unavailable", self._dead or f"model '{self.name}': its process is not running")
-        items = []
+        items, plain = [], []
         for req in requests:
             sender, req._sender = req._sender, None  # the child attaches its own sender
-            token = None
+            req._token = token = next(self._ids)
             if sender is not None:
-                token = next(self._ids)
                 self._senders[token] = sender
-            items.append((token, req))
+            else:
+                plain.append(token)
+            items.append((token, sender is not None, req))
         fut: Future = Future()
         with self._lock:
             call_id = next(self._ids)
             self._calls[call_id] = fut
+            self._call_tokens[call_id] = plain
+            self._live.update(token for token, _, _ in items)
             try:
                 self._conn.send(("execute", call_id, items))
             except (OSError, BrokenPipeError):
                 self._calls.pop(call_id, None)
                 raise ModelServerError("unavailable", f"model '{self.name}': its process is not running") from None
+        for req in requests:  # cancelled between prepare and now: the child learns it by message like the rest
+            if req.is_cancelled():
+                self.cancel(req)
         return fut.result()
+
+    def cancel(self, req: pb_utils.InferenceRequest) -> None:
+        """The client cancelled ``req`` (event-loop thread): tell the child, if it still works on it."""
+        token = getattr(req, "_token", None)
+        with self._lock:
+            if token is None or token not in self._live or self._dead:
+                return
+            try:
+                self._conn.send(("cancel", token))
+            except (OSError, BrokenPipeError):
+                pass
 
     def kill(self) -> None:
         """End the child now (a hung execution); the reader fails its calls and starts a new child."""
