@@ -21,6 +21,25 @@ def load_xgrammar() -> Any:
     return xgrammar
 
 
+def tokenizer_info(hf: Any, vocab_size: int, stop_token_ids: Sequence[int] | None) -> Any:
+    """xgrammar's ``TokenizerInfo`` of a Hugging Face tokenizer in which its special tokens (``<|im_end|>``,
+    ``[TOOL_CALLS]``...) spell nothing: a grammar's literal text is then written with ordinary tokens. xgrammar
+    reads no special tokens from these tokenizers, so ``guided_choice=["<|im_end|>"]`` was matched by the special
+    token itself, which ``skip_special_tokens`` then drops from the output (empty text). The stop tokens stay stop
+    tokens (they end the grammar)."""
+    xgr = load_xgrammar()
+    info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None)
+    special = set(getattr(hf, "all_special_ids", ()) or ())
+    special.update(i for i, tok in (getattr(hf, "added_tokens_decoder", None) or {}).items()
+                   if getattr(tok, "special", False))
+    if not special:
+        return info
+    # xgrammar's decoded bytes, as a raw vocabulary, are the same tokenizer; an empty entry is a special token
+    vocab = [b"" if i in special else piece for i, piece in enumerate(info.decoded_vocab)]
+    return xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=info.vocab_size,
+                             stop_token_ids=list(info.stop_token_ids), add_prefix_space=info.add_prefix_space)
+
+
 #: ``json_object`` (OpenAI's response_format): any JSON object, written compactly as a schema's output is (xgrammar's
 #: built-in JSON grammar takes any value, arrays and numbers too, with any whitespace)
 ANY_OBJECT = '{"type": "object"}'
@@ -49,7 +68,8 @@ def compile_spec(compiler: Any, spec: GuidedDecodingParams) -> Any:
 
 
 #: schema keywords xgrammar 0.2 compiles but does not enforce (its output can break them with finish "stop"):
-#: refused, so "valid against the schema" holds for every schema that is accepted
+#: refused, so "valid against the schema" holds for every schema that is accepted (``_unenforced_value``: the
+#: keywords it enforces only for some values)
 _UNENFORCED = ("allOf", "not", "contains", "minContains", "maxContains", "if", "then", "else", "dependentRequired",
                "dependentSchemas", "unevaluatedProperties", "unevaluatedItems")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -58,16 +78,21 @@ _SUBSCHEMAS = ("items", "additionalProperties", "propertyNames", "additionalItem
 
 
 def unenforced_keyword(schema: Any, where: str = "#") -> str | None:
-    """Where ``schema`` uses a keyword xgrammar would not enforce, as "#/path: keyword", else None."""
+    """Where ``schema`` asks for something xgrammar would not hold its output to, as "#/path: what and why", else
+    None. Checks keyword names and, where xgrammar enforces a keyword only in part, its value."""
     if not isinstance(schema, dict):
         return None
+    held = "is not supported (the output could not be held to it)"
     for key in _UNENFORCED:
         if key in schema:
-            return f"{where}: {key}"
+            return f"{where}: {key} {held}"
     if schema.get("uniqueItems") is True:
-        return f"{where}: uniqueItems"
+        return f"{where}: uniqueItems {held}"
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
-        return f"{where}: pattern with minLength / maxLength (the lengths are not enforced beside a pattern)"
+        return f"{where}: pattern with minLength / maxLength {held}: the lengths are not enforced beside a pattern"
+    found = _unenforced_value(schema, where)
+    if found:
+        return found
     children = [(f"{where}/{k}/{n}", sub) for k in _SUBSCHEMA_MAPS if isinstance(schema.get(k), dict)
                 for n, sub in schema[k].items()]
     children += [(f"{where}/{k}/{i}", sub) for k in _SUBSCHEMA_LISTS if isinstance(schema.get(k), list)
@@ -82,6 +107,64 @@ def unenforced_keyword(schema: Any, where: str = "#") -> str | None:
     return None
 
 
+def _unenforced_value(schema: dict[str, Any], where: str) -> str | None:
+    """The keywords xgrammar 0.2.9 takes but enforces only for some values (each found by feeding its matcher
+    outputs that break the schema)."""
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        bad = _regex_problem(pattern)
+        if bad:
+            return f"{where}/pattern: regex {pattern!r} is not supported ({bad})"
+    if isinstance(schema.get("patternProperties"), dict):
+        for key in schema["patternProperties"]:
+            bad = _regex_problem(key)
+            if bad:
+                return f"{where}/patternProperties: regex {key!r} is not supported ({bad})"
+    for key in _REFS:
+        ref = schema.get(key)
+        if isinstance(ref, str) and (key != "$ref" or not (ref == "#" or ref.startswith("#/"))):
+            return (f"{where}/{key}: {ref!r} is not supported (only local JSON-pointer references, '#' or '#/...', "
+                    "are resolved; an external one or an anchor would let any value through)")
+    multiple = schema.get("multipleOf")
+    if multiple is not None and not _integer_multiple(schema.get("type"), multiple):
+        return (f"{where}/multipleOf: {multiple!r} is not supported (only an integer multipleOf on type 'integer' "
+                "is enforced; on a number it would let any value through)")
+    required, properties, types = schema.get("required"), schema.get("properties"), schema.get("type", "object")
+    if isinstance(required, list) and "object" in (types if isinstance(types, list) else [types]):
+        known = properties if isinstance(properties, dict) else {}
+        for name in required:
+            if isinstance(name, str) and name not in known:
+                if schema.get("additionalProperties") is False and not schema.get("patternProperties"):
+                    return (f"{where}/required: property {name!r} is unsatisfiable (additionalProperties is false "
+                            "and it is not in properties)")
+                return (f"{where}/required: property {name!r} outside properties is not supported (only a property "
+                        "declared in properties, beside required, is made required)")
+    return None
+
+
+#: references xgrammar resolves only as local JSON pointers ("#", "#/$defs/x"): an "http://..." or "other.json#"
+#: ref, an anchor ("#foo") or a dynamic / recursive ref compiles to "any value"
+_REFS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _integer_multiple(types: Any, multiple: Any) -> bool:
+    """xgrammar enforces multipleOf only with an integral value on integers (a number's is ignored)."""
+    type_list = types if isinstance(types, list) else [types]
+    integral = (isinstance(multiple, int) and not isinstance(multiple, bool)
+                or isinstance(multiple, float) and multiple.is_integer())
+    return integral and "integer" in type_list and "number" not in type_list
+
+
+def _regex_problem(pattern: str) -> str | None:
+    """Why xgrammar's regex compiler refuses ``pattern``, else None. Its JSON-schema converter skips what it cannot
+    do (a lookahead, with a log line) and so would not enforce the pattern; guided_regex refuses the same text."""
+    try:
+        load_xgrammar().Grammar.from_regex(pattern)
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError for what it cannot parse
+        return _reason(exc).removeprefix("Regex parsing error at ")
+    return None
+
+
 def _by_kind(spec: GuidedDecodingParams, json_schema: Callable[[Any], Any], json_object: Callable[[], Any],
              regex: Callable[[str], Any], ebnf: Callable[[str], Any]) -> Any:
     """The one of these builders that ``spec``'s kind calls for, applied to its source (a choice as EBNF)."""
@@ -92,8 +175,8 @@ def _by_kind(spec: GuidedDecodingParams, json_schema: Callable[[Any], Any], json
         except ValueError:
             found = None  # not JSON: the compiler says so below
         if found:
-            raise ValueError(f"invalid guided decoding json: {found} is not supported (the output could not be held "
-                             "to it); express the constraint otherwise or check it after generation")
+            raise ValueError(f"invalid guided decoding json: {found}; express the constraint otherwise or check it "
+                             "after generation")
     try:
         if kind == "json":
             return json_schema(spec.json)

@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.errors import bad_request
-from strataserve.api.formatting import ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage
+from strataserve.api.formatting import (ChunkTemplate, CompletionLogprobs, TokenNamer, finite_logprob, json_bytes, sse,
+                                      usage)
 from strataserve.api.guided import guided_params
 from strataserve.api.protocol import CompletionRequest
 from strataserve.api.request_params import check_token_ids, make_params, resolve_max_tokens, truncated, vllm_extras
@@ -164,7 +165,7 @@ def _prompt_logprobs(namer: TokenNamer, ids: list[int], lps: list | None, top: i
         if pos is None:
             out.append(None)
             continue
-        out.append({str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": namer(t, lp)}
+        out.append({str(t): {"logprob": finite_logprob(lp.logprob), "rank": lp.rank, "decoded_token": namer(t, lp)}
                     for t, lp in pos.items() if t == tid or (lp.rank is not None and lp.rank <= top)})
     return out
 

@@ -34,6 +34,16 @@ def json_bytes(obj: Any) -> bytes:
     return _json.encode(obj)
 
 
+#: what a logprob of -inf (a token the grammar, allowed_token_ids or bad_words masked) is sent as: JSON has no
+#: infinity (msgspec writes it as null) and OpenAI's schema says a number; vLLM sends this same floor
+LOGPROB_FLOOR = -9999.0
+
+
+def finite_logprob(logprob: float) -> float:
+    """``logprob`` as a response carries it: a masked token's -inf (or a NaN) becomes ``LOGPROB_FLOOR``."""
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -135,13 +145,13 @@ class CompletionLogprobs:
             chosen = step.get(tid)
             text = self.namer(tid, chosen)
             self.tokens.append(text)
-            self.token_logprobs.append(chosen.logprob if chosen is not None else None)
+            self.token_logprobs.append(finite_logprob(chosen.logprob) if chosen is not None else None)
             top: dict[str, float] = {}
             for t, lp in _ranked(step, self.top_n):
                 # Distinct ids can share a text (e.g. partial UTF-8 bytes): the more likely one keeps the key.
-                top.setdefault(self.namer(t, lp), lp.logprob)
+                top.setdefault(self.namer(t, lp), finite_logprob(lp.logprob))
             if chosen is not None:
-                top.setdefault(text, chosen.logprob)
+                top.setdefault(text, finite_logprob(chosen.logprob))
             self.top_logprobs.append(top)
             self._advance(tid, text)
         return self._slice(start)
@@ -177,8 +187,8 @@ def chat_logprobs(namer: TokenNamer, token_ids: list[int], entries: list[dict[in
         top = []
         for t, lp in _ranked(step, top_n):
             name = namer(t, lp)
-            top.append({"token": name, "logprob": lp.logprob, "bytes": namer.raw(t, name)})
-        items.append({"token": text, "logprob": chosen.logprob if chosen is not None else -9999.0,
+            top.append({"token": name, "logprob": finite_logprob(lp.logprob), "bytes": namer.raw(t, name)})
+        items.append({"token": text, "logprob": finite_logprob(chosen.logprob) if chosen is not None else LOGPROB_FLOOR,
                       "bytes": namer.raw(tid, text), "top_logprobs": top})
     return items
 

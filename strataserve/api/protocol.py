@@ -5,9 +5,11 @@ encoded with msgspec on the hot path; their shapes follow the OpenAI API referen
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import types
+from functools import cache
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_N = 128  # completions per request; more is almost certainly a mistake and would hog the batch
 # Integers cross the process boundary as msgpack int64: bound them here so a huge value is a 400, not a 500.
@@ -16,6 +18,38 @@ Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """An explicit ``null`` for an optional field means its default (OpenAI's spec marks ``n``, ``logprobs``,
+        ``parallel_tool_calls``... nullable; vLLM declares them Optional). Only for fields whose type has no None
+        of its own: where None means something (``max_tokens: null``, as many as fit) it is kept."""
+        if isinstance(data, dict):
+            drop = _null_means_default(cls)
+            if any(data.get(k, 0) is None for k in drop):
+                data = {k: v for k, v in data.items() if not (v is None and k in drop)}
+        return data
+
+
+@cache
+def _null_means_default(cls: type[BaseModel]) -> frozenset[str]:
+    """Input names (aliases too) of ``cls``'s fields that have a default but take no None."""
+    names = set()
+    for name, f in cls.model_fields.items():
+        if not f.is_required() and not _allows_none(f.annotation):
+            names.update({name, f.alias or name})
+    return frozenset(names)
+
+
+def _allows_none(annotation: Any) -> bool:
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return True
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(_allows_none(a) for a in get_args(annotation))
+    if get_origin(annotation) is Annotated:
+        return _allows_none(get_args(annotation)[0])
+    return False
 
 
 class StreamOptions(_Base):

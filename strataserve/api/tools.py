@@ -9,20 +9,15 @@ that function's parameters schema). With ``required`` and a named function the c
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from strataserve.api.errors import bad_request
-from strataserve.api.tool_parsers import ToolCall, ToolParser, get_parser
+from strataserve.api.tool_parsers import PARSERS, ToolCall, ToolParser, get_parser
 from strataserve.types.sampling import GuidedDecodingParams
 
 #: a function without ``parameters`` takes none (OpenAI: "an empty parameter list"): its arguments are ``{}``
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
-
-
-def call_id() -> str:
-    return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
 
 @dataclass(slots=True)
@@ -32,6 +27,13 @@ class ToolPlan:
     function: str | None = None  # mode "named"
     guided: GuidedDecodingParams | None = None
     parallel: bool = True  # parallel_tool_calls: False keeps the first call only (OpenAI; vLLM drops the rest)
+    #: makes call ids in the form of the server's --tool-call-parser, whatever the mode (Mistral's template checks
+    #: the ids of a required or named call as much as an auto one); None: the parser's own, else vLLM's usual
+    call_id: Callable[[], str] | None = None
+
+    def new_call_id(self) -> str:
+        make = self.call_id or (self.parser.call_id if self.parser is not None else ToolParser.call_id)
+        return make()
 
     @property
     def keep_special_tokens(self) -> bool:
@@ -73,6 +75,7 @@ def plan_tools(body: Any, parser_name: str | None, auto_enabled: bool) -> ToolPl
         raise bad_request("tool function names must be unique", param="tools")
     if choice is None:
         choice = "auto"
+    call_id = PARSERS.get(parser_name or "", ToolParser).call_id
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -83,12 +86,12 @@ def plan_tools(body: Any, parser_name: str | None, auto_enabled: bool) -> ToolPl
             raise bad_request(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})",
                               param="tool_choice")
         params = tools[names.index(name)].function.parameters or _NO_PARAMETERS
-        return ToolPlan("named", function=name, guided=GuidedDecodingParams(json=params))
+        return ToolPlan("named", function=name, guided=GuidedDecodingParams(json=params), call_id=call_id)
     if choice == "none":
         return ToolPlan("none")
     if choice == "required":
-        return ToolPlan("required", guided=GuidedDecodingParams(json=_required_schema(tools,
-                                                                                     body.parallel_tool_calls)))
+        schema = _required_schema(tools, body.parallel_tool_calls)
+        return ToolPlan("required", guided=GuidedDecodingParams(json=schema), call_id=call_id)
     if choice == "auto":
         if not auto_enabled or parser_name is None:
             raise bad_request('"auto" tool choice needs the server started with --enable-auto-tool-choice and '
@@ -98,8 +101,8 @@ def plan_tools(body: Any, parser_name: str | None, auto_enabled: bool) -> ToolPl
                       param="tool_choice")
 
 
-def _call_dict(call: ToolCall, index: int | None = None) -> dict[str, Any]:
-    d: dict[str, Any] = {"id": call_id(), "type": "function",
+def _call_dict(plan: ToolPlan, call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": plan.new_call_id(), "type": "function",
                          "function": {"name": call.name, "arguments": call.arguments}}
     return d if index is None else {"index": index, **d}
 
@@ -155,7 +158,7 @@ def assistant_message(plan: ToolPlan | None, text: str, reason: str | None) -> t
     content, calls = _calls(plan, text)
     msg: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
-        msg["tool_calls"] = [_call_dict(c) for c in calls]
+        msg["tool_calls"] = [_call_dict(plan, c) for c in calls]
     return msg, _finish(plan, calls, reason)
 
 
@@ -180,7 +183,7 @@ class ToolStreamer:
             if not self.in_call:
                 self.in_call = True
                 self.calls = [ToolCall(plan.function or "", "")]
-                head = _call_dict(self.calls[0], 0)
+                head = _call_dict(plan, self.calls[0], 0)
                 head["function"]["arguments"] = text
                 return [{"tool_calls": [head]}]
             return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}]
@@ -215,7 +218,8 @@ class ToolStreamer:
         if not calls:  # not a valid call after all: the held text is content
             return self._content(len(self.text)), reason
         self.calls = calls
-        return [{"tool_calls": [_call_dict(c, k)]} for k, c in enumerate(calls)], _finish(self.plan, calls, reason)
+        deltas = [{"tool_calls": [_call_dict(self.plan, c, k)]} for k, c in enumerate(calls)]
+        return deltas, _finish(self.plan, calls, reason)
 
 
 def message_dicts(messages: list[Any]) -> list[dict[str, Any]]:

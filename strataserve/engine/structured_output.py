@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from strataserve.grammar import compile_spec, load_xgrammar
+from strataserve.grammar import compile_spec, load_xgrammar, tokenizer_info
 from strataserve.types.sampling import GuidedDecodingParams
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,7 @@ class StructuredOutputManager:
             from strataserve.models.tokenizer import Tokenizer
 
             hf = Tokenizer.from_pretrained(self.tokenizer_path).hf
-            info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size,
-                                                      stop_token_ids=self.stop_token_ids or None)
+            info = tokenizer_info(hf, self.vocab_size, self.stop_token_ids)  # special tokens spell no grammar text
             self._compiler = xgr.GrammarCompiler(info, max_threads=2)
         return self._compiler
 

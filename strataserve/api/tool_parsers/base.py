@@ -3,6 +3,7 @@ text that may begin a tool call (so no half of a call ever reaches the client as
 from __future__ import annotations
 
 import json
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,12 @@ class ToolParser(ABC):
     markers: tuple[str, ...] = ()
     #: True when a section may only open at the start of the output (after whitespace)
     at_start_only: bool = False
+
+    @staticmethod
+    def call_id() -> str:
+        """A new tool call's ``id`` (vLLM's form); a family whose chat template checks the ids it is handed back
+        overrides it."""
+        return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
     @abstractmethod
     def parse(self, text: str) -> ParsedOutput:

@@ -1,18 +1,26 @@
 """Mistral: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (v3 tokenizers) or, from v11 on,
 ``[TOOL_CALLS]name[ARGS]{...}`` repeated. ``[TOOL_CALLS]`` is a special token: the chat route keeps special
-tokens in the text when this parser is active."""
+tokens in the text when this parser is active. Call ids are 9 letters / digits: Mistral's chat template (and
+mistral_common) refuse any other id when the call comes back in the next turn."""
 from __future__ import annotations
 
 import re
+import secrets
+import string
 
 from strataserve.api.tool_parsers.base import ParsedOutput, ToolCall, ToolParser, call_from_obj, json_values
 
 _MARK = "[TOOL_CALLS]"
 _NAMED = re.compile(r"\s*([A-Za-z0-9_.\-]+)\[ARGS\]")
+_ALNUM = string.ascii_letters + string.digits
 
 
 class MistralToolParser(ToolParser):
     markers = (_MARK,)
+
+    @staticmethod
+    def call_id() -> str:
+        return "".join(secrets.choice(_ALNUM) for _ in range(9))  # vLLM's MistralToolCall id
 
     def parse(self, text: str) -> ParsedOutput:
         start = text.find(_MARK)
