@@ -9,11 +9,13 @@
 Audio chunks: frames [0, F), then [F, F + C), [F + C, F + 2C), ... (F = ``first_chunk_frames``, C =
 ``chunk_frames``), the last one cut where the clip ends. The boundaries depend on frame counts alone: a chunk
 waits for the frame at its boundary (or the end of the clip), and frames that arrived together are still cut at
-the boundaries, so the same seeded request gives the same bytes however fast the engine ran ahead of the codec,
+the boundaries, so the same seeded request gets the same windows however fast the engine ran ahead of the codec,
 and the whole (non-streamed) response is the streamed chunks joined. Each is decoded with up to 25 frames of left
-context by the causal codec (on a worker thread, so the event loop never waits for it; windows of streams that
-wait together share a forward, ``engine/codec_batcher.py``). A streamed clip can
-differ from a whole-clip decode in the last bits where the codec's attention window reaches past that context.
+context by the causal codec (on a worker thread, so the event loop never waits for it). Windows of streams that
+wait together share a forward (``engine/codec_batcher.py``): a window's samples are its own, equal to its solo
+decode up to float rounding (matmuls of another row count), which can move an int16 sample by one step. A
+streamed clip can differ from a whole-clip decode in the last bits where the codec's attention window reaches past
+that context.
 """
 from __future__ import annotations
 
