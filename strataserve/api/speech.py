@@ -6,7 +6,9 @@ model or raises ``APIError`` (404). Body: ``model``, ``input``, ``voice``, ``ins
 ``stream_format`` ("audio": the body streams as frames are decoded; "sse": ``speech.audio.delta`` events with
 base64 audio, then ``speech.audio.done``, whose usage counts the talker's prompt positions as input tokens and
 codec frames as output tokens; a failure once the stream has started is a last ``error`` event), plus extras: ``language``, ``temperature``, ``top_k``, ``top_p``,
-``repetition_penalty``, ``seed``, ``max_new_frames``; voice cloning: ``voice`` names a registered clone,
+``repetition_penalty``, ``seed``, ``max_new_frames``, Qwen3-TTS's ``code_temperature`` / ``code_top_k`` /
+``code_top_p`` (or the reference's ``subtalker_*`` names; ``temperature: 0`` makes the codes greedy too unless
+``code_temperature`` is given); voice cloning: ``voice`` names a registered clone,
 or ``ref_audio`` (base64 audio file; for Qwen3-TTS Base also ``data:audio/...;base64,`` incl.
 ``audio/pcm;rate=N``) + ``ref_text`` (its transcript; in-context cloning) or, Qwen3-TTS Base only,
 + ``x_vector_only: true``; for non-autoregressive models (OmniVoice) ``num_step``, ``guidance_scale``
@@ -28,7 +30,7 @@ from typing import Annotated, Any, AsyncIterator, Callable
 
 import numpy as np
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 from starlette.responses import StreamingResponse
 
 from strataserve.api.errors import APIError, bad_request
@@ -59,6 +61,12 @@ class SpeechRequest(BaseModel):
     repetition_penalty: Finite | None = None
     seed: Int64 | None = None
     max_new_frames: Int64 | None = None
+    # Qwen3-TTS's code predictor (codebooks 1..): the reference's subtalker_* settings, under either name; unset
+    # with temperature 0 it is greedy too, so temperature 0 gives one clip (the checkpoint default samples at 0.9)
+    code_temperature: Finite | None = Field(None, ge=0.0, validation_alias=AliasChoices(
+        "code_temperature", "subtalker_temperature"))
+    code_top_k: Int64 | None = Field(None, validation_alias=AliasChoices("code_top_k", "subtalker_top_k"))
+    code_top_p: Finite | None = Field(None, validation_alias=AliasChoices("code_top_p", "subtalker_top_p"))
     # non-autoregressive models (OmniVoice): unmasking steps and guidance
     num_step: Int64 | None = None
     guidance_scale: Finite | None = None
@@ -221,10 +229,14 @@ def make_speech_router(resolve: Callable[[str | None], Any]) -> APIRouter:
     async def create_speech(body: SpeechRequest) -> StreamingResponse:
         fmt = _check(body)
         tts = resolve(body.model)
+        code_temperature = body.code_temperature
+        if code_temperature is None and body.temperature == 0 and hasattr(tts, "encode_reference"):
+            code_temperature = 0.0  # Qwen3-TTS (the model with a code predictor): temperature 0 is one clip
         params = SpeechParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                               repetition_penalty=body.repetition_penalty, seed=body.seed,
                               max_new_frames=body.max_new_frames, num_step=body.num_step,
-                              guidance_scale=body.guidance_scale)
+                              guidance_scale=body.guidance_scale, code_temperature=code_temperature,
+                              code_top_k=body.code_top_k, code_top_p=body.code_top_p)
         extra = _model_kwargs(body, tts)
         try:
             if hasattr(tts, "encode_reference"):  # voice cloning: encoders off the event loop

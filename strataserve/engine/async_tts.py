@@ -13,7 +13,7 @@ the boundaries, so the same seeded request gets the same windows however fast th
 and the whole (non-streamed) response is the streamed chunks joined. Each is decoded with up to 25 frames of left
 context by the causal codec (on a worker thread, so the event loop never waits for it). Windows of streams that
 wait together share a forward (``engine/codec_batcher.py``): a window's samples are its own, equal to its solo
-decode up to float rounding (matmuls of another row count), which can move an int16 sample by one step. A
+decode up to float rounding (matmuls of another row count), which can move an int16 sample by a step or two. A
 streamed clip can differ from a whole-clip decode in the last bits where the codec's attention window reaches past
 that context.
 """

@@ -26,7 +26,7 @@ def served(weak_eos_ckpt, tmp_path_factory):
     # a weak eos row: every clip runs to max_new_frames, so lengths (and the disconnect test) are predictable
     path = weak_eos_ckpt
     offline = TTS(str(path), device="cpu")
-    out = offline.generate(TEXT, voice="ryan", language="english", temperature=0, code_temperature=0.9, seed=0,
+    out = offline.generate(TEXT, voice="ryan", language="english", temperature=0, code_temperature=0, seed=0,
                            max_new_frames=12)[0]
     srv = launch(path, tmp_path_factory.mktemp("log") / "server.log", "--max-num-seqs", "4", api_key=None)
     try:
@@ -56,6 +56,22 @@ def test_wav_and_pcm_match_offline_synthesis(served):
     np.testing.assert_allclose(wav, out.waveform, atol=1.5 / 32767)
     pcm = _pcm(_post(srv, response_format="pcm").content)
     np.testing.assert_allclose(pcm, out.waveform, atol=1.5 / 32767)
+
+
+def test_temperature_0_is_one_clip_and_code_sampling_can_be_set(served, weak_eos_ckpt):
+    """temperature 0 makes the code predictor greedy too (the checkpoint samples codes at 0.9): the same clip
+    without a seed; code_temperature (or the reference's subtalker_temperature) samples them again, seeded as
+    offline."""
+    srv, out = served
+    unseeded = [_post(srv, response_format="pcm", seed=None).content for _ in range(2)]
+    assert unseeded[0] == unseeded[1]
+    np.testing.assert_allclose(_pcm(unseeded[0]), out.waveform, atol=1.5 / 32767)
+    sampled = TTS(str(weak_eos_ckpt), device="cpu").generate(TEXT, voice="ryan", language="english", temperature=0,
+                                                             code_temperature=0.9, seed=0, max_new_frames=12)[0]
+    for name in ("code_temperature", "subtalker_temperature"):
+        pcm = _pcm(_post(srv, response_format="pcm", **{name: 0.9}).content)
+        np.testing.assert_allclose(pcm, sampled.waveform, atol=1.5 / 32767)
+    assert np.abs(sampled.waveform - out.waveform).max() > 0.01  # the sampled codes are another clip
 
 
 def test_flac_is_lossless_and_mp3_decodes(served):
