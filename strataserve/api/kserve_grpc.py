@@ -32,7 +32,7 @@ from strataserve.api.kserve_tensors import check_shape, tensor_from_raw, tensor_
 from strataserve.api.proto import grpc_service_pb2 as pb
 from strataserve.api.proto import grpc_service_pb2_grpc as pb_grpc
 from strataserve.types import model_config_pb2
-from strataserve.types.tensors import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
+from strataserve.types.tensors import KSERVE_CALLER, KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +233,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call(context, run)
 
     async def ModelInfer(self, request, context):
+        _set_caller(context)
+
         async def run() -> Any:
             req, _ = decode_infer_request(request)
             if self.ms.is_decoupled(req.model_name, req.model_version):
@@ -246,6 +248,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call(context, run)
 
     async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[Any]:
+        _set_caller(context)
         queue: asyncio.Queue = asyncio.Queue()
         done = object()
         tasks: set[asyncio.Task] = set()
@@ -253,7 +256,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         async def run_one(msg: Any) -> None:
             try:
                 req, empty_final = decode_infer_request(msg)
-                if self.ms.is_decoupled(req.model_name, req.model_version):
+                if self.ms.is_decoupled(req.model_name, req.model_version) or _streams(self.ms, req):
                     marked = False  # a response went out with triton_final_response true (Triton: no empty one)
                     async for resp in self.ms.infer_stream(req):
                         error = getattr(resp, "error", None)  # modelserver.model.ErrorResponse
@@ -358,3 +361,16 @@ async def start_grpc_server(model_server: Any, host: str = "0.0.0.0", port: int 
         raise OSError(f"cannot bind the KServe gRPC server to {address} (port in use?)")
     await server.start()
     return GrpcServerHandle(server, host, bound)
+
+
+def _streams(ms: Any, req: Any) -> bool:
+    """A model that is not decoupled but sends its answer in pieces on a stream (a local text model)."""
+    streams = getattr(ms, "streams", None)
+    return bool(streams is not None and streams(req.model_name, req.model_version))
+
+
+def _set_caller(context: Any) -> None:
+    """The call's SLA class and key, for a text model's request (router/text_tensors.py); tasks started from
+    here (each stream request's) inherit it."""
+    meta = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
+    KSERVE_CALLER.set((meta.get("x-sla-class"), meta.get("authorization")))

@@ -50,7 +50,7 @@ from strataserve.api.kserve_paths import (
     split_repository_path,
 )
 from strataserve.api.serving import until_disconnect
-from strataserve.types.tensors import ModelServerError
+from strataserve.types.tensors import KSERVE_CALLER, ModelServerError
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,7 @@ def make_kserve_router(model_server: Any) -> APIRouter:
         if target is None or target.route not in POST_ROUTES:
             return _no_route(request, target, "GET")
         m, v = target.name, target.version
+        KSERVE_CALLER.set((request.headers.get("x-sla-class"), request.headers.get("authorization")))
         if target.route == "infer":
             return await _guard(lambda: _infer(ms, request, m, v))
         stream = target.route == "generate_stream"
@@ -151,7 +152,12 @@ def make_kserve_router(model_server: Any) -> APIRouter:
             inputs, params = _generate_args(await _json_body(request, allow_empty=False))
             if stream:
                 return await _start_stream(aiter_of(ms.generate_stream(m, v, inputs, params)), lambda d: d)
-            return _json(await ms.generate(m, v, inputs, params))
+            try:  # a client that hangs up stops its request
+                return _json(await until_disconnect(request, ms.generate(m, v, inputs, params)))
+            except APIError as exc:
+                if exc.status != 499:
+                    raise
+                return Response(status_code=499)
 
         return await _guard(generate)
 
@@ -275,9 +281,11 @@ async def _infer(ms: Any, request: Request, m: str, v: str) -> Response:
     body = await _off_loop(big, decompress, raw, request.headers.get("content-encoding"))
     decoded = await _off_loop(big or len(body) > OFFLOAD_BYTES, decode_http_request, body,
                               request.headers.get(HEADER_LENGTH), m, v)
-    if ms.is_decoupled(m, v):
+    streams = getattr(ms, "streams", None)
+    sse = "text/event-stream" in request.headers.get("accept", "")
+    if ms.is_decoupled(m, v) or (sse and streams is not None and streams(m, v)):
         stream = aiter_of(ms.infer_stream(decoded.request))
-        if "text/event-stream" in request.headers.get("accept", ""):
+        if sse:
             return await _start_stream(stream, _stream_item)
         responses = [_stream_item(r) async for r in stream]
         version = next((r["model_version"] for r in reversed(responses) if "model_version" in r), v)

@@ -204,7 +204,9 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
         model_server = await start_model_server(options.model_repository, options.model_control_mode, registry,
                                                 options.load_models, console, options.repository_poll_s)
     if model_server is not None or kserve:
-        router.tensors = TensorRouter(model_server, kserve, router.non_tensor_cards)
+        # the KServe fronts: the repository, KServe upstreams, and (as Triton's vLLM backend) every local text model
+        router.tensors = TensorRouter(model_server, kserve, router.non_tensor_cards, router=router,
+                                      limits=options.limits)
     await router.start()
     return router
 

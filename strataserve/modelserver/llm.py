@@ -2,27 +2,24 @@
 
 A model folder is an LLM when its config says `backend: "llm"` or when it is a plain HF checkpoint folder
 (config.json + *.safetensors, no config.pbtxt). The checkpoint is the version folder if it holds one, else the
-model folder, else `parameters { key: "model" ... }`. Sampling settings come from the request parameters
-(vLLM names: max_tokens, temperature, top_p, top_k, seed, stop, ...). `infer` answers with the whole text;
-`stream` with one response per new piece of text (the generate_stream / decoupled path).
+model folder, else `parameters { key: "model" ... }`. Requests read and responses are shaped by `llm_io.py`
+(Triton's vLLM-backend tensors, vLLM sampling names), shared with the router's text models. `infer` answers with
+the whole text; `stream` with one response per new piece of text (the generate_stream / decoupled path).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import AsyncIterator
 
-import numpy as np
-
-from strataserve.modelserver.autocomplete import TEXT_INPUT, TEXT_OUTPUT
 from strataserve.modelserver.config import ConfigError, ModelSpec
+from strataserve.modelserver.llm_io import TextResponder, parse_text_request, sampling_params
 from strataserve.modelserver.model import ModelVersion, ServedVersion
 from strataserve.modelserver.repository import ModelSource, is_hf_folder
 from strataserve.modelserver.stats import ModelStats
-from strataserve.types.tensors import InferRequest, InferResponse, InferTensor, ModelServerError
+from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
 
 _ids = itertools.count()
 
@@ -36,21 +33,6 @@ def _checkpoint(source: ModelSource, version: int) -> Path:
         return Path(explicit)
     raise ConfigError(source.spec.source, "parameters.model", f"no HF checkpoint (config.json + *.safetensors) in "
                       f"{source.versions[version]} or {source.model_dir}; set parameters {{ key: \"model\" }}")
-
-
-def sampling_params(parameters: dict, model: str):
-    from strataserve.types.sampling import RequestOutputKind, SamplingParams
-
-    known = {f.name for f in fields(SamplingParams)}
-    unknown = sorted(k for k in parameters if k not in known and k not in ("stream",))
-    if unknown:
-        raise ModelServerError("invalid_argument", f"model '{model}': unknown parameters {unknown}; sampling "
-                               f"parameters use vLLM names such as max_tokens, temperature, top_p")
-    try:
-        given = {k: v for k, v in parameters.items() if k in known and k != "output_kind"}
-        return SamplingParams(**given, output_kind=RequestOutputKind.DELTA)  # each response carries what is new
-    except (TypeError, ValueError) as e:
-        raise ModelServerError("invalid_argument", f"model '{model}': {e}") from None
 
 
 class LLMVersion(ServedVersion):
@@ -74,50 +56,42 @@ class LLMVersion(ServedVersion):
                                    f"{path}: {e}") from None
         return cls(source.spec, version, stats, engine)
 
-    def _prompt(self, req: InferRequest) -> str:
-        breq = self._io._validate(req)
-        values = breq.inputs[TEXT_INPUT].reshape(-1)
-        if values.size != 1:
-            raise ModelServerError("invalid_argument", f"model '{self.spec.name}': '{TEXT_INPUT}' must hold one "
-                                   f"prompt, got {values.size}")
-        try:
-            return values[0].decode("utf-8")
-        except UnicodeDecodeError:
-            raise ModelServerError("invalid_argument", f"model '{self.spec.name}': '{TEXT_INPUT}' is not UTF-8")
-
-    def _response(self, req: InferRequest, text: str, extra: dict) -> InferResponse:
-        arr = np.array([text.encode()], dtype=object)
-        return InferResponse(self.spec.name, str(self.version), req.id,
-                             [InferTensor(TEXT_OUTPUT, "BYTES", [1], arr)], parameters=extra)
-
-    async def stream(self, req: InferRequest) -> AsyncIterator[InferResponse]:
+    async def _run(self, req: InferRequest, pieces: bool) -> AsyncIterator[InferResponse]:
+        """The request's responses (llm_io.py reads it and shapes them, as for the router's text models)."""
         start, ok = time.monotonic_ns(), False
         self.stats.add_pending(1)
         try:
-            prompt = self._prompt(req)
-            params = sampling_params(req.parameters, self.spec.name)
+            text = parse_text_request(self._io._validate(req).inputs, req.parameters, self.spec.name)
+            params = sampling_params(text.parameters, self.spec.name)
+            responder = TextResponder(self.spec, str(self.version), req, text,
+                                      pieces and text.stream is not False)
             request_id = f"{self.spec.name}-{req.id or ''}-{next(_ids)}"
             t0 = time.perf_counter_ns()
+            gen = self.engine.generate(text.prompt, params, request_id)
             try:
-                async for out in self.engine.generate(prompt, params, request_id):
-                    c = out.outputs[0]
-                    extra = {"finish_reason": c.finish_reason} if c.finish_reason else {}
-                    if c.text or out.finished:
-                        yield self._response(req, c.text, extra)
+                async for out in gen:
+                    response = responder.feed(out)
+                    if response is not None:
+                        yield response
             except ValueError as e:
                 raise ModelServerError("invalid_argument", f"model '{self.spec.name}': {e}") from None
+            finally:
+                await gen.aclose()  # a consumer that left aborts the engine request now
             self.stats.execution_done(1, 1, 0, time.perf_counter_ns() - t0, 0)
             ok = True
         finally:
             self.stats.add_pending(-1)
             self.stats.request_done(ok, time.monotonic_ns() - start)
 
+    def stream(self, req: InferRequest) -> AsyncIterator[InferResponse]:
+        """One response per new piece of text (one in all when the request says stream false)."""
+        return self._run(req, pieces=True)
+
     async def infer(self, req: InferRequest) -> InferResponse:
-        parts, extra = [], {}
-        async for r in self.stream(req):
-            parts.append(r.outputs[0].data[0].decode())
-            extra = r.parameters
-        return self._response(req, "".join(parts), extra)
+        responses = [r async for r in self._run(req, pieces=False)]  # one: the whole text
+        if not responses:  # the engine ends every request with a finished output; never expected
+            raise ModelServerError("internal", f"model '{self.spec.name}': the engine sent no output")
+        return responses[-1]
 
     async def close(self) -> None:
         self.engine.shutdown()

@@ -4,25 +4,39 @@ repository and every upstream KServe server, dispatching by model name.
 The fronts call the same methods they would call on a ``ModelServer``; the per-model ones are coroutines here
 because an upstream answers over the network. The repository index lists every model the server fronts: the
 repository's, the upstream ones (READY or UNAVAILABLE by health) and the text / speech models (READY, with a
-reason naming the routes that serve them; asking KServe to infer on one is a 400 that says so).
+reason naming the routes that serve them). A local text model (command line or config) answers KServe too, as
+Triton's vLLM backend does (``router/text_tensors.py``); asking KServe to infer on a speech model is a 400.
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
+from strataserve.modelserver.generate import generate_request, generate_response
 from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
 from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
 from strataserve.router.types import ModelCard, Payload
 
+if TYPE_CHECKING:
+    from strataserve.api.limits import RequestLimits
+    from strataserve.router.router import Router
+    from strataserve.router.text_tensors import TextTensorModel
+
 _ROUTES = {Payload.TEXT: "/v1/completions and /v1/chat/completions", Payload.SPEECH: "/v1/audio/speech"}
+_KSERVE_TEXT = "; KServe generate, generate_stream and infer (text_input) too"
 
 
 class TensorRouter:
     def __init__(self, local: Any | None, upstreams: dict[str, KServeUpstreamBackend],
-                 other_models: Callable[[], list[ModelCard]] = list) -> None:
+                 other_models: Callable[[], list[ModelCard]] = list, *, router: Router | None = None,
+                 limits: RequestLimits | None = None) -> None:
         self.local = local  # strataserve.modelserver.server.ModelServer or None
         self.upstreams = upstreams
         self.other_models = other_models
+        # The router whose local text backends answer KServe; ``router.non_tensor_cards`` (what the server passes
+        # as ``other_models``) is bound to it, so it is found without a constructor change at every call site.
+        self.router = router if router is not None else getattr(other_models, "__self__", None)
+        self.limits = limits  # the OpenAI request limits (max_tokens, prompt tokens, stop strings) to apply
+        self._text: dict[str, TextTensorModel] = {}
 
     # ------------------------------------------------------------------ server level
     def live(self) -> bool:
@@ -51,6 +65,19 @@ class TensorRouter:
     # ------------------------------------------------------------------ dispatch
     def _upstream(self, name: str) -> KServeUpstreamBackend | None:
         return self.upstreams.get(name)
+
+    def text_model(self, name: str) -> TextTensorModel | None:
+        """The KServe face of local text model ``name`` (None: not one)."""
+        backends = getattr(self.router, "backends", None)
+        backend = backends.get(name) if backends else None
+        if backend is None or backend.payload != Payload.TEXT or backend.upstream:
+            return None
+        model = self._text.get(name)
+        if model is None or model.backend is not backend:
+            from strataserve.router.text_tensors import TextTensorModel  # imports the API layer: not at load
+
+            model = self._text[name] = TextTensorModel(self.router, backend, self.limits)
+        return model
 
     def _not_tensor(self, name: str) -> None:
         for card in self.other_models():
@@ -83,18 +110,33 @@ class TensorRouter:
     def is_decoupled(self, name: str, version: str = "") -> bool:
         if self._upstream(name) is not None:
             return False  # forwarded over plain HTTP infer: one response per request
+        text = self.text_model(name)
+        if text is not None:  # one response per infer (tritonclient's infer works); ``streams`` says the rest
+            text.check_version(version)
+            return False
         return self._check_local(name).is_decoupled(name, version)
+
+    def streams(self, name: str, version: str = "") -> bool:
+        """Whether a streaming call (ModelStreamInfer, SSE infer) should go through ``infer_stream`` although the
+        model is not decoupled: a local text model sends its text piece by piece there."""
+        return self.text_model(name) is not None
 
     async def model_metadata(self, name: str, version: str = "") -> dict:
         up = self._upstream(name)
         if up is not None:
             return await up.model_metadata(version)
+        text = self.text_model(name)
+        if text is not None:
+            return text.metadata(version)
         return self._check_local(name).model_metadata(name, version)
 
     async def model_config(self, name: str, version: str = "") -> dict:
         up = self._upstream(name)
         if up is not None:
             return await up.model_config(version)
+        text = self.text_model(name)
+        if text is not None:
+            return text.config(version)
         return self._check_local(name).model_config(name, version)
 
     async def statistics(self, name: str = "", version: str = "") -> dict:
@@ -106,10 +148,17 @@ class TensorRouter:
                         stats.extend((await up.statistics())["model_stats"])
                     except ModelServerError:
                         pass  # one unreachable upstream must not hide the others' statistics
+            for card in self.other_models():
+                text = self.text_model(card.name)
+                if text is not None:
+                    stats.extend(text.statistics()["model_stats"])
             return {"model_stats": stats}
         up = self._upstream(name)
         if up is not None:
             return await up.statistics(version)
+        text = self.text_model(name)
+        if text is not None:
+            return text.statistics(version)
         return self._check_local(name).statistics(name, version)
 
     async def repository_index(self, ready_only: bool = False) -> list[dict]:
@@ -121,8 +170,10 @@ class TensorRouter:
                             "reason": "upstream KServe server" if ok else up.replicas.unavailable_message()})
         for card in self.other_models():
             if card.ready or not ready_only:
+                kserve = _KSERVE_TEXT if self.text_model(card.name) is not None else ""
                 out.append({"name": card.name, "version": "", "state": "READY" if card.ready else "UNAVAILABLE",
-                            "reason": f"{card.payload.value} model: served on {_ROUTES.get(card.payload, '')}"})
+                            "reason": f"{card.payload.value} model: served on {_ROUTES.get(card.payload, '')}"
+                                      f"{kserve}"})
         return out
 
     async def load(self, name: str, parameters: dict | None = None) -> None:
@@ -137,6 +188,9 @@ class TensorRouter:
         if name in self.upstreams:
             raise ModelServerError("invalid_argument", f"model '{name}' is served by an upstream KServe server: "
                                    f"{verb} it there")
+        if self.text_model(name) is not None:
+            raise ModelServerError("invalid_argument", f"model '{name}' is a text model served by its own engine "
+                                   f"(command line or config), not from the model repository: it cannot be {verb}ed")
         if self.local is None or name not in set(self.local.repository.model_names() if self.local.repository
                                                  else ()):
             self._not_tensor(name)
@@ -145,9 +199,17 @@ class TensorRouter:
         up = self._upstream(request.model_name)
         if up is not None:
             return await up.infer(request)
+        text = self.text_model(request.model_name)
+        if text is not None:
+            return await text.infer(request)
         return await self._check_local(request.model_name).infer(request)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        text = self.text_model(request.model_name)
+        if text is not None:
+            async for r in text.run(request, pieces=True):
+                yield r
+            return
         async for r in self._check_local(request.model_name).infer_stream(request):
             yield r
 
@@ -158,9 +220,18 @@ class TensorRouter:
 
     async def generate(self, name: str, version: str, inputs: dict, parameters: dict) -> dict:
         self._no_generate(name)
+        text = self.text_model(name)
+        if text is not None:
+            return generate_response(await text.infer(generate_request(text.spec, version, inputs, parameters)))
         return await self._check_local(name).generate(name, version, inputs, parameters)
 
     async def generate_stream(self, name: str, version: str, inputs: dict, parameters: dict) -> AsyncIterator[dict]:
         self._no_generate(name)
+        text = self.text_model(name)
+        if text is not None:
+            request = generate_request(text.spec, version, inputs, parameters)
+            async for r in text.run(request, pieces=True):
+                yield generate_response(r)
+            return
         async for d in self._check_local(name).generate_stream(name, version, inputs, parameters):
             yield d

@@ -6,11 +6,17 @@ Every error the engine raises is a `ModelServerError` whose `code` maps to an HT
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+#: (x-sla-class header, authorization header) of the KServe call being served: the HTTP and gRPC fronts set it per
+#: call, so a local text model's request (router/text_tensors.py) gets the caller's class and key (unset: the
+#: default class, no key)
+KSERVE_CALLER: ContextVar[tuple[str | None, str | None]] = ContextVar("kserve_caller", default=(None, None))
 
 # KServe v2 datatype name -> numpy dtype. BYTES tensors are object arrays whose elements are `bytes`; BF16 ones are
 # ml_dtypes' bfloat16 (numpy has none; tritonclient sends and reads the same type).

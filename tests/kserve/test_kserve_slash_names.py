@@ -141,9 +141,10 @@ def slash_server(tmp_path_factory):
 def test_tritonclient_http_and_grpc_reach_every_name_the_index_lists(slash_server):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
-    from tritonclient.utils import InferenceServerException
 
     http, grpc, llama = slash_server
+    completion = httpx.post(f"http://{http}/v1/completions", json={
+        "model": llama, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}).json()["choices"][0]["text"]
     for mod, url in ((httpclient, http), (grpcclient, grpc)):
         client = mod.InferenceServerClient(url)
         index = client.get_model_repository_index()
@@ -151,19 +152,18 @@ def test_tritonclient_http_and_grpc_reach_every_name_the_index_lists(slash_serve
         assert sorted(names) == sorted([llama, "onnx_mlp"])
         for name in names:
             assert client.is_model_ready(name) and client.is_model_ready(name, "1"), (mod.__name__, name)
-        # the text model answers each tensor route with what it serves instead: a 400 naming /v1, never a 404
-        for call in (client.get_model_metadata, client.get_model_config, client.get_inference_statistics):
-            with pytest.raises(InferenceServerException) as err:
-                call(llama)
-            assert "serves text" in err.value.message(), (mod.__name__, call.__name__)
+        # the text model answers every tensor route as Triton's vLLM backend does (text_input in, text_output out)
+        meta = client.get_model_metadata(llama)
+        assert (meta["name"] if mod is httpclient else meta.name) == llama, mod.__name__
+        assert client.get_model_config(llama) and client.get_inference_statistics(llama)
         text = mod.InferInput("text_input", [1], "BYTES")
-        text.set_data_from_numpy(np.array([b"hi"], dtype=object))
-        with pytest.raises(InferenceServerException) as err:
-            client.infer(llama, [text])
-        assert "/v1/completions" in err.value.message()
+        text.set_data_from_numpy(np.array([b"Once upon a time"], dtype=object))
+        out = client.infer(llama, [text], parameters={"max_tokens": 6, "temperature": 0}).as_numpy("text_output")
+        assert out[0].decode() == completion, mod.__name__
         assert client.get_model_metadata("onnx_mlp")  # and the repository's models as before
         client.close()
-    r = httpx.post(f"http://{http}/v2/models/{llama}/generate", json={"text_input": "hi"})
-    assert r.status_code == 400 and "serves text" in r.json()["error"]
+    r = httpx.post(f"http://{http}/v2/models/{llama}/generate",
+                   json={"text_input": "Once upon a time", "parameters": {"max_tokens": 6, "temperature": 0}})
+    assert r.status_code == 200 and r.json()["text_output"] == completion
     encoded = llama.replace("/", "%2F")
     assert httpx.get(f"http://{http}/v2/models/{encoded}/ready").json() == {"name": llama, "ready": True}

@@ -1,0 +1,157 @@
+"""A local text model (``LocalLLMBackend``: one engine or replicas, from the command line or a config's
+``models:``) on the KServe v2 fronts, as Triton's vLLM backend serves an LLM: ``generate`` / ``generate_stream``,
+and ``infer`` / ``ModelStreamInfer`` with a BYTES ``text_input`` tensor.
+
+The request is read and its responses shaped by ``modelserver/llm_io.py`` (the repository's LLM models use the
+same code); the generation itself goes the way of ``/v1/completions``: the model's engine client, its admission
+(TTFT 429s, the waiting-queue 503), the request's SLA class and API key (``KSERVE_CALLER``), the engine and
+router metrics, and an abort in the engine when the consumer goes away (a closed stream, a cancelled call).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from strataserve.api.errors import APIError
+from strataserve.api.limits import RequestLimits
+from strataserve.api.request_params import resolve_max_tokens
+from strataserve.api.serving import Routed, engine_stream, local_state
+from strataserve.modelserver.autocomplete import TEXT_INPUT
+from strataserve.modelserver.llm_io import TextResponder, parse_text_request, sampling_params, text_model_spec
+from strataserve.modelserver.model import ModelVersion, tensor_metadata
+from strataserve.modelserver.pbtxt import config_to_json
+from strataserve.modelserver.stats import ModelStats
+from strataserve.router.router import outcome_of
+from strataserve.router.sla import bearer_key
+from strataserve.types.tensors import KSERVE_CALLER, InferRequest, InferResponse, ModelServerError
+
+if TYPE_CHECKING:
+    from strataserve.router.backends.local_llm import LocalLLMBackend
+    from strataserve.router.router import Router
+
+VERSION = "1"
+_CODES = {400: "invalid_argument", 403: "invalid_argument", 404: "not_found", 413: "invalid_argument",
+          429: "resource_exhausted", 499: "unavailable", 504: "deadline_exceeded", 502: "bad_gateway"}
+_ids = itertools.count()
+
+
+def kserve_error(exc: APIError) -> ModelServerError:
+    """An OpenAI-side refusal as the KServe fronts answer it (same status, the message naming the field)."""
+    code = _CODES.get(exc.status, "unavailable" if exc.status >= 500 else "invalid_argument")
+    return ModelServerError(code, exc.message)
+
+
+class TextTensorModel:
+    """The KServe face of one local text backend (version "1")."""
+
+    def __init__(self, router: Router, backend: LocalLLMBackend, limits: RequestLimits | None = None) -> None:
+        self.router, self.backend = router, backend
+        self.limits = limits or RequestLimits()
+        self.spec = text_model_spec(backend.name)
+        self.stats = ModelStats(backend.name, VERSION)
+        self._io = ModelVersion(self.spec, int(VERSION), self.stats)  # tensor checks shared with other models
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def check_version(self, version: str) -> None:
+        if version not in ("", VERSION):
+            raise ModelServerError("not_found", f"model '{self.name}' has no ready version {version} (ready "
+                                   f"versions: [{VERSION}])")
+
+    def metadata(self, version: str = "") -> dict:
+        self.check_version(version)
+        return {"name": self.name, "versions": [VERSION], "platform": "llm",
+                "inputs": tensor_metadata(self.spec, self.spec.inputs),
+                "outputs": tensor_metadata(self.spec, self.spec.outputs)}
+
+    def config(self, version: str = "") -> dict:
+        self.check_version(version)
+        return config_to_json(self.spec.proto)
+
+    def statistics(self, version: str = "") -> dict:
+        self.check_version(version)
+        return {"model_stats": [self.stats.as_dict()]}
+
+    # ------------------------------------------------------------------ requests
+    def _routed(self) -> Routed:
+        header, auth = KSERVE_CALLER.get()
+        key = bearer_key(auth)
+        return Routed(self.router, self.backend, self.router.policy.resolve(header, key), key, self.limits)
+
+    def _prepare(self, routed: Routed, req: InferRequest, pieces: bool) -> tuple[Any, list[int], Any, TextResponder]:
+        """(engine state, prompt ids, SamplingParams, responder), every check of /v1/completions done."""
+        state = local_state(routed)  # 503 when the engine process is gone
+        text = parse_text_request(self._io._validate(req).inputs, req.parameters, self.name)
+        params = sampling_params(text.parameters, self.name, state.sampling_defaults)
+        self.limits.check(SimpleNamespace(n=1, max_tokens=text.parameters.get("max_tokens") and params.max_tokens,
+                                          stop=params.stop, logit_bias=params.logit_bias))
+        if state.tokenizer is None:
+            raise APIError(400, "this server runs without a tokenizer (--skip-tokenizer-init): it cannot take "
+                           f"'{TEXT_INPUT}'", param=TEXT_INPUT)
+        ids = state.tokenizer.encode(text.prompt)
+        params.max_tokens = resolve_max_tokens(state, len(ids), params.max_tokens, "max_tokens", TEXT_INPUT)
+        responder = TextResponder(self.spec, VERSION, req, text, pieces and text.stream is not False)
+        responder.prompt_tokens = len(ids)
+        return state, ids, params, responder
+
+    async def run(self, req: InferRequest, pieces: bool) -> AsyncIterator[InferResponse]:
+        """The request's responses: one per new piece of text when ``pieces``, else one."""
+        self.check_version(req.model_version)
+        start, ok = time.monotonic_ns(), False
+        self.stats.add_pending(1)
+        routed: Routed | None = None
+        try:
+            routed = self._routed()
+            state, ids, params, responder = self._prepare(routed, req, pieces)
+            work = float(len(ids))
+            # 429 when the key's tokens per minute are spent or the queue ahead would miss the class's TTFT
+            routed.check(work, work + params.max_tokens, 1, params.max_tokens)
+            state.check_capacity(1)
+            with state.hold(1):
+                trace, outcome = routed.trace(work), "aborted"  # unless it ends below: the consumer left
+                rid = f"kserve-{self.name}-{req.id or ''}-{next(_ids)}"
+                t0 = time.perf_counter_ns()
+                try:
+                    async with contextlib.aclosing(engine_stream(state, rid, ids, params, routed.priority(0),
+                                                                 trace)) as outs:
+                        async for out in outs:
+                            response = responder.feed(out)
+                            if response is not None:
+                                yield response
+                    outcome = "ok"
+                except (APIError, ModelServerError) as exc:
+                    outcome = outcome_of(exc) if isinstance(exc, APIError) else _outcome(exc)
+                    raise
+                finally:  # closing ``outs`` above aborted the engine request if we stopped early
+                    trace.finish(outcome)
+            self.stats.execution_done(1, 1, 0, time.perf_counter_ns() - t0, 0)
+            ok = True
+        except BaseException as exc:
+            if routed is not None and not routed.counted:  # refused before its trace: counted as /v1 counts it
+                routed.counted = True
+                outcome = outcome_of(exc) if not isinstance(exc, ModelServerError) else _outcome(exc)
+                self.router.metrics.reject(self.name, routed.sla.name, outcome)
+            if isinstance(exc, APIError):
+                raise kserve_error(exc) from None
+            raise
+        finally:
+            self.stats.add_pending(-1)
+            self.stats.request_done(ok, time.monotonic_ns() - start)
+
+    async def infer(self, req: InferRequest) -> InferResponse:
+        last = None
+        async with contextlib.aclosing(self.run(req, pieces=False)) as responses:
+            async for last in responses:
+                pass
+        if last is None:  # the engine ends every request with a finished output; never expected
+            raise ModelServerError("internal", f"model '{self.name}': the engine sent no output")
+        return last
+
+
+def _outcome(exc: ModelServerError) -> str:
+    return "client_error" if exc.http_status < 500 else "unavailable"
