@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from strataserve.api import chat, completions
+from strataserve.api import chat, completions, responses
 from strataserve.api.console import mount_console
 from strataserve.api.door import CORS, Door
 from strataserve.api.errors import APIError, install_error_handlers
@@ -43,6 +43,7 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
                            allow_headers=list(cors.headers), allow_credentials=cors.credentials)
     app.include_router(completions.router)
     app.include_router(chat.router)
+    app.include_router(responses.router)
     if router.of_kind(Payload.SPEECH):
         app.include_router(make_speech_router(lambda name: router.resolve(name, Payload.SPEECH).tts))
 

@@ -92,7 +92,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return await forward(routed, request, "/v1/chat/completions", stream=body.stream,
                              prefix=_prefix(body.messages), first_events=body.n)
     state = routed.state
-    plan, guided = _tools_and_guided(state, body)
+    plan, guided = tools_and_guided(state, body)
     top_n = _top_n(body)
     prompt_ids = render_chat(state, body.messages, body.add_generation_prompt, body.tools,
                              continue_final_message=body.continue_final_message,
@@ -127,7 +127,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     return Response(json_bytes(result), media_type="application/json")
 
 
-def _tools_and_guided(state: ServerState, body: ChatCompletionRequest
+def tools_and_guided(state: ServerState, body: ChatCompletionRequest
                       ) -> tuple[ToolPlan | None, GuidedDecodingParams | None]:
     """The tool plan (api/tools.py) and the output constraint: the request's own, else the one tool_choice
     required / named implies."""

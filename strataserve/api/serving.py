@@ -132,9 +132,12 @@ def traced(trace: RouteTrace):
 
 
 async def sse_body(state: ServerState, num_seqs: int, routed: Routed, work: float,
-                   events: Callable[[RouteTrace], AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+                   events: Callable[[RouteTrace], AsyncIterator[bytes]],
+                   error: Callable[[APIError], bytes] | None = None, done: bytes | None = DONE
+                   ) -> AsyncIterator[bytes]:
     """The body of a streamed OpenAI response: the route's ``events`` (which raise APIError on failure) framed
-    by the in-flight count and the router's trace, an error event on failure, then ``[DONE]``."""
+    by the in-flight count and the router's trace, an error event on failure (``error``: the route's own form),
+    then ``done`` (``[DONE]``; the Responses API ends without one)."""
     outcome = "aborted"  # unless it ends below: the client hung up
     with state.hold(num_seqs):
         trace = routed.trace(work)
@@ -146,8 +149,9 @@ async def sse_body(state: ServerState, num_seqs: int, routed: Routed, work: floa
                 outcome = "ok"
             except APIError as exc:
                 outcome = outcome_of(exc)
-                yield sse(exc.body())
-            yield DONE
+                yield error(exc) if error is not None else sse(exc.body())
+            if done is not None:
+                yield done
         finally:
             await inner.aclose()  # aborts its engine requests now if the client hung up mid-stream
             trace.finish(outcome)
