@@ -31,7 +31,8 @@ class SampleRequest:
 
 
 def _lengths(mean: int, ratio: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Integers uniform in [floor(mean * (1 - ratio)), ceil(mean * (1 + ratio))], at least 1."""
+    """Integers uniform in [floor(mean * (1 - ratio)), ceil(mean * (1 + ratio))], at least 1: vLLM's rounding, so
+    ``mean=3, ratio=0.5`` draws from [1, 5]."""
     if mean < 1:
         raise ValueError(f"length {mean} must be >= 1")
     if not 0.0 <= ratio < 1.0:
@@ -56,14 +57,22 @@ def random_requests(
     vocab_size: int = 1000,
     seed: int = 0,
     special_ids: set[int] = frozenset(),  # type: ignore[assignment]
+    prefix_len: int = 0,
 ) -> list[SampleRequest]:
-    """Prompts of uniformly random token ids (special ids excluded); lengths drawn around the given means."""
+    """Prompts of uniformly random token ids (special ids excluded); lengths drawn around the given means.
+
+    ``prefix_len`` > 0 puts one random prefix of that many tokens before every prompt (vLLM's
+    ``--random-prefix-len``): the prompt is ``prefix_len`` + the drawn input length tokens."""
+    if prefix_len < 0:
+        raise ValueError(f"--random-prefix-len={prefix_len} must be >= 0")
     rng = np.random.default_rng(seed)
     pool = _token_pool(vocab_size, set(special_ids))
     in_lens = _lengths(input_len, range_ratio, num_prompts, rng)
     out_lens = _lengths(output_len, range_ratio, num_prompts, rng)
+    prefix = rng.choice(pool, size=prefix_len).tolist() if prefix_len else []  # drawn after: prefix 0 changes nothing
     return [
-        SampleRequest(rng.choice(pool, size=int(n)).tolist(), int(n), int(m)) for n, m in zip(in_lens, out_lens)
+        SampleRequest(prefix + rng.choice(pool, size=int(n)).tolist(), prefix_len + int(n), int(m))
+        for n, m in zip(in_lens, out_lens)
     ]
 
 
@@ -105,11 +114,14 @@ def sharegpt_requests(
     output_len: int | None = None,
     max_prompt_len: int = 1024,
     max_total_len: int = 2048,
+    extra: int = 0,
 ) -> list[SampleRequest]:
     """First human turn as the prompt, the reply's length as the expected output length (``output_len`` overrides).
 
-    Like vLLM's sampler it skips conversations with fewer than two turns, prompts or replies under 4 tokens, prompts
-    over ``max_prompt_len`` and pairs over ``max_total_len``. Lengths come from ``tokenizer`` when given.
+    Like vLLM's sampler it skips conversations with fewer than two turns, prompts under 4 tokens, replies under 4
+    tokens (unless ``output_len`` is given), prompts over ``max_prompt_len`` and pairs over ``max_total_len``.
+    Lengths come from ``tokenizer`` when given. Up to ``extra`` more usable conversations follow the first
+    ``num_prompts`` (the bench's warm-ups); the first ``num_prompts`` do not depend on ``extra``.
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -120,10 +132,14 @@ def sharegpt_requests(
     if not isinstance(data, list):
         raise ValueError(f"--dataset-path {path}: expected a JSON list of {{'conversations': [...]}} entries")
     pairs = []
-    for entry in data:
+    for index, entry in enumerate(data):
         turns = entry.get("conversations") if isinstance(entry, dict) else None
         if not isinstance(turns, list) or len(turns) < 2:
             continue
+        if not isinstance(turns[0], dict) or not isinstance(turns[1], dict):
+            name = f" (id {entry['id']!r})" if "id" in entry else ""
+            raise ValueError(f"--dataset-path {path}: record {index}{name}: each turn of 'conversations' must be an "
+                             f"object like {{'from': 'human', 'value': '...'}}, got {type(turns[0]).__name__}")
         prompt, reply = turns[0].get("value"), turns[1].get("value")
         if isinstance(prompt, str) and isinstance(reply, str):
             pairs.append((prompt, reply))
@@ -134,12 +150,13 @@ def sharegpt_requests(
         prompt, reply = pairs[i]
         p_len = count(prompt)
         r_len = output_len if output_len is not None else count(reply)
-        if output_len is None and (p_len < 4 or r_len < 4):
+        # as vLLM's is_valid_sequence: an output-length override skips only the reply's minimum
+        if p_len < 4 or (output_len is None and r_len < 4):
             continue
         if p_len > max_prompt_len or p_len + r_len > max_total_len:
             continue
         out.append(SampleRequest(prompt, p_len, r_len))
-        if len(out) == num_prompts:
+        if len(out) == num_prompts + extra:
             break
     if len(out) < num_prompts:
         raise ValueError(f"--dataset-path {path} has only {len(out)} usable conversations; lower --num-prompts")

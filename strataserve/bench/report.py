@@ -8,9 +8,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from strataserve.bench.metrics import METRICS, STATS
+from strataserve.bench.metrics import DEFAULT_PERCENTILES, METRICS, percentile_name
 
 _TITLES = {"ttft": "Time to first token", "tpot": "Time per output token (excl. 1st)", "itl": "Inter-token latency", "e2el": "End-to-end latency"}
+
+
+def _selection(result: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(metrics, percentile stat names) the run printed and saved (--percentile-metrics / --metric-percentiles)."""
+    metrics = result.get("percentile_metrics") or list(METRICS)
+    percentiles = result.get("metric_percentiles") or list(DEFAULT_PERCENTILES)
+    return metrics, [percentile_name(p) for p in percentiles]
 
 
 def _fmt(v: Any) -> str:
@@ -31,18 +38,22 @@ def table(result: dict[str, Any]) -> Table:
         ("Benchmark duration (s)", "duration"),
         ("Total input tokens", "total_input_tokens"),
         ("Total output tokens", "total_output_tokens"),
+        ("Output tokens counted from", "output_tokens_source"),
         ("Request throughput (req/s)", "request_throughput"),
         ("Request goodput (req/s)", "request_goodput"),
         ("Output token throughput (tok/s)", "output_throughput"),
         ("Total token throughput (tok/s)", "total_token_throughput"),
+        ("Peak output token throughput (tok/s)", "max_output_tokens_per_s"),
+        ("Peak concurrent requests", "max_concurrent_requests"),
         ("Cost per 1M output tokens", "cost_per_1m_output_tokens"),
     ]
     for label, key in rows:
         t.add_row(label, _fmt(result.get(key)))
-    for m in METRICS:
+    metrics, pct = _selection(result)
+    for m in metrics:
         t.add_section()
         t.add_row(f"[bold]{_TITLES[m]}[/] (ms)", "")
-        for s in STATS:
+        for s in ("mean", "median", "std", *pct):
             t.add_row(f"  {s}", _fmt(result.get(f"{s}_{m}_ms")))
     return t
 
@@ -57,8 +68,10 @@ def summary_line(result: dict[str, Any]) -> str:
         ("output_tok_per_s", "output_throughput"),
         ("total_tok_per_s", "total_token_throughput"),
     ]
-    keys += [(f"{s}_{m}_ms", f"{s}_{m}_ms") for m in METRICS for s in ("mean", "median", "p99")]
-    keys += [("goodput_req_per_s", "request_goodput"), ("cost_per_1m_output_tokens", "cost_per_1m_output_tokens")]
+    metrics, pct = _selection(result)
+    keys += [(f"{s}_{m}_ms", f"{s}_{m}_ms") for m in metrics for s in ("mean", "median", *pct)]
+    keys += [("goodput_req_per_s", "request_goodput"), ("cost_per_1m_output_tokens", "cost_per_1m_output_tokens"),
+             ("output_tokens_from", "output_tokens_source")]
     parts = []
     for name, key in keys:
         v = result.get(key)
@@ -69,7 +82,7 @@ def summary_line(result: dict[str, Any]) -> str:
 def print_report(result: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     console.print(table(result))
-    errors = result.get("errors") or []
+    errors = result.get("error_summary") or []
     if errors:
         console.print(f"[yellow]first error:[/] {errors[0]}")
     print(summary_line(result), flush=True)

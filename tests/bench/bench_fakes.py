@@ -48,7 +48,7 @@ def make_app(state: FakeState) -> FastAPI:
         if index in state.fail_indices:
             state.failed_bodies.append(body)
             return JSONResponse({"error": {"message": "injected failure", "type": "server", "param": None, "code": 500}}, 500)
-        n = body["max_tokens"]
+        n = body.get("max_completion_tokens") or body["max_tokens"]  # chat sends the former, as vLLM's bench
         prompt = body["messages"][0]["content"] if chat else body["prompt"]
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(prompt.split())
 

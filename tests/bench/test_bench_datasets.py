@@ -76,12 +76,47 @@ def test_sharegpt_parsing_and_filters(tmp_path) -> None:
     reqs = sharegpt_requests(path, 2, seed=0, tokenizer=WordTokenizer())
     assert sorted((r.prompt_len, r.expected_output_len) for r in reqs) == [(5, 6), (10, 20)]
     assert all(isinstance(r.prompt, str) for r in reqs)
-    fixed = sharegpt_requests(path, 2, seed=0, tokenizer=WordTokenizer(), output_len=7)
+    fixed = sharegpt_requests(path, 3, seed=0, tokenizer=WordTokenizer(), output_len=7)
     assert all(r.expected_output_len == 7 for r in fixed)
+    # an output-length override lifts only the reply's minimum (vLLM): the 2-word prompt stays out
+    assert sorted(r.prompt_len for r in fixed) == [5, 10, 10]
+    with pytest.raises(ValueError, match="only 3 usable"):
+        sharegpt_requests(path, 4, seed=0, tokenizer=WordTokenizer(), output_len=7)
     est = sharegpt_requests(path, 2, seed=0)  # no tokenizer: ~4 characters per token
     assert {r.prompt_len for r in est} == {math.floor(len(words(10)) / 4 + 0.5), round(len(words(5)) / 4)}
     with pytest.raises(ValueError, match="only 2 usable"):
         sharegpt_requests(path, 3, tokenizer=WordTokenizer())
+
+
+def test_sharegpt_extra_follows_the_measured(tmp_path) -> None:
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps([_conv(f"prompt number {i} here", "a b c d e") for i in range(6)]))
+    base = sharegpt_requests(path, 3, seed=1, tokenizer=WordTokenizer())
+    more = sharegpt_requests(path, 3, seed=1, tokenizer=WordTokenizer(), extra=2)
+    assert more[:3] == base and len(more) == 5 and not {r.prompt for r in more[3:]} & {r.prompt for r in base}
+    assert len(sharegpt_requests(path, 5, seed=1, tokenizer=WordTokenizer(), extra=4)) == 6  # extra: up to
+
+
+def test_sharegpt_string_turns_name_the_record(tmp_path) -> None:
+    """Turns given as plain strings crashed with a raw AttributeError."""
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps([_conv("a b c d e", "f g h i j"), {"id": "r7", "conversations": ["hello there", "hi"]}]))
+    with pytest.raises(ValueError, match=r"record 1 \(id 'r7'\).*must be an object.*got str"):
+        sharegpt_requests(path, 1, tokenizer=WordTokenizer())
+
+
+def test_random_prefix_len_and_vllm_range_rounding() -> None:
+    reqs = random_requests(50, input_len=6, output_len=3, range_ratio=0.5, vocab_size=500, seed=2, prefix_len=16)
+    assert len({tuple(r.prompt[:16]) for r in reqs}) == 1  # one shared prefix
+    assert len({tuple(r.prompt[16:19]) for r in reqs}) == 50
+    assert all(r.prompt_len == len(r.prompt) and 16 + 3 <= r.prompt_len <= 16 + 9 for r in reqs)
+    # vLLM's bounds: [floor(3 * 0.5), ceil(3 * 1.5)] = [1, 5]
+    outs = [r.expected_output_len for r in random_requests(400, 6, 3, 0.5, 500, seed=0)]
+    assert min(outs) == 1 and max(outs) == 5
+    # prefix 0 draws exactly what it drew before the option existed
+    assert random_requests(5, 7, 3, vocab_size=1000, seed=1, prefix_len=0) == random_requests(5, 7, 3, vocab_size=1000, seed=1)
+    with pytest.raises(ValueError, match="random-prefix-len"):
+        random_requests(1, 4, 2, prefix_len=-1)
 
 
 def test_sharegpt_bad_files(tmp_path) -> None:

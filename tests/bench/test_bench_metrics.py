@@ -78,3 +78,23 @@ def test_parse_goodput() -> None:
     for bad, msg in (("ttft", "NAME:MS"), ("itl:5", "NAME:MS"), ("ttft:abc", "not a number"), ("tpot:0", "> 0")):
         with pytest.raises(ValueError, match=msg):
             parse_goodput([bad])
+
+
+def test_goodput_ttft_needs_a_first_token_and_percentile_selection() -> None:
+    """A request without output had TTFT 0 and met any TTFT SLO."""
+    results = [_res(0.05, [0.01], 2), _res(0.0, [], 0)]
+    assert compute_metrics(results, 1.0, {"ttft": 100})["request_goodput"] == pytest.approx(1.0)
+    assert compute_metrics(results, 1.0, {"e2el": 100})["request_goodput"] == pytest.approx(2.0)
+    m = compute_metrics(results, 1.0, metrics=("ttft", "e2el"), percentiles=(50.0, 99.9))
+    assert {k for k in m if k.endswith("_ms")} == {f"{s}_{n}_ms" for n in ("ttft", "e2el")
+                                                    for s in ("mean", "median", "std", "p50", "p99.9")}
+
+
+def test_peaks_as_vllm() -> None:
+    a = RequestResult(True, 1, output_tokens=3, ttft=0.1, itl=[0.2, 0.3], latency=0.6, start_time=10.0)
+    b = RequestResult(True, 1, output_tokens=2, ttft=0.5, itl=[0.8], latency=1.3, start_time=10.2)
+    c = RequestResult(True, 1, output_tokens=1, ttft=0.1, itl=[], latency=0.1, start_time=11.6)  # opens after a, b close
+    m = compute_metrics([a, b, c], 2.0)
+    # output chunks at 0.1, 0.3, 0.6 (a), 0.7, 1.5 (b), 1.7 (c) s from the first send: 4 in second 0
+    assert m["max_output_tokens_per_s"] == 4.0 and m["max_concurrent_requests"] == 2
+    assert compute_metrics([], 1.0)["max_concurrent_requests"] == 0

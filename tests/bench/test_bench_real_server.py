@@ -66,7 +66,7 @@ def test_bench_completions_token_prompts_exact_counts(server_url, tmp_path) -> N
                        "--random-input-len", "16", "--random-output-len", "6", "--random-range-ratio", "0.5",
                        "--ignore-eos", "--seed", "3", "--goodput", "ttft:600000", "--save-result", str(tmp_path / "r.json")))
     want = random_requests(8, 16, 6, 0.5, len(load_tokenizer(ckpt)), 3, set(load_tokenizer(ckpt).all_special_ids))
-    assert result["failed"] == 0 and result["completed"] == 8, result["errors"]
+    assert result["failed"] == 0 and result["completed"] == 8, result["error_summary"]
     assert result["model"] == "tiny"  # taken from /v1/models
     # The server's usage agrees with the dataset: prompts are sent as token ids, ignore_eos forces max_tokens.
     assert result["total_input_tokens"] == sum(r.prompt_len for r in want)
@@ -80,6 +80,6 @@ def test_bench_chat_decoded_prompts(server_url) -> None:
     url, ckpt = server_url
     result = run(_args("--base-url", url, "--endpoint", "/v1/chat/completions", "--tokenizer", str(ckpt),
                        "--num-prompts", "4", "--random-input-len", "8", "--random-output-len", "4", "--ignore-eos"))
-    assert result["failed"] == 0 and result["completed"] == 4, result["errors"]
+    assert result["failed"] == 0 and result["completed"] == 4, result["error_summary"]
     assert result["total_output_tokens"] == 16
     assert result["total_input_tokens"] > 0
