@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.chat import render_chat, tools_and_guided
-from strataserve.api.errors import bad_request
+from strataserve.api.errors import APIError, bad_request
 from strataserve.api.formatting import json_bytes
 from strataserve.api.protocol import ChatCompletionRequest
 from strataserve.api.request_params import make_params, resolve_max_tokens, vllm_extras
@@ -27,10 +27,6 @@ from strataserve.router.metrics import RouteTrace
 from strataserve.types.sampling import SamplingParams
 
 router = APIRouter()
-
-#: events of an upstream's stream before its first token (created, in_progress, item added, part added)
-_UPSTREAM_FIRST_EVENTS = 4
-
 
 class _Job:
     """One local response: what the engine runs and how its output is shaped."""
@@ -67,8 +63,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         raise bad_request(f"max_output_tokens={body.max_output_tokens} is above this server's limit of {most}",
                           param="max_output_tokens", code="limit_exceeded")
     if routed.upstream:  # it may keep responses, read images...: its own checks apply
-        return await forward(routed, request, "/v1/responses", stream=body.stream, prefix=prefix(body),
-                             first_events=_UPSTREAM_FIRST_EVENTS)
+        # (its stream's tokens are counted from its events: router/backends/responses_stream.py)
+        return await forward(routed, request, "/v1/responses", stream=body.stream, prefix=prefix(body))
     check_request(body)
     with responses_params():
         job = _prepare(routed, body, to_chat(body))
@@ -79,6 +75,16 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     with job.state.admit(1), traced(routed.trace(work)) as trace:
         result = await until_disconnect(request, _collect(job, trace))
     return Response(json_bytes(result), media_type="application/json")
+
+
+# What needs a stored response: a clear 404 (the client's NotFoundError says why) rather than the bare route 404.
+@router.get("/v1/responses/{response_id}")
+@router.delete("/v1/responses/{response_id}")
+@router.get("/v1/responses/{response_id}/input_items")
+@router.post("/v1/responses/{response_id}/cancel")
+async def stored_response(response_id: str) -> Response:
+    raise APIError(404, f"Response with id '{response_id}' not found: this server keeps no responses (it is "
+                   "stateless, as store=false), so they cannot be retrieved, listed, deleted or cancelled")
 
 
 def _prepare(routed: Routed, body: ResponsesRequest, chat: ChatCompletionRequest) -> _Job:

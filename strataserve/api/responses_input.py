@@ -81,6 +81,23 @@ def prefix(body: ResponsesRequest) -> str:
     return ((body.instructions or "") + "\n" + text)[:1024]
 
 
+def chat_messages(instructions: Any, input: Any) -> list[Any]:
+    """The chat ``messages`` a raw Responses body means (what ``to_chat`` builds), for the router's charge of a
+    request it forwards upstream unchecked: items it cannot read are counted as sent (the upstream refuses them)."""
+    messages: list[Any] = [{"role": "system", "content": instructions}] if isinstance(instructions, str) and \
+        instructions else []
+    if isinstance(input, str):
+        return messages + [{"role": "user", "content": input}]
+    if not isinstance(input, list):
+        return messages
+    converted: list[dict[str, Any]] = []
+    try:
+        _items(input, converted)
+    except APIError:
+        return messages + input
+    return messages + converted
+
+
 def to_chat(body: ResponsesRequest) -> ChatCompletionRequest:
     """The chat request that serves ``body`` on a local model."""
     messages: list[dict[str, Any]] = []
@@ -120,13 +137,16 @@ def to_chat(body: ResponsesRequest) -> ChatCompletionRequest:
         raise bad_request(f"{loc}: {err.get('msg')}", param=_PARAMS.get(loc.split(".")[0], loc)) from None
 
 
-def _items(items: list[dict[str, Any]], messages: list[dict[str, Any]]) -> None:
+def _items(items: list[Any], messages: list[dict[str, Any]]) -> None:
     """Input items -> chat messages: a ``function_call`` joins the assistant turn before it (a turn's calls are
     one message, as chat templates render them), a ``function_call_output`` is a ``tool`` message."""
     calls: dict[str, str] = {}  # call_id -> function name, of the calls seen so far
     for i, item in enumerate(items):
-        kind = item.get("type", "message")
         where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"{where} must be an object: a message ({{\"role\": \"user\", \"content\": ...}}) "
+                              "or a function_call / function_call_output item", param=where)
+        kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in _ROLES:
@@ -139,10 +159,11 @@ def _items(items: list[dict[str, Any]], messages: list[dict[str, Any]]) -> None:
             call_id, name = _string(item, "call_id", where), _string(item, "name", where)
             args = _string(item, "arguments", where)
             try:
-                json.loads(args)
+                parsed = json.loads(args)
             except ValueError:
-                raise bad_request(f"{where}.arguments must be a JSON object as text", param=f"{where}.arguments"
-                                  ) from None
+                parsed = None
+            if not isinstance(parsed, dict):  # "[1]" or "3" parse, but templates render arguments as a mapping
+                raise bad_request(f"{where}.arguments must be a JSON object as text", param=f"{where}.arguments")
             calls[call_id] = name
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             last = messages[-1] if messages else None

@@ -32,12 +32,15 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
 
 def output_items(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
     """A finished chat ``message`` (``api/tools.assistant_message``) as output items: the text (when there is
-    some, or when nothing else came), then one ``function_call`` per tool call."""
+    some, or when nothing else came), then one ``function_call`` per tool call. ``status`` is the last item's:
+    output cut short cuts only the item being written, the ones before it were complete (as OpenAI, and as the
+    stream closes them)."""
     calls = message.get("tool_calls") or []
     text = message.get("content") or ""
-    items = [message_item(new_id("msg"), text, status)] if text or not calls else []
-    items += [call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"], status)
+    items = [message_item(new_id("msg"), text, "completed")] if text or not calls else []
+    items += [call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"], "completed")
               for c in calls]
+    items[-1]["status"] = status
     return items
 
 
@@ -49,7 +52,8 @@ def response_usage(input_tokens: int, output_tokens: int, cached: int) -> dict[s
 
 class ResponseShell:
     """The parts of a ``response`` object fixed at its start: its id, time and the settings it ran with (the
-    effective temperature / top_p, after the checkpoint's defaults, as OpenAI echoes the values it used)."""
+    effective temperature / top_p, after the checkpoint's defaults, as OpenAI echoes the values it used).
+    ``store`` is false whatever was asked: nothing is kept (as vLLM without a store answers)."""
 
     def __init__(self, body: ResponsesRequest, model: str, params: SamplingParams) -> None:
         self.id = new_id("resp")
@@ -63,7 +67,7 @@ class ResponseShell:
             "id": self.id, "object": "response", "created_at": int(time.time()), "model": model,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None}, "store": body.store, "temperature": params.temperature,
+            "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": params.temperature,
             "top_p": params.top_p, "text": text,
             "tool_choice": "auto" if tc is None else tc if isinstance(tc, str) else tc.model_dump(),
             "tools": [t.model_dump() for t in body.tools or ()], "truncation": body.truncation or "disabled",

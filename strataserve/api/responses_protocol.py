@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic_core import PydanticCustomError
 
 from strataserve.api.protocol import Int64, _Base
 
@@ -53,7 +54,7 @@ class ReasoningIn(_Base):
 
 class ResponsesRequest(_Base):
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | list[Any]  # each item is checked in ``responses_input`` (a 400 naming ``input[i]``)
     instructions: str | None = None
     max_output_tokens: Int64 | None = None
     temperature: float | None = None
@@ -90,6 +91,27 @@ class ResponsesRequest(_Base):
     ignore_eos: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     structured_outputs: dict | None = None
+
+    # A bad value is one short error naming the field, not pydantic's list of every union branch it missed
+    # (``input.str``, ``tool_choice.literal[...]``): the client sees the field and what it accepts.
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _input_shape(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("input_type", "must be a string or a list of input items (messages, "
+                                      "function_call and function_call_output items)") from None
+
+    @field_validator("tool_choice", mode="wrap")
+    @classmethod
+    def _tool_choice_shape(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("tool_choice_type", "must be 'auto', 'none', 'required' or "
+                                      "{\"type\": \"function\", \"name\": ...} (allowed_tools and hosted tool "
+                                      "choices are not supported)") from None
 
     # What the shared admission (``serving.admit`` and ``RequestLimits.check``) reads of a generation request:
     # one sequence, no logit_bias, no stream_options (the Responses API has none of them).

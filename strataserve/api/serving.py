@@ -19,6 +19,7 @@ from strataserve.api.formatting import DONE, sse
 from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import ServerMetrics
 from strataserve.api.request_params import check_token_ids
+from strataserve.api.responses_input import chat_messages
 from strataserve.types.errors import EngineDeadError
 from strataserve.types.outputs import RequestOutput
 from strataserve.types.sampling import SamplingParams
@@ -237,7 +238,7 @@ async def forward(routed: Routed, request: Request, path: str, *, stream: bool, 
     per minute are charged as a local model's: the prompt (estimated at 4 characters a token: the router holds
     no tokenizer of the upstream's) and the most it may write."""
     body = msgspec.json.decode(await request.body())
-    routed.check(1.0, _upstream_charge(body))
+    routed.check(1.0, _upstream_charge(body, path))
     trace = routed.trace(1.0)
     work = routed.backend.forward(path, body, stream=stream, prefix=prefix, trace=trace,  # type: ignore
                                   first_events=first_events)
@@ -249,9 +250,14 @@ async def forward(routed: Routed, request: Request, path: str, *, stream: bool, 
 UPSTREAM_DEFAULT_OUTPUT = 1024  # charged when a request to an upstream model sets no output limit
 
 
-def _upstream_charge(body: Any) -> float:
+def _upstream_charge(body: Any, path: str = "") -> float:
+    """The tokens per minute an upstream request is charged; a Responses body as the chat request it means (its
+    instructions and input as messages, ``max_output_tokens`` as the output limit), so neither route is cheaper."""
     if not isinstance(body, dict):
         return 0.0
+    if path == "/v1/responses":
+        body = {"messages": chat_messages(body.get("instructions"), body.get("input")),
+                "max_completion_tokens": body.get("max_output_tokens")}
     prompt = body.get("messages", body.get("prompt")) or ""
     chars = len(prompt) if isinstance(prompt, str) else len(msgspec.json.encode(prompt))
     most = body.get("max_completion_tokens") or body.get("max_tokens") or UPSTREAM_DEFAULT_OUTPUT

@@ -192,6 +192,10 @@ BAD = [
     ({"input": "hi", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     ({"input": "hi", "background": True}, "background"),
     ({"input": "hi", "truncation": "auto"}, "truncation"),
+    ({"input": ["hello"]}, "input[0]"),
+    ({"input": "hi", "tools": TOOLS, "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
+     "tool_choice"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0].arguments"),
 ]
 
 
@@ -241,3 +245,33 @@ def test_disconnect_mid_stream_aborts(clients):
     while _metric(server, "strata:num_requests_running"):
         assert time.monotonic() < deadline, "the aborted request still runs"
         time.sleep(0.05)
+
+
+TWO_CALLS = HERMES_CALL + r'\n<tool_call>\n\{"name": "get_time", "arguments": \{\}\}\n</tool_call>'
+
+
+def test_cut_short_marks_only_the_cut_item_incomplete(clients):
+    client, _ = clients["qwen3"]
+    kw = dict(model="tiny", input="weather in paris?", tools=TOOLS, temperature=0,
+              extra_body={"structured_outputs": {"regex": TWO_CALLS}})
+    full = client.responses.create(**kw, max_output_tokens=200)
+    assert full.status == "completed" and [o.type for o in full.output][-2:] == ["function_call"] * 2
+    # cut inside the second call's arguments: the text and the first call were complete, the second was not
+    kw["max_output_tokens"] = full.usage.output_tokens - 12
+    cut = client.responses.create(**kw)
+    assert cut.status == "incomplete" and len(cut.output) >= 2
+    assert [o.status for o in cut.output] == ["completed"] * (len(cut.output) - 1) + ["incomplete"]
+    with client.responses.stream(**kw) as stream:
+        final = [e for e in stream][-1].response  # response.incomplete: get_final_response() wants "completed"
+    assert _shape(final) == _shape(cut)
+
+
+def test_nothing_is_stored_and_stored_routes_say_so(clients):
+    client, _ = clients["demo"]
+    r = client.responses.create(model="tiny", input="hi", max_output_tokens=2, store=True)
+    assert r.store is False  # as vLLM without a store: nothing was kept, whatever was asked
+    for call in (lambda: client.responses.retrieve(r.id), lambda: client.responses.input_items.list(r.id),
+                 lambda: client.responses.delete(r.id), lambda: client.responses.cancel(r.id)):
+        with pytest.raises(openai.NotFoundError) as info:
+            call()
+        assert r.id in str(info.value) and "keeps no responses" in str(info.value)

@@ -20,6 +20,7 @@ from strataserve.api.errors import APIError
 from strataserve.api.formatting import sse
 from strataserve.router.config import OpenAIUpstream
 from strataserve.router.metrics import NullTrace, RouteTrace
+from strataserve.router.backends.responses_stream import ResponsesStream
 from strataserve.router.backends.upstream import UpstreamBackend
 from strataserve.router.replicas import Replica
 from strataserve.router.router import outcome_of
@@ -149,8 +150,9 @@ class OpenAIUpstreamBackend(UpstreamBackend):
                 trace.finish("ok", _completion_tokens(data))
                 return Response(self._rename(data), media_type=resp.headers.get("Content-Type", "application/json"))
             relayed = True
-            return StreamingResponse(self._relay(replica, resp, trace, first_events), media_type="text/event-stream",
-                                     headers=_SSE_HEADERS)
+            responses = ResponsesStream(self.name) if path == "/v1/responses" else None
+            return StreamingResponse(self._relay(replica, resp, trace, first_events, responses),
+                                     media_type="text/event-stream", headers=_SSE_HEADERS)
         except BaseException:
             if not trace.finished:
                 trace.finish("upstream_error")
@@ -173,7 +175,9 @@ class OpenAIUpstreamBackend(UpstreamBackend):
                            code="upstream_error", type="upstream_error") from None
 
     async def _relay(self, replica: Replica, resp: aiohttp.ClientResponse, trace: RouteTrace,
-                     first_events: int) -> AsyncIterator[bytes]:
+                     first_events: int, responses: ResponsesStream | None = None) -> AsyncIterator[bytes]:
+        """Relay a stream event by event, counting its tokens (a Responses stream: ``responses`` reads its events);
+        a stream that breaks ends with the route's own error form."""
         buf = b""
         events = 0
         outcome = "aborted"
@@ -185,15 +189,20 @@ class OpenAIUpstreamBackend(UpstreamBackend):
                     if cut < 0:
                         continue
                     out, buf = buf[: cut + 2], buf[cut + 2:]
-                    # events that carry tokens: not [DONE], nor the usage-only chunk (no choices) at the end
-                    n = out.count(b"data:") - out.count(b'"choices":[]')
-                    if b"[DONE]" in out:
-                        n -= 1
-                    new = max(0, events + n - first_events) - max(0, events - first_events)
-                    events += n
-                    trace.on_tokens(new)
+                    if responses is not None:
+                        trace.on_tokens(responses.feed(out))
+                    else:
+                        # events that carry tokens: not [DONE], nor the usage-only chunk (no choices) at the end
+                        n = out.count(b"data:") - out.count(b'"choices":[]')
+                        if b"[DONE]" in out:
+                            n -= 1
+                        new = max(0, events + n - first_events) - max(0, events - first_events)
+                        events += n
+                        trace.on_tokens(new)
                     yield self._rename(out) if self._renames else out
                 if buf:
+                    if responses is not None:
+                        trace.on_tokens(responses.feed(buf))
                     yield self._rename(buf)
                 outcome = "ok"
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -203,19 +212,24 @@ class OpenAIUpstreamBackend(UpstreamBackend):
                 err = (self._timeout() if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError))
                        else APIError(502, f"model `{self.name}`: the upstream stream broke: {type(exc).__name__}",
                                      code="upstream_error", type="upstream_error"))
-                yield sse(err.body()) + b"data: [DONE]\n\n"  # as a local engine's failure ends a stream
+                if responses is not None:  # an error event, then response.failed (no [DONE]), as the local path
+                    yield self._rename(responses.failure(err))
+                else:
+                    yield sse(err.body()) + b"data: [DONE]\n\n"  # as a local engine's failure ends a stream
         finally:
             replica.outstanding -= 1
             if outcome == "ok":
                 resp.release()  # read to the end: the connection goes back to the pool
             else:
                 resp.close()  # client gone or stream broken: drop the connection so the upstream aborts too
-            trace.finish(outcome)
+            # a Responses stream's final usage is the count (its deltas may carry several tokens each)
+            trace.finish(outcome, responses.output_tokens if responses is not None else None)
 
 
 def _completion_tokens(data: bytes) -> int | None:
+    """The output tokens of a whole answer: chat / completions' ``completion_tokens``, Responses' ``output_tokens``."""
     try:
         usage = msgspec.json.decode(data).get("usage") or {}
-        return int(usage.get("completion_tokens"))
+        return int(usage.get("completion_tokens", usage.get("output_tokens")))
     except (msgspec.DecodeError, AttributeError, TypeError, ValueError):
         return None
