@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 import threading
 from typing import Iterable
 
 from prometheus_client.core import Metric as PromMetric
 
 from strataserve.modelserver.pb_errors import TritonModelException as MetricError
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+#: the server's own metrics' namespaces: a model's family there would duplicate a name on /metrics (two TYPE lines,
+#: repeated series), which Prometheus refuses to scrape
+RESERVED_PREFIXES = ("strata:", "strata_", "process_", "python_")
 
 
 class CustomMetrics:
@@ -28,15 +35,27 @@ class CustomMetrics:
         self.families: dict[str, "MetricFamily"] = {}
         self.lock = threading.Lock()
 
-    def family(self, name: str, description: str, kind: int) -> "MetricFamily":
+    def family(self, name: str, description: str, kind: int, owner: tuple[str, str]) -> "MetricFamily":
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise MetricError(f"metric family name {name!r} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)")
+        if name.startswith(RESERVED_PREFIXES):
+            raise MetricError(f"metric family '{name}': names starting with {', '.join(RESERVED_PREFIXES)} are the "
+                              "server's own metrics; choose another name")
         with self.lock:
             fam = self.families.get(name)
             if fam is None:
                 fam = self.families[name] = object.__new__(MetricFamily)
-                fam._init(name, description, kind)
+                fam._init(name, description, kind, owner)
             elif fam.kind != kind:
                 raise MetricError(f"metric family '{name}' already exists with another kind")
             return fam
+
+    def drop(self, owner: tuple[str, str]) -> None:
+        """The families a model version declared end with it (unloaded: its series leave /metrics, and a reload
+        starts from zero, as Triton's stub process takes them down with it)."""
+        with self.lock:
+            for name in [n for n, f in self.families.items() if f.owner == owner]:
+                del self.families[name]
 
     def describe(self) -> list:
         return []  # families come and go with models: collected at scrape time only
@@ -62,19 +81,27 @@ class MetricFamily:
         if registry is None:
             raise MetricError("pb_utils.MetricFamily needs the server's metrics registry: it works in in-process "
                               "Python models, not with EXECUTION_ISOLATION 'process'")
-        return registry.family(name, description, kind)
+        ctx = pb_runtime.current()
+        owner = (ctx.model_name, ctx.model_version) if ctx is not None else ("", "")
+        return registry.family(name, description, kind, owner)
 
-    def _init(self, name: str, description: str, kind: int) -> None:
-        self.name, self.description, self.kind = name, description, kind
+    def _init(self, name: str, description: str, kind: int, owner: tuple[str, str]) -> None:
+        self.name, self.description, self.kind, self.owner = name, description, kind, owner
         self.metrics: dict[tuple, Metric] = {}
         self.lock = threading.Lock()
 
     def Metric(self, labels: dict | None = None, buckets: list[float] | None = None) -> "Metric":  # noqa: N802
         labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        bad = next((k for k in labels if not _LABEL.fullmatch(k) or k.startswith("__")), None)
+        if bad is not None:
+            raise MetricError(f"metric family '{self.name}': label name {bad!r} is not a Prometheus label name")
         if self.kind == self.HISTOGRAM:
-            if not buckets:
-                raise MetricError(f"metric family '{self.name}': a HISTOGRAM metric needs buckets")
-            buckets = sorted(float(b) for b in buckets)
+            if buckets is None:
+                raise MetricError(f"metric family '{self.name}': a HISTOGRAM metric needs buckets (a list; [] "
+                                  "counts into +Inf only)")
+            buckets = [float(b) for b in buckets]
+            if any(b >= c for b, c in zip(buckets, buckets[1:])):
+                raise MetricError(f"metric family '{self.name}': buckets must be strictly increasing, got {buckets}")
         elif buckets:
             raise MetricError(f"metric family '{self.name}': buckets are only for HISTOGRAM metrics")
         key = tuple(sorted(labels.items()))

@@ -34,6 +34,7 @@ class ModelContext:
     server: Any  # the ModelServer; None in an isolated model's child process
     model_name: str
     initializing: bool = False
+    model_version: str = ""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -76,7 +77,6 @@ def model_logger() -> logging.Logger:
 class InstanceLoop:
     """One model instance's event loop, on its own daemon thread."""
 
-    CLOSE_WAIT_S = 10.0  # on unload, background executions (async decoupled models) get this long to finish
 
     def __init__(self, ctx: ModelContext, name: str):
         self.ctx = ctx
@@ -104,14 +104,18 @@ class InstanceLoop:
 
         def done(f: concurrent.futures.Future) -> None:
             self._background.discard(f)
-            if not f.cancelled() and f.exception() is not None:
+            if f.cancelled():  # stopped by the server (shutdown): its requests end with an error, not in silence
+                on_error(RuntimeError("the model's execution was cancelled: the server is stopping"))
+            elif f.exception() is not None:
                 on_error(f.exception())
 
         fut.add_done_callback(done)
 
     def drain(self) -> None:
-        """Give background executions (an async decoupled model's) a bounded time to finish."""
-        concurrent.futures.wait(list(self._background), timeout=self.CLOSE_WAIT_S)
+        """Wait for background executions (an async decoupled model's in-flight requests) to finish: unloading
+        waits for in-flight requests, as Triton's does and as the batcher waits for queued ones."""
+        while self._background:
+            concurrent.futures.wait(list(self._background))
 
     def close(self) -> None:
         """Cancel what still runs on the loop, then stop it."""

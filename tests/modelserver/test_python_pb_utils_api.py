@@ -3,6 +3,7 @@ and a JSON config override on load that carries Triton-only blocks."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -131,3 +132,89 @@ def test_json_config_override_skips_triton_only_blocks(tmp_path):
             return ready
 
     assert run(main()) is True
+
+
+RULES = """
+    import json
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    def refused(make):
+        try:
+            make()
+        except pb_utils.TritonModelException as e:
+            return str(e)
+        return None
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            F = pb_utils.MetricFamily
+            self.seen = F(name="rules_seen", description="d", kind=F.COUNTER).Metric(labels={"m": "x"})
+            self.errors = {
+                "reserved": refused(lambda: F(name="strata:inference_request_success", description="d", kind=F.COUNTER)),
+                "bad_name": refused(lambda: F(name="bad name-1", description="d", kind=F.GAUGE)),
+                "bad_label": refused(lambda: F(name="rules_g", description="d", kind=F.GAUGE).Metric(labels={"0x-y": "v"})),
+                "dup_buckets": refused(lambda: F(name="rules_h", description="d", kind=F.HISTOGRAM).Metric(buckets=[1, 1, 2])),
+                "unsorted": refused(lambda: F(name="rules_h", description="d", kind=F.HISTOGRAM).Metric(buckets=[2, 1])),
+                "no_buckets": refused(lambda: F(name="rules_h", description="d", kind=F.HISTOGRAM).Metric(buckets=[])),
+            }
+
+        def execute(self, requests):
+            self.seen.increment(1)
+            out = json.dumps({"errors": self.errors, "seen": self.seen.value()})
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("P", np.array([out.encode()], dtype=object))])
+                    for _ in requests]
+"""
+
+
+def test_metric_names_buckets_and_lifetime_follow_triton(tmp_path):
+    """Names in the server's namespaces, non-Prometheus names and labels, and duplicate or unsorted buckets are
+    refused (they made /metrics unscrapable); buckets=[] is allowed (+Inf only); a model's families leave
+    /metrics when it is unloaded, and a reload counts from zero."""
+    write_python_model(tmp_path, "rules", RULES, IO)
+    registry = prometheus_client.CollectorRegistry()
+
+    async def main():
+        async with serving(tmp_path, control_mode="explicit", registry=registry, load_models=["rules"]) as server:
+            first = json.loads(outputs(await server.infer(request("rules", N=np.array([1], np.int32))))["P"][0])
+            await server.infer(request("rules", N=np.array([1], np.int32)))
+            loaded = prometheus_client.generate_latest(registry).decode()
+            await server.unload("rules")
+            for _ in range(500):  # the instances close after unload returns (in-flight requests drain first)
+                unloaded = prometheus_client.generate_latest(registry).decode()
+                if "rules_seen" not in unloaded:
+                    break
+                await asyncio.sleep(0.01)
+            await server.load("rules")
+            again = json.loads(outputs(await server.infer(request("rules", N=np.array([1], np.int32))))["P"][0])
+        return first, loaded, unloaded, again
+
+    first, loaded, unloaded, again = run(main())
+    errors = first["errors"]
+    assert "server's own metrics" in errors["reserved"] and "Prometheus metric name" in errors["bad_name"]
+    assert "label name" in errors["bad_label"]
+    assert "strictly increasing" in errors["dup_buckets"] and "strictly increasing" in errors["unsorted"]
+    assert errors["no_buckets"] is None
+    assert 'rules_seen{m="x"} 2.0' in loaded and "rules_seen" not in unloaded
+    assert loaded.count("# TYPE strata:inference_request_success ") <= 1
+    assert again["seen"] == 1.0  # a fresh family after the reload
+
+
+def test_a_cancelled_background_execution_fails_its_requests():
+    """An async decoupled execution the server cancels (it is stopping) ends its requests with an error instead of
+    leaving their streams open."""
+    import time
+
+    from strataserve.modelserver import pb_runtime
+
+    loop = pb_runtime.InstanceLoop(pb_runtime.ModelContext(None, "m"), "m_0")
+    errors = []
+    loop.spawn(asyncio.sleep(30), errors.append)
+    time.sleep(0.05)
+    loop.close()
+    deadline = time.monotonic() + 5
+    while not errors and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert errors and "cancelled" in str(errors[0])

@@ -76,7 +76,7 @@ class PythonBackend(Backend):
             "model_version": str(ctx.version),
             "model_name": spec.name,
         }
-        self.context = pb_runtime.ModelContext(ctx.server, spec.name)
+        self.context = pb_runtime.ModelContext(ctx.server, spec.name, model_version=str(ctx.version))
         self.loop: pb_runtime.InstanceLoop | None = None
         self.isolated = isolation == "process"
         if self.isolated:
@@ -87,7 +87,8 @@ class PythonBackend(Backend):
             return
         self.loop = pb_runtime.InstanceLoop(self.context, args["model_instance_name"])
         try:
-            with pb_runtime.bound(pb_runtime.ModelContext(ctx.server, spec.name, initializing=True)):
+            with pb_runtime.bound(pb_runtime.ModelContext(ctx.server, spec.name, initializing=True,
+                                                          model_version=str(ctx.version))):
                 self.model = load_model_class(path)()
                 if hasattr(self.model, "initialize"):
                     try:
@@ -172,3 +173,6 @@ class PythonBackend(Backend):
             if self.loop is not None:
                 self.loop.close()
             self.model = None
+            custom = getattr(self.ctx.server, "custom_metrics", None)
+            if custom is not None:  # its metric families end with it (Triton: with its stub process)
+                custom.drop((self.spec.name, str(self.ctx.version)))
