@@ -7,7 +7,7 @@ as the repository index lists it): the per-model paths are read from their end, 
 
 Decoupled models (zero, one or many responses per request) over HTTP -- Triton refuses them on /infer:
 - `POST .../infer` with `Accept: text/event-stream` streams each response as an SSE event
-  `data: <v2 response JSON>` (tensors inline as JSON), then `data: [DONE]`;
+  `data: <v2 response JSON>` (tensors inline as JSON), then `data: [DONE]` (generate_stream: JSON events only);
 - a plain `POST .../infer` waits for the last response and answers one JSON object
   `{"model_name", "model_version", "id", "responses": [<v2 response JSON>, ...]}`;
 - `.../generate_stream` streams them too when the model takes generate-style inputs.
@@ -100,8 +100,10 @@ def _sse(event: Any) -> bytes:
     return b"data: " + line_safe(json_dumps(event)) + b"\n\n"
 
 
-async def _sse_stream(first: Any, rest: AsyncIterator[Any], to_json: Callable[[Any], Any]) -> AsyncIterator[bytes]:
-    """SSE events for an already-started stream; errors after the first event become an error event."""
+async def _sse_stream(first: Any, rest: AsyncIterator[Any], to_json: Callable[[Any], Any],
+                      done: bool = True) -> AsyncIterator[bytes]:
+    """SSE events for an already-started stream; errors after the first event become an error event. ``done``:
+    end with ``data: [DONE]`` (infer-SSE; Triton's generate_stream sends JSON objects only, so not there)."""
     try:
         yield _sse(to_json(first))
         async for item in rest:
@@ -117,16 +119,19 @@ async def _sse_stream(first: Any, rest: AsyncIterator[Any], to_json: Callable[[A
         aclose = getattr(rest, "aclose", None)
         if aclose is not None:
             await aclose()
-    yield b"data: [DONE]\n\n"
+    if done:
+        yield b"data: [DONE]\n\n"
 
 
-async def _start_stream(it: AsyncIterator[Any], to_json: Callable[[Any], Any]) -> Response:
+async def _start_stream(it: AsyncIterator[Any], to_json: Callable[[Any], Any], done: bool = True) -> Response:
     """Pull the first item before answering so an early error still gets its proper HTTP status."""
     try:
         first = await it.__anext__()
     except StopAsyncIteration:
-        return StreamingResponse(iter([b"data: [DONE]\n\n"]), media_type="text/event-stream", headers=_SSE_HEADERS)
-    return StreamingResponse(_sse_stream(first, it, to_json), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return StreamingResponse(iter([b"data: [DONE]\n\n"] if done else []), media_type="text/event-stream",
+                                 headers=_SSE_HEADERS)
+    return StreamingResponse(_sse_stream(first, it, to_json, done), media_type="text/event-stream",
+                             headers=_SSE_HEADERS)
 
 
 def make_kserve_router(model_server: Any) -> APIRouter:
@@ -149,9 +154,15 @@ def make_kserve_router(model_server: Any) -> APIRouter:
         stream = target.route == "generate_stream"
 
         async def generate() -> Response:
-            inputs, params = _generate_args(await _json_body(request, allow_empty=False))
+            doc = await _json_body(request, allow_empty=False)
+            names = {"text_input"}  # the usual body needs no look-up: a model without it would refuse it anyway
+            if any(k not in ("parameters", "id", "text_input") for k in doc):  # which other keys are inputs
+                meta = await _maybe(ms.model_metadata(m, v))
+                names |= {t["name"] for t in meta.get("inputs", ())}
+            inputs, params = _generate_args(doc, names)
             if stream:
-                return await _start_stream(aiter_of(ms.generate_stream(m, v, inputs, params)), lambda d: d)
+                return await _start_stream(aiter_of(ms.generate_stream(m, v, inputs, params)), lambda d: d,
+                                           done=False)
             try:  # a client that hangs up stops its request
                 return _json(await until_disconnect(request, ms.generate(m, v, inputs, params)))
             except APIError as exc:
@@ -256,11 +267,13 @@ def _params_of(doc: dict) -> dict:
     return parameters_of(doc, "")
 
 
-def _generate_args(doc: dict) -> tuple[dict, dict]:
-    """Triton's generate extension: every top-level key but 'parameters' (and 'id') is an input."""
-    params = _params_of(doc)
-    inputs = {k: v for k, v in doc.items() if k not in ("parameters", "id")}
-    return inputs, params
+def _generate_args(doc: dict, input_names: set[str]) -> tuple[dict, dict]:
+    """Triton's generate extension: a top-level key (but 'parameters' and 'id') that names a model input is that
+    input; any other is a parameter, as if given in 'parameters' (which wins where both give one)."""
+    explicit = _params_of(doc)
+    inputs = {k: v for k, v in doc.items() if k not in ("parameters", "id") and k in input_names}
+    extra = {k: v for k, v in doc.items() if k not in ("parameters", "id") and k not in input_names}
+    return inputs, {**extra, **explicit}
 
 
 def _payload_bytes(data: Any) -> int:

@@ -13,6 +13,16 @@ from strataserve.api.errors import bad_request
 from strataserve.api.protocol import MAX_N
 
 
+class Capped(int):
+    """A ``max_tokens`` the server filled in for a request that set none: its limit. ``resolve_max_tokens`` reads
+    it as "at most this" (the rest of the context when less), never as a request it must refuse."""
+
+
+# the output budget fields of the chat and completions routes (an unset budget is filled in the last one);
+# /v1/responses echoes its max_output_tokens in the response, so it keeps its own check (responses.py)
+_BUDGET_FIELDS = ("max_completion_tokens", "max_tokens")
+
+
 @dataclass(frozen=True)
 class RequestLimits:
     max_n: int = MAX_N
@@ -28,16 +38,28 @@ class RequestLimits:
             if v is not None and v < 1:
                 raise ValueError(f"{f.name}={v}: must be >= 1")
 
+    def default_max_tokens(self, value: int | None) -> int | None:
+        """The output budget of a request that set none (``value``: the default it would get, None for the rest of
+        the context), held to the limit: an unset or null max_tokens must not get past it (vLLM's
+        ``--max-tokens``-like caps clamp the default; only an explicit larger value is refused)."""
+        if self.max_tokens is None:
+            return value
+        return Capped(self.max_tokens) if value is None else min(value, self.max_tokens)
+
     def check(self, body: Any) -> None:
-        """The body's n, max_tokens, stop strings and logit_bias against the limits."""
+        """The body's n, max_tokens, stop strings and logit_bias against the limits. A body that sets no output
+        budget gets the limit as its budget (a ``Capped`` value), so the routes stop there."""
         if body.n > self.max_n:
             raise bad_request(f"n={body.n} is above this server's limit of {self.max_n}", param="n",
                               code="limit_exceeded")
-        for name in ("max_tokens", "max_completion_tokens"):
-            v = getattr(body, name, None)
+        present = [name for name in _BUDGET_FIELDS if hasattr(body, name)]
+        for name in present:
+            v = getattr(body, name)
             if v is not None and self.max_tokens is not None and v > self.max_tokens:
                 raise bad_request(f"{name}={v} is above this server's limit of {self.max_tokens}", param=name,
                                   code="limit_exceeded")
+        if present and all(getattr(body, name) is None for name in present):
+            setattr(body, present[-1], self.default_max_tokens(None))
         stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
         if len(stops) > self.max_stop:
             raise bad_request(f"{len(stops)} stop strings given; this server allows at most {self.max_stop}",

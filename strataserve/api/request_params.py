@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from strataserve.api.errors import bad_request, from_value_error
+from strataserve.api.limits import Capped
 from strataserve.types.sampling import RequestOutputKind, SamplingParams, truncate_prompt
 
 if TYPE_CHECKING:
@@ -49,7 +50,9 @@ def truncated(state: ServerState, ids: list[int], keep: int | None, param: str =
 def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | None, param: str,
                        prompt_param: str = "prompt") -> int:
     """Check the prompt fits the context and return the output budget (the rest of the context by default).
-    ``prompt_param``: the field the prompt came in (chat's is ``messages``), named in the errors."""
+    ``prompt_param``: the field the prompt came in (chat's is ``messages``), named in the errors. A ``Capped``
+    budget (the server's limit standing in for an unset one) is an upper bound, as is the checkpoint's
+    max_new_tokens then (vLLM takes the least of them)."""
     if num_prompt == 0:
         raise bad_request("the prompt is empty: give at least one token", param=prompt_param)
     limit = state.max_model_len
@@ -58,6 +61,9 @@ def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | No
                           "tokens; shorten the prompt.", param=prompt_param, code="context_length_exceeded")
     if max_tokens is None:
         return limit - num_prompt
+    if isinstance(max_tokens, Capped):
+        most = min(int(max_tokens), limit - num_prompt, state.sampling_defaults.get("max_tokens") or limit)
+        return int(most)  # a plain int: msgpack / msgspec refuse int subclasses
     if max_tokens < 1:
         raise bad_request(f"{param}={max_tokens} is out of range: must be >= 1", param=param)
     if num_prompt + max_tokens > limit:

@@ -66,15 +66,37 @@ def autocomplete_onnx(cfg: pb.ModelConfig, path: Path, source) -> None:
                 item.dims.extend(d[strip:])
 
 
-def complete_llm_config(cfg: pb.ModelConfig, hf_folder_only: bool) -> None:
-    """Give an LLM config Triton's text I/O when it declares none (and decoupled streaming for bare HF folders)."""
-    cfg.backend = "llm"
+# Triton's vLLM backend's optional inputs and extra outputs (name, type), after text_input / text_output
+LLM_OPTIONAL_INPUTS = (("stream", pb.TYPE_BOOL), ("sampling_parameters", pb.TYPE_STRING),
+                       ("exclude_input_in_output", pb.TYPE_BOOL), ("return_finish_reason", pb.TYPE_BOOL),
+                       ("return_num_input_tokens", pb.TYPE_BOOL), ("return_num_output_tokens", pb.TYPE_BOOL))
+LLM_EXTRA_OUTPUTS = (("finish_reason", pb.TYPE_STRING), ("num_input_tokens", pb.TYPE_UINT32),
+                     ("num_output_tokens", pb.TYPE_UINT32))
+
+
+def add_llm_io(cfg: pb.ModelConfig) -> None:
+    """Triton's vLLM-backend tensors that ``cfg`` lacks (as its auto_complete_config adds them): text_input /
+    text_output when it declares no input / output, and each optional input and extra output it leaves out."""
     if not cfg.input:
         cfg.input.add(name=TEXT_INPUT, data_type=pb.TYPE_STRING, dims=[1])
+    have = {i.name for i in cfg.input}
+    for name, dtype in LLM_OPTIONAL_INPUTS:
+        if name not in have:
+            cfg.input.add(name=name, data_type=dtype, dims=[1], optional=True)
     if not cfg.output:
         cfg.output.add(name=TEXT_OUTPUT, data_type=pb.TYPE_STRING, dims=[1])
-    if hf_folder_only:
-        cfg.model_transaction_policy.decoupled = True
+    have = {o.name for o in cfg.output}
+    for name, dtype in LLM_EXTRA_OUTPUTS:
+        if name not in have:
+            cfg.output.add(name=name, data_type=dtype, dims=[1])
+
+
+def complete_llm_config(cfg: pb.ModelConfig, hf_folder_only: bool) -> None:
+    """Give an LLM config Triton's text I/O where it declares none. Not decoupled (as the command line's text
+    models): infer answers one response with the whole text, tritonclient's infer works; generate_stream sends
+    pieces. ``hf_folder_only`` (a bare checkpoint folder) is kept for the callers; it no longer differs."""
+    cfg.backend = "llm"
+    add_llm_io(cfg)
 
 
 def autocomplete_python(cfg: pb.ModelConfig, path: Path, source) -> None:

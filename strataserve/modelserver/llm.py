@@ -12,13 +12,14 @@ from __future__ import annotations
 import itertools
 import time
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from strataserve.modelserver.config import ConfigError, ModelSpec
 from strataserve.modelserver.llm_io import TextResponder, parse_text_request, sampling_params
 from strataserve.modelserver.model import ModelVersion, ServedVersion
 from strataserve.modelserver.repository import ModelSource, is_hf_folder
 from strataserve.modelserver.stats import ModelStats
+from strataserve.models.generation_defaults import sampling_defaults
 from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
 
 _ids = itertools.count()
@@ -36,8 +37,10 @@ def _checkpoint(source: ModelSource, version: int) -> Path:
 
 
 class LLMVersion(ServedVersion):
-    def __init__(self, spec: ModelSpec, version: int, stats: ModelStats, engine):
+    def __init__(self, spec: ModelSpec, version: int, stats: ModelStats, engine,
+                 defaults: dict[str, Any] | None = None):
         self.spec, self.version, self.stats, self.engine = spec, version, stats, engine
+        self.defaults = defaults or {}  # the checkpoint's generation_config.json, for the fields a request leaves
         self._io = ModelVersion(spec, version, stats)  # request validation shared with other models
 
     @classmethod
@@ -54,7 +57,8 @@ class LLMVersion(ServedVersion):
         except (ValueError, OSError) as e:
             raise ModelServerError("invalid_argument", f"model '{source.spec.name}': cannot start the LLM engine on "
                                    f"{path}: {e}") from None
-        return cls(source.spec, version, stats, engine)
+        # the checkpoint's recommended sampling (generation_config.json), as the command line's model applies it
+        return cls(source.spec, version, stats, engine, sampling_defaults(path))
 
     async def _run(self, req: InferRequest, pieces: bool) -> AsyncIterator[InferResponse]:
         """The request's responses (llm_io.py reads it and shapes them, as for the router's text models)."""
@@ -62,7 +66,7 @@ class LLMVersion(ServedVersion):
         self.stats.add_pending(1)
         try:
             text = parse_text_request(self._io._validate(req).inputs, req.parameters, self.spec.name)
-            params = sampling_params(text.parameters, self.spec.name)
+            params = sampling_params(text.parameters, self.spec.name, self.defaults)
             responder = TextResponder(self.spec, str(self.version), req, text,
                                       pieces and text.stream is not False)
             request_id = f"{self.spec.name}-{req.id or ''}-{next(_ids)}"

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from strataserve.modelserver.autocomplete import TEXT_INPUT, TEXT_OUTPUT
+from strataserve.modelserver.autocomplete import TEXT_INPUT, TEXT_OUTPUT, add_llm_io
 from strataserve.modelserver.config import ModelSpec, build_spec
 from strataserve.types import model_config_pb2 as pb
 from strataserve.types.tensors import InferRequest, InferResponse, InferTensor, ModelServerError
@@ -41,14 +41,7 @@ def text_model_config(name: str) -> pb.ModelConfig:
     """The config of a text model served outside the repository: every input and output above, one response
     per request (unary infer works; the streaming routes stream pieces)."""
     cfg = pb.ModelConfig(name=name, backend="llm", max_batch_size=0)
-    cfg.input.add(name=TEXT_INPUT, data_type=pb.TYPE_STRING, dims=[1])
-    for flag, dtype in ((STREAM, pb.TYPE_BOOL), (SAMPLING_PARAMETERS, pb.TYPE_STRING), (EXCLUDE_INPUT, pb.TYPE_BOOL),
-                        *((k, pb.TYPE_BOOL) for k in RETURNS)):
-        cfg.input.add(name=flag, data_type=dtype, dims=[1], optional=True)
-    cfg.output.add(name=TEXT_OUTPUT, data_type=pb.TYPE_STRING, dims=[1])
-    cfg.output.add(name="finish_reason", data_type=pb.TYPE_STRING, dims=[1])
-    cfg.output.add(name="num_input_tokens", data_type=pb.TYPE_UINT32, dims=[1])
-    cfg.output.add(name="num_output_tokens", data_type=pb.TYPE_UINT32, dims=[1])
+    add_llm_io(cfg)  # the repository's LLM models get the same tensors
     return cfg
 
 
@@ -135,10 +128,20 @@ def _coerce(name: str, value: Any, annotation: str, model: str) -> Any:
     return value
 
 
+def _fits_int64(value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -(2**63) <= value < 2**63
+    if isinstance(value, dict):
+        return all(_fits_int64(k) and _fits_int64(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_fits_int64(v) for v in value)
+    return True
+
+
 def sampling_params(parameters: dict, model: str, defaults: dict | None = None):
     """SamplingParams of a request's sampling fields (vLLM names); what it leaves unset takes ``defaults`` (the
     checkpoint's generation config), else vLLM's defaults. Each refusal is a 400 naming the parameter."""
-    from strataserve.types.sampling import RequestOutputKind, SamplingParams
+    from strataserve.types.sampling import GuidedDecodingParams, RequestOutputKind, SamplingParams
 
     types = {f.name: str(f.type) for f in fields(SamplingParams) if f.name not in _INTERNAL}
     unknown = sorted(k for k in parameters if k not in types and k not in CONTROL)
@@ -146,6 +149,20 @@ def sampling_params(parameters: dict, model: str, defaults: dict | None = None):
         raise _bad(model, f"unknown parameters {unknown}; sampling parameters use vLLM names such as max_tokens, "
                    "temperature, top_p")
     given = {k: _coerce(k, v, types[k], model) for k, v in parameters.items() if k in types}
+    for name in ("guided_decoding", "structured_outputs"):  # else a 500 AttributeError deep in SamplingParams
+        value = given.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise _bad(model, f"parameter '{name}' must be a JSON object (e.g. {{\"regex\": \"...\"}}), got "
+                       f"{type(value).__name__}")
+        try:
+            given[name] = GuidedDecodingParams(**value)
+        except (TypeError, ValueError) as e:
+            raise _bad(model, f"parameter '{name}': {e}") from None
+    for name, value in given.items():  # integers cross to the engine as int64, as /v1 bounds them
+        if not _fits_int64(value):
+            raise _bad(model, f"parameter '{name}' holds an integer outside int64 [-2**63, 2**63-1]")
     if given.get("n", 1) != 1:
         raise _bad(model, f"parameter 'n'={given['n']!r}: one text per request (send n requests)")
     try:  # each response carries what is new

@@ -301,6 +301,11 @@ class ModelServer:
     def is_decoupled(self, name: str, version: str = "") -> bool:
         return self._version(name, version).spec.decoupled
 
+    def streams(self, name: str, version: str = "") -> bool:
+        """Whether a streaming call (ModelStreamInfer, SSE infer) should get the model's answer in pieces although
+        it is not decoupled: an LLM's text, as Triton's vLLM backend streams it."""
+        return isinstance(self._version(name, version), LLMVersion)
+
     def server_metadata(self) -> dict:
         from importlib.metadata import PackageNotFoundError, version
 

@@ -118,8 +118,13 @@ class TensorRouter:
 
     def streams(self, name: str, version: str = "") -> bool:
         """Whether a streaming call (ModelStreamInfer, SSE infer) should go through ``infer_stream`` although the
-        model is not decoupled: a local text model sends its text piece by piece there."""
-        return self.text_model(name) is not None
+        model is not decoupled: a local text model, or a repository LLM, sends its text piece by piece there."""
+        if self.text_model(name) is not None:
+            return True
+        if self._upstream(name) is not None or self.local is None:
+            return False
+        streams = getattr(self.local, "streams", None)
+        return bool(streams is not None and streams(name, version))
 
     async def model_metadata(self, name: str, version: str = "") -> dict:
         up = self._upstream(name)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from strataserve.api.errors import APIError
 from strataserve.api.limits import RequestLimits
-from strataserve.api.request_params import resolve_max_tokens
+from strataserve.api.request_params import resolve_max_tokens, truncated
 from strataserve.api.serving import Routed, engine_stream, local_state
 from strataserve.modelserver.autocomplete import TEXT_INPUT
 from strataserve.modelserver.llm_io import TextResponder, parse_text_request, sampling_params, text_model_spec
@@ -88,12 +88,17 @@ class TextTensorModel:
         state = local_state(routed)  # 503 when the engine process is gone
         text = parse_text_request(self._io._validate(req).inputs, req.parameters, self.name)
         params = sampling_params(text.parameters, self.name, state.sampling_defaults)
-        self.limits.check(SimpleNamespace(n=1, max_tokens=text.parameters.get("max_tokens") and params.max_tokens,
+        given = text.parameters.get("max_tokens") is not None  # else the default, held to the limit below
+        self.limits.check(SimpleNamespace(n=1, max_tokens=params.max_tokens if given else 0,
                                           stop=params.stop, logit_bias=params.logit_bias))
+        if not given:
+            params.max_tokens = self.limits.default_max_tokens(params.max_tokens)
         if state.tokenizer is None:
             raise APIError(400, "this server runs without a tokenizer (--skip-tokenizer-init): it cannot take "
                            f"'{TEXT_INPUT}'", param=TEXT_INPUT)
-        ids = state.tokenizer.encode(text.prompt)
+        # vLLM's truncate_prompt_tokens, as /v1 applies it: the kept tokens are what is checked and counted
+        ids = truncated(state, state.tokenizer.encode(text.prompt), params.truncate_prompt_tokens)
+        params.truncate_prompt_tokens = None
         params.max_tokens = resolve_max_tokens(state, len(ids), params.max_tokens, "max_tokens", TEXT_INPUT)
         responder = TextResponder(self.spec, VERSION, req, text, pieces and text.stream is not False)
         responder.prompt_tokens = len(ids)
