@@ -79,6 +79,19 @@ class Proc:
                 p.wait(timeout=10)
 
 
+async def serve_aiohttp(handler) -> tuple:
+    """An aiohttp app answering every path with ``handler`` on a free loopback port: (its AppRunner, its URL)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
 def write_config(path: Path, doc: dict) -> Path:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -7,22 +7,12 @@ import json
 
 import pytest
 from aiohttp import web
-from router_servers import free_port
+from router_servers import free_port, serve_aiohttp
 
 from strataserve.api.errors import APIError
 from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
 from strataserve.router.config import OpenAIUpstream
 from strataserve.router.metrics import RouterMetrics, RouteTrace
-
-
-async def _serve(handler) -> tuple[web.AppRunner, str]:
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
 
 
 def _backend(urls: list[str], **kw) -> tuple[OpenAIUpstreamBackend, RouterMetrics]:
@@ -43,7 +33,7 @@ def test_upstream_status_mapping(status, expect):
                                  status=status, headers={"Retry-After": "7"})
 
     async def run():
-        runner, url = await _serve(handler)
+        runner, url = await serve_aiohttp(handler)
         b, metrics = _backend([url])
         try:
             with pytest.raises(APIError) as exc:
@@ -73,7 +63,7 @@ def test_failover_to_a_live_replica_and_body_forwarded_as_sent():
                                   "choices": [{"text": "ok"}]})
 
     async def run():
-        runner, url = await _serve(handler)
+        runner, url = await serve_aiohttp(handler)
         dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
         b, metrics = _backend([dead, url])
         b.replicas.replicas[1].outstanding = 5  # least-outstanding picks the dead one first
@@ -103,7 +93,7 @@ def test_stream_broken_midway_ends_with_an_error_event():
         return resp
 
     async def run():
-        runner, url = await _serve(handler)
+        runner, url = await serve_aiohttp(handler)
         b, metrics = _backend([url])
         try:
             resp = await b.forward("/v1/completions", {"model": "m", "prompt": "x", "stream": True}, stream=True,
@@ -167,7 +157,7 @@ def test_streamed_usage_chunk_is_no_token():
 
 async def _once(handler, forward) -> tuple:
     """``forward(backend, trace)`` against one fake upstream ``handler``: (its result, the metrics, the trace)."""
-    runner, url = await _serve(handler)
+    runner, url = await serve_aiohttp(handler)
     b, metrics = _backend([url])
     trace = _trace(b, metrics)
     try:
@@ -211,7 +201,7 @@ def test_a_client_hanging_up_before_the_headers_ends_its_trace_and_admission_tic
         await asyncio.sleep(3)  # longer than the wait; short, as cleanup waits for it
 
     async def run():
-        runner, url = await _serve(handler)
+        runner, url = await serve_aiohttp(handler)
         b, metrics = _backend([url])
         ctl = AdmissionController("m")
         trace = RouteTrace(metrics, b.name, "default", b.cost, ctl, ctl.enter(0, 10))
@@ -251,7 +241,7 @@ def test_a_replica_that_does_not_connect_in_time_is_failed_over():
         fill.append(c)
 
     async def run():
-        runner, url = await _serve(handler)
+        runner, url = await serve_aiohttp(handler)
         b, metrics = _backend([f"http://127.0.0.1:{hole.getsockname()[1]}", url], connect_timeout_s=0.3)
         b.replicas.replicas[1].outstanding = 5  # least-outstanding tries the black hole first
         try:

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from aiohttp import web
-from router_servers import free_port
+from router_servers import serve_aiohttp
 
 from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
 from strataserve.router.config import OpenAIUpstream
@@ -35,16 +35,6 @@ TAIL = [_event(7, "response.output_text.done", **WHERE, text="abcde"),
                                                    "usage": {"input_tokens": 3, "output_tokens": 5}})]
 
 
-async def _serve(handler) -> tuple[web.AppRunner, str]:
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
-
-
 def _streaming(events: list[bytes], *, break_after: bool = False):
     async def handler(request):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -60,7 +50,7 @@ def _streaming(events: list[bytes], *, break_after: bool = False):
 
 def _run(handler, body: dict, stream: bool) -> tuple[bytes, RouterMetrics]:
     async def run():
-        runner, url = await _serve(handler)
+        runner, url = await serve_aiohttp(handler)
         spec = OpenAIUpstream(name="m", upstream="openai", url=[url], upstream_model="remote-m", timeout_s=5)
         b, metrics = OpenAIUpstreamBackend(spec), RouterMetrics(None)
         try:
