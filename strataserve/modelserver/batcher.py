@@ -285,6 +285,9 @@ class Scheduler:
         for w in self.workers:
             w.cancel()
         await asyncio.gather(*self.workers, return_exceptions=True)
+        # the cancelled tasks keep their CancelledError, whose traceback's frames hold this scheduler: dropping
+        # them breaks that cycle, so an unloaded version is freed at once, not at the next full collection
+        self.workers.clear()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: [i.close() for i in self.instances])
         for ex in self.executors:

@@ -218,3 +218,31 @@ def test_a_cancelled_background_execution_fails_its_requests():
     while not errors and time.monotonic() < deadline:
         time.sleep(0.01)
     assert errors and "cancelled" in str(errors[0])
+
+
+def test_an_unloaded_version_is_freed_without_waiting_for_the_garbage_collector(tmp_path):
+    """Unloading drops the last reference to the version's scheduler (the cancelled worker tasks' tracebacks held
+    it in a cycle, so every unloaded model lived until a full collection; `strata serve` freezes its start-up heap
+    and collects rarely)."""
+    import gc
+    import weakref
+
+    write_python_model(tmp_path, "probe", PROBE, IO)
+
+    async def main():
+        async with serving(tmp_path, control_mode="explicit", load_models=["probe"]) as server:
+            await server.infer(request("probe", N=np.array([1], np.int32)))
+            ref = weakref.ref(server._version("probe").scheduler)
+            gc.collect()
+            gc.disable()
+            try:
+                await server.unload("probe")
+                for _ in range(500):
+                    if ref() is None:
+                        break
+                    await asyncio.sleep(0.01)
+                return ref() is None
+            finally:
+                gc.enable()
+
+    assert run(main())
