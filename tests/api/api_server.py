@@ -19,6 +19,19 @@ ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"
 MODEL = "tiny"
 
+# A Hermes-style template that renders the tools, assistant tool calls and tool results.
+TOOL_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'tool' %}<tool_response>"
+    "{{ m['tool_call_id'] }}:{{ m['content'] }}</tool_response>{% else %}{{ m['content'] or '' }}{% endif %}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": "
+    "{{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+    "<think></think>{% endif %}{% endif %}")
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -13,23 +13,12 @@ import pytest
 from openai.types.responses import Response
 from prometheus_client.parser import text_string_to_metric_families
 from _tiny_models import make_tiny_checkpoint, make_tiny_tokenizer
-from api_server import launch, wait_ready
+from api_server import TOOL_TEMPLATE, WEATHER, launch, wait_ready
 
 from strataserve.assets import DEMO_MODEL_DIR
 
 pytest.importorskip("xgrammar")
 
-# Hermes-style: renders the tools, assistant tool calls and tool results (so a round trip reaches the prompt)
-TEMPLATE = (
-    "{{ bos_token }}{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
-    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'tool' %}<tool_response>"
-    "{{ m['tool_call_id'] }}:{{ m['content'] }}</tool_response>{% else %}{{ m['content'] or '' }}{% endif %}"
-    "{% for c in m.get('tool_calls') or [] %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": "
-    "{{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,8}$"},
-                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-           "required": ["city", "days"], "additionalProperties": False}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "forecast", "parameters": WEATHER},
          {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}]
 ARGS = r'\{"city": "[a-z]{1,6}", "days": [1-7]\}'
@@ -40,7 +29,7 @@ HERMES_CALL = r'Sure\. <tool_call>\n\{"name": "get_weather", "arguments": ' + AR
 def clients(tmp_path_factory):
     path = make_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("resp_qwen3"))
     tok = make_tiny_tokenizer(512)
-    tok.chat_template = TEMPLATE
+    tok.chat_template = TOOL_TEMPLATE
     tok.save_pretrained(path)
     logs = tmp_path_factory.mktemp("resp_logs")
     started = {"demo": launch(DEMO_MODEL_DIR, logs / "demo.log", "--max-model-len", "1024", wait=False),
