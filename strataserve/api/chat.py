@@ -10,10 +10,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.errors import bad_request
-from strataserve.api.formatting import ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage
+from strataserve.api.formatting import (ChunkTemplate, TokenNamer, chat_logprobs, json_bytes, sse, usage,
+                                      vllm_prompt_logprobs)
 from strataserve.api.guided import guided_params, validate
 from strataserve.api.protocol import ChatCompletionRequest, ChatMessage
-from strataserve.api.request_params import make_params, resolve_max_tokens, truncated, vllm_extras
+from strataserve.api.request_params import (check_prompt_logprobs, make_params, resolve_max_tokens, truncated,
+                                           vllm_extras)
 from strataserve.api.serving import (ServerState, admit, counts_outcome, engine_abort_error, engine_stream, forward,
                                      new_id, sse_body, traced, until_disconnect)
 from strataserve.api.tools import ToolPlan, ToolStreamer, assistant_message, message_dicts, plan_tools, tool_events
@@ -94,6 +96,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = routed.state
     plan, guided = tools_and_guided(state, body)
     top_n = _top_n(body)
+    check_prompt_logprobs(body)
     prompt_ids = render_chat(state, body.messages, body.add_generation_prompt, body.tools,
                              continue_final_message=body.continue_final_message,
                              template_kwargs=body.chat_template_kwargs)
@@ -101,8 +104,6 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_tokens = resolve_max_tokens(state, len(prompt_ids), requested, param, "messages")
-    if requested is None and "max_tokens" in state.sampling_defaults:  # the checkpoint's max_new_tokens, as vLLM
-        max_tokens = min(max_tokens, state.sampling_defaults["max_tokens"])
     params = make_params(state.sampling_defaults, n=body.n, max_tokens=max_tokens, temperature=body.temperature,
                          top_p=body.top_p,
                          top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,
@@ -111,7 +112,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                          ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=top_n,
                          skip_special_tokens=body.skip_special_tokens and not (plan and plan.keep_special_tokens),
                          include_stop_str_in_output=body.include_stop_str_in_output, guided_decoding=guided,
-                         logit_bias=body.logit_bias, **vllm_extras(state, body))
+                         logit_bias=body.logit_bias, prompt_logprobs=body.prompt_logprobs,
+                         **vllm_extras(state, body))
     rid = new_id("chatcmpl")
     work = float(len(prompt_ids))
     # 429 when the key's tokens per minute are spent or the queue ahead would make it miss its class's TTFT
@@ -152,7 +154,10 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
     finish: list[str | None] = [None] * n
     stop_reason: list[Any] = [None] * n
     completion_tokens = 0
+    prompt_lps = None
     async for out in engine_stream(state, rid, prompt_ids, params, *job):
+        if out.prompt_logprobs is not None:  # the first output carries them
+            prompt_lps = out.prompt_logprobs
         for c in out.outputs:
             parts[c.index].append(c.text)
             token_ids[c.index] += c.token_ids
@@ -174,6 +179,9 @@ async def _collect(state: ServerState, body: ChatCompletionRequest, rid: str, pr
                      **({"token_ids": token_ids[i]} if ids else {})} for i in range(n)],
         "usage": usage(len(prompt_ids), completion_tokens),
         **({"prompt_token_ids": prompt_ids} if ids else {}),
+        # vLLM's extra: top level, as its ChatCompletionResponse.prompt_logprobs (the rendered template's tokens)
+        **({"prompt_logprobs": vllm_prompt_logprobs(namer, prompt_ids, prompt_lps, body.prompt_logprobs)}
+           if body.prompt_logprobs is not None else {}),
     }
 
 

@@ -11,11 +11,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from strataserve.api.errors import bad_request
-from strataserve.api.formatting import (ChunkTemplate, CompletionLogprobs, TokenNamer, finite_logprob, json_bytes, sse,
-                                      usage)
+from strataserve.api.formatting import (ChunkTemplate, CompletionLogprobs, TokenNamer, json_bytes, sse, usage,
+                                      vllm_prompt_logprobs)
 from strataserve.api.guided import guided_params
 from strataserve.api.protocol import CompletionRequest
-from strataserve.api.request_params import check_token_ids, make_params, resolve_max_tokens, truncated, vllm_extras
+from strataserve.api.request_params import (check_prompt_logprobs, check_token_ids, make_params, resolve_max_tokens,
+                                           truncated, vllm_extras)
 from strataserve.api.serving import (ServerState, admit, counts_outcome, engine_abort_error, engine_stream, forward,
                                      merge_streams, new_id, sse_body, traced, until_disconnect)
 from strataserve.router.metrics import RouteTrace
@@ -66,9 +67,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         raise bad_request("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of different from n is not supported", param="best_of")
-    if body.prompt_logprobs is not None and body.stream:
-        raise bad_request("prompt_logprobs are not returned in streams (as in vLLM): use stream=false",
-                          param="prompt_logprobs")
+    check_prompt_logprobs(body)
     prompts = _prompts(state, body.prompt, body.add_special_tokens)
     if body.truncate_prompt_tokens is not None:  # an echo of a cut prompt shows the tokens kept
         cut = [truncated(state, ids, body.truncate_prompt_tokens) for _, ids in prompts]
@@ -155,21 +154,6 @@ def _engine_prompt_logprobs(body: CompletionRequest) -> int | None:
     return max(wanted) if wanted else None
 
 
-def _prompt_logprobs(namer: TokenNamer, ids: list[int], lps: list | None, top: int) -> list[dict | None] | None:
-    """vLLM's ``prompt_logprobs`` of one prompt: None for the first token, then {token id: {logprob, rank,
-    decoded_token}} with the prompt's own token and the ``top`` most likely."""
-    if lps is None:
-        return None
-    out: list[dict | None] = []
-    for tid, pos in zip(ids, lps):
-        if pos is None:
-            out.append(None)
-            continue
-        out.append({str(t): {"logprob": finite_logprob(lp.logprob), "rank": lp.rank, "decoded_token": namer(t, lp)}
-                    for t, lp in pos.items() if t == tid or (lp.rank is not None and lp.rank <= top)})
-    return out
-
-
 def _echo_logprobs(body: CompletionRequest) -> bool:
     """echo with logprobs: the logprobs cover the prompt tokens too (the engine's prompt_logprobs)."""
     return body.echo and body.logprobs is not None
@@ -213,14 +197,15 @@ async def _collect(state: ServerState, body: CompletionRequest, rid: str, prompt
     for ch in choices:
         if ch.finish_reason == "abort":
             raise engine_abort_error(ch.stop_reason)
+    plps = None if body.prompt_logprobs is None else [  # one list per prompt, shared by its n choices
+        vllm_prompt_logprobs(namer, ids, prompt_lps.get(pi), body.prompt_logprobs)
+        for pi, (_, ids) in enumerate(prompts)]
     return {
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
         "choices": [{"index": k, "text": "".join(ch.parts), "finish_reason": ch.finish_reason,
                      "stop_reason": ch.stop_reason,
                      "logprobs": ch.logprobs.result() if ch.logprobs is not None else None,
-                     **({"prompt_logprobs": _prompt_logprobs(namer, prompts[k // n][1], prompt_lps.get(k // n),
-                                                             body.prompt_logprobs)}
-                        if body.prompt_logprobs is not None else {}),
+                     **({"prompt_logprobs": plps[k // n]} if plps is not None else {}),
                      **_token_ids(body, prompts[k // n][1], ch.token_ids)}
                     for k, ch in enumerate(choices)],
         "usage": usage(sum(len(ids) for _, ids in prompts), sum(ch.num_tokens for ch in choices)),

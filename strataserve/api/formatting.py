@@ -193,6 +193,23 @@ def chat_logprobs(namer: TokenNamer, token_ids: list[int], entries: list[dict[in
     return items
 
 
+def vllm_prompt_logprobs(namer: TokenNamer, ids: list[int], entries: list[dict[int, Logprob] | None] | None,
+                         top: int) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs`` of one prompt (a completions choice's, a chat response's): None for the first
+    token, then {token id: {logprob, rank, decoded_token}} with the prompt's own token and the ``top`` most
+    likely. ``entries``: the engine's prompt logprobs (None: it sent none)."""
+    if entries is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for tid, pos in zip(ids, entries):
+        if pos is None:
+            out.append(None)
+            continue
+        out.append({str(t): {"logprob": finite_logprob(lp.logprob), "rank": lp.rank, "decoded_token": namer(t, lp)}
+                    for t, lp in pos.items() if t == tid or (lp.rank is not None and lp.rank <= top)})
+    return out
+
+
 class ChunkTemplate:
     """Pre-serialised SSE chunk ``{**head, "choices": [{"index": i, <key>: ..., "logprobs": ..., "finish_reason":
     ...}]}``: only the per-token values are encoded per chunk (the hot path of a stream), byte-identical to

@@ -97,6 +97,7 @@ class _SamplingFields(_Base):
     allowed_token_ids: list[Int64] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: Int64 | None = None  # keep the last k prompt tokens (-1: max_model_len)
+    prompt_logprobs: Int64 | None = None  # each prompt token's logprob and the top N (not streamed)
     # structured outputs (vLLM extras; ``api/guided.py`` turns them into one GuidedDecodingParams)
     guided_json: str | dict | None = None
     guided_regex: str | None = None
@@ -116,7 +117,6 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     best_of: Int64 | None = None
     add_special_tokens: bool = True  # vLLM extra: False leaves out what the tokenizer adds (BOS) to text prompts
-    prompt_logprobs: Int64 | None = None  # vLLM extra: each prompt token's logprob and the top N (not streamed)
 
 
 class TextPart(_Base):

@@ -49,21 +49,21 @@ def truncated(state: ServerState, ids: list[int], keep: int | None, param: str =
 
 def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | None, param: str,
                        prompt_param: str = "prompt") -> int:
-    """Check the prompt fits the context and return the output budget (the rest of the context by default).
-    ``prompt_param``: the field the prompt came in (chat's is ``messages``), named in the errors. A ``Capped``
-    budget (the server's limit standing in for an unset one) is an upper bound, as is the checkpoint's
-    max_new_tokens then (vLLM takes the least of them)."""
+    """Check the prompt fits the context and return the output budget, by vLLM's ``get_max_tokens`` rule: a
+    request's value as given (a 400 when it does not fit); an unset one (``None``) the checkpoint's
+    ``max_new_tokens`` (generation_config.json), else the rest of the context, whichever is less. The
+    checkpoint's value is a default only, never a ceiling on a value the request gave (vLLM #34063). A ``Capped``
+    budget (``--limit-max-tokens`` standing in for an unset one) is unset too, with the limit as one more bound.
+    ``prompt_param``: the field the prompt came in (chat's is ``messages``), named in the errors."""
     if num_prompt == 0:
         raise bad_request("the prompt is empty: give at least one token", param=prompt_param)
     limit = state.max_model_len
     if num_prompt >= limit:
         raise bad_request(f"This model's maximum context length is {limit} tokens, but the prompt has {num_prompt} "
                           "tokens; shorten the prompt.", param=prompt_param, code="context_length_exceeded")
-    if max_tokens is None:
-        return limit - num_prompt
-    if isinstance(max_tokens, Capped):
-        most = min(int(max_tokens), limit - num_prompt, state.sampling_defaults.get("max_tokens") or limit)
-        return int(most)  # a plain int: msgpack / msgspec refuse int subclasses
+    if max_tokens is None or isinstance(max_tokens, Capped):
+        bounds = (limit - num_prompt, state.sampling_defaults.get("max_tokens"), max_tokens)
+        return int(min(b for b in bounds if b is not None))  # a plain int: msgpack / msgspec refuse int subclasses
     if max_tokens < 1:
         raise bad_request(f"{param}={max_tokens} is out of range: must be >= 1", param=param)
     if num_prompt + max_tokens > limit:
@@ -71,6 +71,14 @@ def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | No
                           f"{param} asks for {max_tokens} more. Set {param} to at most {limit - num_prompt}.",
                           param=param, code="context_length_exceeded")
     return max_tokens
+
+
+def check_prompt_logprobs(body: Any) -> None:
+    """vLLM's ``prompt_logprobs`` (completions and chat) come whole in a response body, never in a stream: a 400
+    now, before the stream's 200. Their range is SamplingParams' check (``make_params``)."""
+    if body.prompt_logprobs is not None and body.stream:
+        raise bad_request("prompt_logprobs are not returned in streams (as in vLLM): use stream=false",
+                          param="prompt_logprobs")
 
 
 def make_params(defaults: dict[str, Any] | None = None, **kwargs: Any) -> SamplingParams:

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from strataserve.api.completions import _prompt_logprobs
+from strataserve.api.formatting import vllm_prompt_logprobs as _prompt_logprobs
 from strataserve.api.formatting import CompletionLogprobs, TokenNamer, chat_logprobs, json_bytes
 from strataserve.api.protocol import ChatCompletionRequest, CompletionRequest
 from strataserve.api.tools import ToolStreamer, assistant_message, plan_tools
