@@ -184,8 +184,10 @@ PY_SCALE = """
 """
 
 
-def add_python_scale(repo: Path, name: str = "py_scale", max_queue_delay_us: int = 2000) -> None:
+def add_python_scale(repo: Path, name: str = "py_scale", max_queue_delay_us: int = 2000,
+                     preferred: tuple[int, ...] = ()) -> None:
     """OUT = IN*3-1 (error response for non-finite IN); BATCH = rows in the execution that served the request."""
+    pref = f"preferred_batch_size: [ {', '.join(map(str, preferred))} ] " if preferred else ""
     write_python_model(repo, name, PY_SCALE, f"""
         name: "{name}"
         backend: "python"
@@ -193,7 +195,7 @@ def add_python_scale(repo: Path, name: str = "py_scale", max_queue_delay_us: int
         input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 3 ] }} ]
         output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 3 ] }},
                  {{ name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-        dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}
+        dynamic_batching {{ {pref}max_queue_delay_microseconds: {max_queue_delay_us} }}
     """)
 
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Sequence
 
 from strataserve.modelserver.backends.base import Backend, BackendRequest
 from strataserve.modelserver.config import ConfigError, ModelSpec
@@ -42,6 +42,29 @@ def execution_timeout_s(spec: ModelSpec) -> float | None:
         raise ConfigError(spec.source, f"parameters.{TIMEOUT_KEY}", f"'{raw}' is not a positive number of "
                           "milliseconds")
     return ms / 1000.0
+
+
+def batch_cut(rows: Sequence[int], preferred: Sequence[int], max_rows: int, delay_s: float,
+              waited_s: float) -> int | None:
+    """How many of the leading candidates (their row counts in queue order, together within max_rows) to execute
+    now; None: wait for more requests. Triton's GetDynamicBatch: the largest prefix that is a preferred size goes
+    at once (when the queue already holds more than the largest preferred size, the prefix below it goes); a batch
+    that reached the largest preferred size (max_rows without preferred sizes) goes at once; otherwise the oldest
+    request waits up to the delay, after which every candidate goes."""
+    largest = preferred[-1] if preferred else max_rows
+    best = total = 0
+    for i, r in enumerate(rows):
+        if total and total + r > largest and not best:
+            best = i  # no preferred size below the overflow: what precedes it is as large as a batch should be
+        total += r
+        if total in preferred:
+            best = i + 1
+    exceeded = delay_s > 0 and waited_s >= delay_s
+    if best and not exceeded:
+        return best
+    if total >= largest or exceeded or delay_s <= 0:
+        return len(rows)
+    return None
 
 
 class Pending:
@@ -169,25 +192,14 @@ class Scheduler:
                 if p.shape_key == first.shape_key and rows + p.request.rows <= self.max_rows:
                     cands.append(p)
                     rows += p.request.rows
-            target = self.preferred[-1] if self.preferred else self.max_rows
             waited = (time.monotonic_ns() - first.enqueued_ns) / 1e9
-            if rows >= target or waited >= self.delay_s:
-                return self._take(self._preferred_prefix(cands))
+            cut = batch_cut([p.request.rows for p in cands], self.preferred, self.max_rows, self.delay_s, waited)
+            if cut is not None:
+                return self._take(cands[:cut])
             try:
                 await asyncio.wait_for(self.changed.wait(), self.delay_s - waited)
             except asyncio.TimeoutError:
                 pass
-
-    def _preferred_prefix(self, cands: list[Pending]) -> list[Pending]:
-        """The longest prefix whose rows are a preferred batch size, else every candidate."""
-        if not self.preferred:
-            return cands
-        best, rows = None, 0
-        for i, p in enumerate(cands):
-            rows += p.request.rows
-            if rows in self.preferred:
-                best = i + 1
-        return cands[:best] if best else cands
 
     # -- execution ---------------------------------------------------------------------------------------------
     def _executor(self) -> ThreadPoolExecutor:
@@ -222,7 +234,8 @@ class Scheduler:
                 raise
             err = e if isinstance(e, ModelServerError) else ModelServerError(
                 "internal", f"model '{self.spec.name}' version {self.version}: {type(e).__name__}: {e}")
-            if len(batch) > 1 and not self.spec.decoupled and err.code == "internal":
+            # a backend refusing the joined inputs (invalid_argument) may be refusing one request's part of them
+            if len(batch) > 1 and not self.spec.decoupled and err.code in ("internal", "invalid_argument"):
                 for p in batch:  # find the requests that fail on their own; the others still get answers
                     await self._execute(index, [p])
                 return

@@ -1,4 +1,7 @@
-"""onnxruntime backend: one InferenceSession per instance (CUDA provider for KIND_GPU when available)."""
+"""onnxruntime backend: one InferenceSession per instance (CUDA provider for KIND_GPU when available).
+
+BYTES tensors are onnxruntime's tensor(string) (std::string), passed through byte for byte (onnx_strings.py).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from strataserve.modelserver.backends.base import ArrayBackend, InstanceContext
+from strataserve.modelserver.backends.onnx_strings import string_input, string_output, string_output_error
 from strataserve.modelserver.config import ConfigError
 from strataserve.modelserver.repository import model_file
 from strataserve.types.tensors import ModelServerError
@@ -35,11 +39,15 @@ class OnnxBackend(ArrayBackend):
         self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._strings = {i.name for i in self.session.get_inputs() if i.type == "tensor(string)"}
+        self._string_outputs = {o.name for o in self.session.get_outputs() if o.type == "tensor(string)"}
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feed = {k: (v.astype(str) if k in self._strings else v) for k, v in inputs.items()}
-        outs = self.session.run(self.output_names, feed)
-        return dict(zip(self.output_names, outs))
+        feed = {k: (string_input(self.spec.name, k, v) if k in self._strings else v) for k, v in inputs.items()}
+        try:
+            outs = self.session.run(self.output_names, feed)
+        except UnicodeDecodeError as e:  # onnxruntime hands string outputs back only as UTF-8 text
+            raise string_output_error(self.spec.name, sorted(self._string_outputs), feed, e) from None
+        return {n: (string_output(o) if n in self._string_outputs else o) for n, o in zip(self.output_names, outs)}
 
     def close(self) -> None:
         self.session = None

@@ -1,7 +1,7 @@
 """PyTorch backend: TorchScript `model.pt` (torch.jit.load) or torch.export `model.pt2` (torch.export.load).
 
-Inputs are passed positionally in the config's input order; outputs are taken in the config's output order
-from a tensor / tuple / list, or by name from a dict.
+Inputs bind to forward() and outputs to the returned tuple by Triton's naming conventions (torch_naming.py);
+a model returning a dict gives its outputs by name.
 """
 
 from __future__ import annotations
@@ -12,6 +12,13 @@ import numpy as np
 import torch
 
 from strataserve.modelserver.backends.base import ArrayBackend, InstanceContext
+from strataserve.modelserver.backends.torch_naming import (
+    BindingError,
+    input_positions,
+    output_positions,
+    python_signature,
+    torchscript_signature,
+)
 from strataserve.modelserver.config import ConfigError
 from strataserve.modelserver.repository import model_file
 from strataserve.types.tensors import KSERVE_DTYPES, ModelServerError
@@ -35,13 +42,42 @@ class TorchBackend(ArrayBackend):
                 warnings.simplefilter("ignore", DeprecationWarning)
                 self.module = torch.jit.load(str(path), map_location=self.device)
             self.module.eval()
+        # torch.export programs take their arguments positionally only (no keywords)
+        self.signature = python_signature(self.module.forward) if path.suffix == ".pt2" else \
+            torchscript_signature(self.module)
+        self.keywords = path.suffix != ".pt2"
+        self.dict_input = self.signature is not None and self.signature.dict_input
         self.input_names = [t.name for t in ctx.spec.inputs]
         self.output_names = [t.name for t in ctx.spec.outputs]
+        try:
+            in_pos = [] if self.dict_input else input_positions(self.input_names, self.signature)
+            out_pos = output_positions(self.output_names)
+        except BindingError as e:
+            raise ConfigError(ctx.spec.source, "input/output names", str(e)) from None
+        self.inputs_by_position = sorted(zip(in_pos, self.input_names))
+        self.output_index = dict(zip(self.output_names, out_pos))
+
+    def _call(self, inputs: dict[str, np.ndarray]):
+        if self.dict_input:
+            return self.module({n: _to_torch(a).to(self.device) for n, a in inputs.items()})
+        args, kwargs = [], {}
+        for pos, name in self.inputs_by_position:
+            if name not in inputs:
+                continue  # an optional input left out: forward()'s default applies
+            tensor = _to_torch(inputs[name]).to(self.device)
+            if pos == len(args) and not kwargs:
+                args.append(tensor)
+            elif self.keywords and self.signature is not None:
+                kwargs[self.signature.names[pos]] = tensor  # after a gap, only a keyword reaches its parameter
+            else:
+                raise ModelServerError("invalid_argument", f"model '{self.spec.name}': input '{name}' goes to "
+                                       f"forward() position {pos}, after an optional input the request left out; "
+                                       "this model takes its arguments positionally, so send that input too")
+        return self.module(*args, **kwargs)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        args = [_to_torch(inputs[n]).to(self.device) for n in self.input_names if n in inputs]
         with torch.inference_mode():
-            out = self.module(*args)
+            out = self._call(inputs)
         if isinstance(out, torch.Tensor):
             out = (out,)
         if isinstance(out, dict):
@@ -49,10 +85,11 @@ class TorchBackend(ArrayBackend):
             if missing:
                 raise ModelServerError("internal", f"model '{self.spec.name}' returned no outputs {missing}")
             return {n: _to_numpy(out[n]) for n in self.output_names}
-        if len(out) != len(self.output_names):
+        bad = {n: i for n, i in self.output_index.items() if i >= len(out)}
+        if bad:
             raise ModelServerError("internal", f"model '{self.spec.name}' returned {len(out)} tensors but the "
-                                   f"config declares {len(self.output_names)} outputs {self.output_names}")
-        return {n: _to_numpy(t) for n, t in zip(self.output_names, out)}
+                                   f"config's outputs name positions {bad}")
+        return {n: _to_numpy(out[i]) for n, i in self.output_index.items()}
 
     def close(self) -> None:
         self.module = None
