@@ -242,9 +242,9 @@ async def forward(routed: Routed, request: Request, path: str, *, stream: bool, 
     trace = routed.trace(1.0)
     work = routed.backend.forward(path, body, stream=stream, prefix=prefix, trace=trace,  # type: ignore
                                   first_events=first_events)
-    if stream:
-        return await work
-    return await until_disconnect(request, work)  # a client that hangs up stops the upstream's work too
+    # A client that hangs up before the upstream answers stops the upstream's work too, streamed or not (a
+    # stream's relay, once it runs, drops the upstream connection itself when the client leaves).
+    return await until_disconnect(request, work)
 
 
 UPSTREAM_DEFAULT_OUTPUT = 1024  # charged when a request to an upstream model sets no output limit

@@ -4,8 +4,10 @@ repository and every upstream KServe server, dispatching by model name.
 The fronts call the same methods they would call on a ``ModelServer``; the per-model ones are coroutines here
 because an upstream answers over the network. The repository index lists every model the server fronts: the
 repository's, the upstream ones (READY or UNAVAILABLE by health) and the text / speech models (READY, with a
-reason naming the routes that serve them). A local text model (command line or config) answers KServe too, as
-Triton's vLLM backend does (``router/text_tensors.py``); asking KServe to infer on a speech model is a 400.
+reason naming the routes that serve them). An upstream model's infer takes the router's SLA class checks,
+admission and per-class metrics, as ``/v1`` does (``router/kserve_calls.py``). A local text model (command
+line or config) answers KServe too, as Triton's vLLM backend does (``router/text_tensors.py``); asking KServe
+to infer on a speech model is a 400.
 """
 from __future__ import annotations
 
@@ -203,7 +205,12 @@ class TensorRouter:
     async def infer(self, request: InferRequest) -> InferResponse:
         up = self._upstream(request.model_name)
         if up is not None:
-            return await up.infer(request)
+            if self.router is None:  # no router (a bare surface): nothing to check the class against or count
+                return await up.infer(request)
+            from strataserve.api.limits import RequestLimits  # the API layer: not imported at load
+            from strataserve.router.kserve_calls import infer_upstream
+
+            return await infer_upstream(self.router, up, request, self.limits or RequestLimits())
         text = self.text_model(request.model_name)
         if text is not None:
             return await text.infer(request)

@@ -24,24 +24,15 @@ from strataserve.modelserver.llm_io import TextResponder, parse_text_request, sa
 from strataserve.modelserver.model import ModelVersion, tensor_metadata
 from strataserve.modelserver.pbtxt import config_to_json
 from strataserve.modelserver.stats import ModelStats
-from strataserve.router.router import outcome_of
-from strataserve.router.sla import bearer_key
-from strataserve.types.tensors import KSERVE_CALLER, InferRequest, InferResponse, ModelServerError
+from strataserve.router.kserve_calls import caller_routed, kserve_error, outcome
+from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
 
 if TYPE_CHECKING:
     from strataserve.router.backends.local_llm import LocalLLMBackend
     from strataserve.router.router import Router
 
 VERSION = "1"
-_CODES = {400: "invalid_argument", 403: "invalid_argument", 404: "not_found", 413: "invalid_argument",
-          429: "resource_exhausted", 499: "unavailable", 504: "deadline_exceeded", 502: "bad_gateway"}
 _ids = itertools.count()
-
-
-def kserve_error(exc: APIError) -> ModelServerError:
-    """An OpenAI-side refusal as the KServe fronts answer it (same status, the message naming the field)."""
-    code = _CODES.get(exc.status, "unavailable" if exc.status >= 500 else "invalid_argument")
-    return ModelServerError(code, exc.message)
 
 
 class TextTensorModel:
@@ -78,11 +69,6 @@ class TextTensorModel:
         return {"model_stats": [self.stats.as_dict()]}
 
     # ------------------------------------------------------------------ requests
-    def _routed(self) -> Routed:
-        header, auth = KSERVE_CALLER.get()
-        key = bearer_key(auth)
-        return Routed(self.router, self.backend, self.router.policy.resolve(header, key), key, self.limits)
-
     def _prepare(self, routed: Routed, req: InferRequest, pieces: bool) -> tuple[Any, list[int], Any, TextResponder]:
         """(engine state, prompt ids, SamplingParams, responder), every check of /v1/completions done."""
         state = local_state(routed)  # 503 when the engine process is gone
@@ -111,14 +97,14 @@ class TextTensorModel:
         self.stats.add_pending(1)
         routed: Routed | None = None
         try:
-            routed = self._routed()
+            routed = caller_routed(self.router, self.backend, self.limits)
             state, ids, params, responder = self._prepare(routed, req, pieces)
             work = float(len(ids))
             # 429 when the key's tokens per minute are spent or the queue ahead would miss the class's TTFT
             routed.check(work, work + params.max_tokens, 1, params.max_tokens)
             state.check_capacity(1)
             with state.hold(1):
-                trace, outcome = routed.trace(work), "aborted"  # unless it ends below: the consumer left
+                trace, ended = routed.trace(work), "aborted"  # unless it ends below: the consumer left
                 rid = f"kserve-{self.name}-{req.id or ''}-{next(_ids)}"
                 t0 = time.perf_counter_ns()
                 try:
@@ -128,19 +114,18 @@ class TextTensorModel:
                             response = responder.feed(out)
                             if response is not None:
                                 yield response
-                    outcome = "ok"
+                    ended = "ok"
                 except (APIError, ModelServerError) as exc:
-                    outcome = outcome_of(exc) if isinstance(exc, APIError) else _outcome(exc)
+                    ended = outcome(exc)
                     raise
                 finally:  # closing ``outs`` above aborted the engine request if we stopped early
-                    trace.finish(outcome)
+                    trace.finish(ended)
             self.stats.execution_done(1, 1, 0, time.perf_counter_ns() - t0, 0)
             ok = True
         except BaseException as exc:
             if routed is not None and not routed.counted:  # refused before its trace: counted as /v1 counts it
                 routed.counted = True
-                outcome = outcome_of(exc) if not isinstance(exc, ModelServerError) else _outcome(exc)
-                self.router.metrics.reject(self.name, routed.sla.name, outcome)
+                self.router.metrics.reject(self.name, routed.sla.name, outcome(exc))
             if isinstance(exc, APIError):
                 raise kserve_error(exc) from None
             raise
@@ -156,7 +141,3 @@ class TextTensorModel:
         if last is None:  # the engine ends every request with a finished output; never expected
             raise ModelServerError("internal", f"model '{self.name}': the engine sent no output")
         return last
-
-
-def _outcome(exc: ModelServerError) -> str:
-    return "client_error" if exc.http_status < 500 else "unavailable"

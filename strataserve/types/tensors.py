@@ -107,6 +107,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "internal": (500, "INTERNAL"),
     "failed_precondition": (400, "FAILED_PRECONDITION"),
     "bad_gateway": (502, "INTERNAL"),  # an upstream server (behind the router) failed
+    "permission_denied": (403, "PERMISSION_DENIED"),  # an API key asking above its SLA class
 }
 
 
