@@ -3,8 +3,9 @@
 Both of our KServe fronts (HTTP and gRPC) decode a request into an ``InferRequest``; this backend sends it
 upstream over HTTP with every tensor in the binary extension and decodes the answer, so ``tritonclient`` sees
 an upstream model exactly as it sees a local one. Metadata, config and statistics are fetched from the upstream
-with the model renamed to the name this server gives it. Connection errors mark the replica down and retry
-another; no replica left is UNAVAILABLE (503) naming the model.
+with the model renamed to the name this server gives it. A replica that could not be reached is marked down and
+the next one tried; a call dropped after it was sent is retried once on another replica (``upstream_retry.py``);
+no replica left is UNAVAILABLE (503) naming the model.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from strataserve.types.tensors import InferRequest, InferResponse, ModelServerEr
 from strataserve.router.config import KServeUpstream
 from strataserve.router.kserve_client import HEADER_LENGTH, decode_response, encode_request, error_from_status
 from strataserve.router.backends.upstream import UpstreamBackend
+from strataserve.router.backends.upstream_retry import Outliers, after_connection_error
 from strataserve.router.replicas import Replica
 from strataserve.router.types import ModelCard, Payload
 
@@ -30,6 +32,7 @@ class KServeUpstreamBackend(UpstreamBackend):
                          connect_timeout_s=spec.connect_timeout_s, health_interval_s=health_interval_s)
         self.spec = spec
         self.health_path = f"/v2/models/{spec.remote_name}/ready"
+        self.outliers = Outliers()
 
     def card(self) -> ModelCard:
         return ModelCard(self.name, Payload.TENSORS, "upstream-kserve", self.ready(), self.unavailable_reason(),
@@ -42,26 +45,35 @@ class KServeUpstreamBackend(UpstreamBackend):
 
     async def _call(self, method: str, path: str, body: bytes | None = None,
                     headers: dict[str, str] | None = None) -> tuple[int, bytes, Any]:
+        """One call, tried on replicas as ``upstream_retry.py`` says for connection failures (a KServe error
+        status is the model's answer, returned as it is)."""
         tried: list[Replica] = []
+        retried = False  # the one retry of a request an upstream may have seen
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.spec.connect_timeout_s,
                                         sock_read=self.spec.timeout_s)
         while True:
             r = self.replicas.choose(None, exclude=tuple(tried))
             if r is None:
                 raise ModelServerError("unavailable", self.replicas.unavailable_message())
+            tried.append(r)
             r.outstanding += 1
             try:
                 async with self.session.request(method, r.url + path, data=body, headers=headers,
                                                 timeout=timeout) as resp:
-                    return resp.status, await resp.read(), resp.headers
-            except aiohttp.ServerTimeoutError as exc:
-                if not isinstance(exc, aiohttp.ConnectionTimeoutError):  # not connecting: try another replica
-                    raise self._timeout() from None
-                r.mark_down(f"{type(exc).__name__}: {exc}")
-                tried.append(r)
+                    answer = resp.status, await resp.read(), resp.headers
+                self.outliers.succeeded(r)
+                return answer
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-                r.mark_down(f"{type(exc).__name__}: {exc}")
-                tried.append(r)
+                what = after_connection_error(exc, r, self.outliers)
+                if what == "next":
+                    continue
+                if what == "timeout":  # no answer in timeout_s: its slowness, not retried
+                    raise self._timeout() from None
+                # dropped: retried once elsewhere (a request that kills its server reaches two replicas, not all)
+                if retried or self.replicas.choose(None, exclude=tuple(tried)) is None:
+                    raise ModelServerError("bad_gateway", f"model '{self.name}': the upstream server closed the "
+                                           f"connection without answering ({type(exc).__name__})") from None
+                retried = True
             except asyncio.TimeoutError:
                 raise self._timeout() from None
             finally:

@@ -12,6 +12,7 @@ import msgspec
 
 from strataserve.api.errors import APIError
 from strataserve.api.formatting import json_bytes, line_safe
+from strataserve.router.backends.sse_events import event_data, normalise_newlines
 
 _FINAL = ("response.completed", "response.incomplete", "response.failed")
 
@@ -25,10 +26,11 @@ class ResponsesStream:
         self.output_tokens: int | None = None  # the final event's usage, when it came
 
     def feed(self, chunk: bytes) -> int:
-        """Read whole events (``chunk`` ends at an event boundary); the tokens they carry."""
+        """Read whole events (``chunk`` ends at an event boundary, its lines ended by LF, CRLF or CR alike); the
+        tokens they carry."""
         tokens = 0
-        for block in chunk.split(b"\n\n"):
-            data = next((line[5:] for line in block.split(b"\n") if line.startswith(b"data:")), None)
+        for block in normalise_newlines(chunk).split(b"\n\n"):
+            data = event_data(block)
             if data is None:
                 continue
             try:
