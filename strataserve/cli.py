@@ -68,11 +68,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="load no tokenizer: token-id prompts only, outputs as token ids (return_token_ids)")
 
 
+def _first_name(names: str | list[str] | None) -> str | None:
+    """The name responses carry: the first of --served-model-name's (a config entry gives one string)."""
+    return names[0] if isinstance(names, list) else names
+
+
 def engine_config(args: argparse.Namespace, model: str) -> EngineConfig:
     """Build (and so validate) the engine config; a bad value raises ValueError naming the flag's field."""
     return EngineConfig(
         model=ModelConfig(model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                          seed=args.seed, served_model_name=getattr(args, "served_model_name", None),
+                          seed=args.seed, served_model_name=_first_name(getattr(args, "served_model_name", None)),
                           skip_tokenizer_init=getattr(args, "skip_tokenizer_init", False),
                           load_format=getattr(args, "load_format", "auto")),
         cache=CacheConfig(block_size=args.block_size, kv_cache_memory_gib=args.kv_cache_memory_gib,
@@ -100,7 +105,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", type=api_key, default=envs.STRATA_API_KEY,
                    help="require 'Authorization: Bearer KEY' on HTTP and gRPC (the probes and docs stay open, "
                         "and /metrics unless --metrics-require-key)")
-    p.add_argument("--served-model-name", default=None, help="model name clients use (default: the folder path)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model name(s) clients use (default: the folder path); as vLLM's, every name is served and "
+                        "listed, and responses carry the first")
     p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
                    help="sampling defaults for what a request leaves unset (vLLM's flag): auto = the checkpoint's "
                         "generation_config.json, vllm = none, or a folder holding one")
@@ -183,7 +190,7 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
 
         model = str(DEMO_MODEL_DIR)
         if args.served_model_name is None:
-            args.served_model_name = DEMO_MODEL_DIR.name
+            args.served_model_name = [DEMO_MODEL_DIR.name]
         console.print(f"No model given: serving the embedded demo model ({model})", soft_wrap=True)
     llms = ()
     if model is not None:
@@ -195,9 +202,10 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
         if not os.path.isdir(model):
             console.print(f"[red]error:[/] model folder {model!r} does not exist (give an HF checkpoint folder)")
             return None
-        llms = (LocalLLMSpec(args.served_model_name or model, config, tool_call_parser=args.tool_call_parser,
+        names = args.served_model_name or [model]
+        llms = (LocalLLMSpec(names[0], config, tool_call_parser=args.tool_call_parser,
                              enable_auto_tool_choice=args.enable_auto_tool_choice,
-                             generation_config=args.generation_config),)
+                             generation_config=args.generation_config, aliases=tuple(names[1:])),)
     return ServeOptions(llms=llms, **server)
 
 

@@ -24,6 +24,9 @@ def _named(flags: list[str]) -> str:
 def flag_error(args: argparse.Namespace) -> str | None:
     """A flag given without the one it needs: refused at start (as vLLM and Triton do), not silently ignored.
     With --config, the file may supply what is missing: ``options_error`` checks the merged options then."""
+    names = args.served_model_name or []
+    if len(set(names)) < len(names):
+        return f"--served-model-name {' '.join(names)}: a name is given twice"
     if args.config is not None:
         return None
     if args.enable_auto_tool_choice and args.tool_call_parser is None:

@@ -82,6 +82,9 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
                 entry["max_model_len"] = card.max_model_len
             entry.update(card.extra)  # voices, languages; upstream name; replicas: each one's health, load, place
             data.append(entry)
+            # --served-model-name NAME ALIAS...: one entry per name, as vLLM lists them (an AliasRouter's)
+            for alias in getattr(router, "aliases_of", lambda _: [])(card.name):
+                data.append({**entry, "id": alias})
         if router.tensors is not None and router.tensors.local is not None:
             for m in router.tensors.local.repository_index(ready_only=True):
                 data.append({"id": m["name"], "object": "model", "created": CREATED, "owned_by": "strataserve",
@@ -121,7 +124,10 @@ def build_app(router: Router, *, registry: CollectorRegistry, door: Door | None 
                            "text", param="prompt")
         else:
             ids = llm.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-        return JSONResponse({"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids})
+        # vLLM's shape: token_strs is always there, null unless asked for
+        strs = llm.tokenizer.hf.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return JSONResponse({"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
+                             "token_strs": strs})
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest, request: Request) -> Response:

@@ -48,16 +48,23 @@ class RequestLimits:
 
     def check(self, body: Any) -> None:
         """The body's n, max_tokens, stop strings and logit_bias against the limits. A body that sets no output
-        budget gets the limit as its budget (a ``Capped`` value), so the routes stop there."""
+        budget gets the limit as its budget (a ``Capped`` value), so the routes stop there; a protocol default above
+        the limit (a field the client left out: ``model_fields_set``) is lowered to it, never refused."""
         if body.n > self.max_n:
             raise bad_request(f"n={body.n} is above this server's limit of {self.max_n}", param="n",
                               code="limit_exceeded")
         present = [name for name in _BUDGET_FIELDS if hasattr(body, name)]
+        given = getattr(body, "model_fields_set", None)  # None (a plain object): every field is the client's
         for name in present:
             v = getattr(body, name)
-            if v is not None and self.max_tokens is not None and v > self.max_tokens:
-                raise bad_request(f"{name}={v} is above this server's limit of {self.max_tokens}", param=name,
-                                  code="limit_exceeded")
+            if v is None or self.max_tokens is None or v <= self.max_tokens:
+                continue
+            if given is not None and name not in given:
+                # the protocol's default (completions' 16), not the client's: held to the limit like an unset one
+                setattr(body, name, self.max_tokens)
+                continue
+            raise bad_request(f"{name}={v} is above this server's limit of {self.max_tokens}", param=name,
+                              code="limit_exceeded")
         if present and all(getattr(body, name) is None for name in present):
             setattr(body, present[-1], self.default_max_tokens(None))
         stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])

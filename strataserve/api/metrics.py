@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from strataserve.types.outputs import RequestMetrics
+from strataserve.types.outputs import RequestMetrics, RequestOutput
 from strataserve.types.protocol import SchedulerStats
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -111,8 +111,9 @@ class ServerMetrics(Collector):
     def success(self, reason: str) -> None:
         self.finished[reason] = self.finished.get(reason, 0) + 1
 
-    def track(self, num_prompt_tokens: int) -> "RequestTimer":
-        return RequestTimer(self, num_prompt_tokens)
+    def track(self, num_prompt_tokens: int, n: int = 1) -> "RequestTimer":
+        """The timer of one engine request of ``n`` sequences (parallel sampling)."""
+        return RequestTimer(self, num_prompt_tokens, n)
 
     def collect(self) -> Iterable[Metric]:
         stats = self.stats_source() or SchedulerStats()
@@ -179,50 +180,83 @@ class MetricsGroup(Collector):
         return list(merged.values())
 
 
-class RequestTimer:
-    """Timestamps of one engine request, seen from the API process (monotonic clock)."""
+class _Child:
+    """The API-side timestamps of one of a request's ``n`` sequences (perf_counter clock)."""
 
-    __slots__ = ("m", "num_prompt", "num_generated", "arrival", "first", "last")
+    __slots__ = ("num_generated", "first", "last", "end")
 
-    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int) -> None:
-        self.m = metrics
-        self.num_prompt = num_prompt_tokens
+    def __init__(self) -> None:
         self.num_generated = 0
-        self.arrival = time.perf_counter()
         self.first: float | None = None
         self.last = 0.0
+        self.end: float | None = None  # when its finish reason arrived
 
-    def on_tokens(self, n: int) -> None:
+
+class RequestTimer:
+    """Timestamps of one engine request, seen from the API process (monotonic clock). Each of its ``n``
+    sequences counts as a request of its own, as vLLM counts the n child requests of parallel sampling: its own
+    TTFT, prompt tokens, end-to-end latency and token histograms, so their counts agree with
+    ``request_success_total`` (one per sequence)."""
+
+    __slots__ = ("m", "num_prompt", "arrival", "children")
+
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int, n: int = 1) -> None:
+        self.m = metrics
+        self.num_prompt = num_prompt_tokens
+        self.arrival = time.perf_counter()
+        self.children = [_Child() for _ in range(max(n, 1))]
+
+    def on_output(self, out: RequestOutput) -> None:
+        """One (delta) output of the engine: the new tokens and finish of each sequence."""
+        now = time.perf_counter()
+        for c in out.outputs:
+            self._tokens(c.index, len(c.token_ids), now)
+            if c.finish_reason is not None:
+                self._child(c.index).end = now
+
+    def _child(self, index: int) -> _Child:
+        while index >= len(self.children):  # more sequences than ``track`` was told: count them all
+            self.children.append(_Child())
+        return self.children[index]
+
+    def _tokens(self, index: int, n: int, now: float) -> None:
         if n <= 0:
             return
-        now = time.perf_counter()
-        if self.first is None:
-            self.first = now
-            self.m.ttft.observe(now - self.arrival)
-            self.m.prompt_tokens += self.num_prompt
+        child, m = self._child(index), self.m
+        if child.first is None:
+            child.first = now
+            m.ttft.observe(now - self.arrival)
+            m.prompt_tokens += self.num_prompt  # per sequence, as vLLM counts each child's prompt
         else:
-            self.m.itl.observe(now - self.last)
-        self.last = now
-        self.num_generated += n
-        self.m.generation_tokens += n
+            m.itl.observe(now - child.last)
+        child.last = now
+        child.num_generated += n
+        m.generation_tokens += n
 
     def finish(self, engine_metrics: RequestMetrics | None = None) -> None:
-        """Record the request-level histograms (finish reasons are counted per completion by the caller)."""
-        m = self.m
+        """Record the request-level histograms, once per sequence (finish reasons are counted per sequence by the
+        caller); a sequence with no finish reason yet (aborted) ends now."""
         now = time.perf_counter()
-        m.e2e.observe(now - self.arrival)
+        to_wall = time.time() - now  # the engine's timestamps are wall-clock
+        for child in self.children:
+            self._finish_child(child, child.end if child.end is not None else now, to_wall, engine_metrics)
+
+    def _finish_child(self, child: _Child, end: float, to_wall: float, em: RequestMetrics | None) -> None:
+        m = self.m
+        m.e2e.observe(end - self.arrival)
         m.req_prompt_tokens.observe(self.num_prompt)
-        m.req_generation_tokens.observe(self.num_generated)
-        if self.first is not None and self.num_generated > 1:
-            m.tpot.observe((self.last - self.first) / (self.num_generated - 1))
-        em = engine_metrics
+        m.req_generation_tokens.observe(child.num_generated)
+        if child.first is not None and child.num_generated > 1:
+            m.tpot.observe((child.last - child.first) / (child.num_generated - 1))
         if em is not None and em.first_scheduled_time is not None:
             m.queue.observe(max(0.0, em.first_scheduled_time - em.arrival_time))
             if em.first_token_time is not None:
                 m.prefill.observe(max(0.0, em.first_token_time - em.first_scheduled_time))
-                end = em.finished_time if em.finished_time is not None else time.time()
-                m.decode.observe(max(0.0, end - em.first_token_time))
-        elif self.first is not None:
+                # the request's end, or this sequence's own when it finished before its siblings
+                ends = [t for t in (em.finished_time, end + to_wall if child.end is not None else None)
+                        if t is not None]
+                m.decode.observe(max(0.0, (min(ends) if ends else time.time()) - em.first_token_time))
+        elif child.first is not None:
             # The engine did not report its timestamps: the API-side view is the best we have.
-            m.prefill.observe(self.first - self.arrival)
-            m.decode.observe(now - self.first)
+            m.prefill.observe(child.first - self.arrival)
+            m.decode.observe(end - child.first)

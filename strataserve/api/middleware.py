@@ -15,8 +15,9 @@
   parser lets through, but no tokenizer, codec or encoder downstream can take it, so it is refused here with a 400.
 - An exception no route handled gets its 500 here, before the response starts. Starlette's outermost handler
   would send the same body and then re-raise, and the server would drop the client's kept-alive connection.
-- When the drain's time is up, the server cancels what is still streaming: an SSE stream then ends with a last
-  error event (and ``[DONE]``) instead of a cut connection and a traceback per stream in the log.
+- When the drain's time is up, the server cancels what is still in flight: an SSE stream then ends with a last
+  error event (and ``[DONE]``), a request not yet answered (its body still arriving, or its answer not started)
+  gets a 503, instead of a cut connection and a traceback per request in the log.
 """
 from __future__ import annotations
 
@@ -93,7 +94,15 @@ class GuardMiddleware:
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            try:
+                message = await receive()
+            except asyncio.CancelledError:
+                if not self.door.draining:
+                    raise
+                # The drain's time is up while the client was still sending its body: a 503 that says so, not a
+                # traceback and a 500 in the log (as a stream cut short gets its last event).
+                await _send_error(send, _stopped_error(), scope["path"])
+                return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
@@ -146,11 +155,15 @@ async def _answering_500(app: Callable, scope: Scope, receive: Callable, send: C
     try:
         await app(scope, receive, tracking_send)
     except asyncio.CancelledError:
-        if not (started and sse and door.draining):
+        if not door.draining or (started and not sse):
             raise
-        # The drain's time is up and the server is stopping: the stream ends with a last error event (and the
-        # OpenAI routes' [DONE]) rather than a cut connection and a logged traceback per stream.
-        await send({"type": "http.response.body", "body": _stopped_event(scope["path"]), "more_body": False})
+        # The drain's time is up and the server is stopping: a stream ends with a last error event (and the
+        # OpenAI routes' [DONE]), a request not yet answered gets a 503, rather than a cut connection and a logged
+        # traceback per request.
+        if started:
+            await send({"type": "http.response.body", "body": _stopped_event(scope["path"]), "more_body": False})
+        else:
+            await _send_error(send, _stopped_error(), scope["path"])
     except Exception as exc:
         if started:  # the status line is out: only dropping the connection tells the client it is cut short
             raise
@@ -158,11 +171,15 @@ async def _answering_500(app: Callable, scope: Scope, receive: Callable, send: C
         await _send_error(send, APIError(500, f"internal error: {type(exc).__name__}: {exc}"), scope["path"])
 
 
+def _stopped_error() -> APIError:
+    return APIError(503, "the server stopped before this request finished (its shutdown timeout passed); retry "
+                    "elsewhere", code="server_shutdown", type="service_unavailable", headers={"Connection": "close"})
+
+
 def _stopped_event(path: str) -> bytes:
-    message = "the server stopped before this stream finished (its shutdown timeout passed); retry elsewhere"
+    err = _stopped_error()
     if path.startswith("/v2"):
-        return b"data: " + msgspec.json.encode({"error": message}) + b"\n\n"
-    err = APIError(503, message, code="server_shutdown", type="service_unavailable")
+        return b"data: " + msgspec.json.encode({"error": err.message}) + b"\n\n"
     return b"data: " + msgspec.json.encode(err.body()) + b"\n\ndata: [DONE]\n\n"
 
 

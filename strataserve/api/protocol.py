@@ -188,6 +188,7 @@ class TokenizeRequest(_Base):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ToolDef] | None = None  # rendered as the chat route renders them, so the counts agree
+    return_token_strs: bool = False  # vLLM: also answer each token id's token string (``token_strs``)
 
 
 class DetokenizeRequest(_Base):

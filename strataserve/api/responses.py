@@ -94,8 +94,6 @@ def _prepare(routed: Routed, body: ResponsesRequest, chat: ChatCompletionRequest
     plan, guided = tools_and_guided(state, chat)
     prompt_ids = render_chat(state, chat.messages, True, chat.tools, template_kwargs=chat.chat_template_kwargs)
     max_tokens = resolve_max_tokens(state, len(prompt_ids), body.max_output_tokens, "max_output_tokens", "input")
-    if body.max_output_tokens is None and "max_tokens" in state.sampling_defaults:  # as the chat route (vLLM)
-        max_tokens = min(max_tokens, state.sampling_defaults["max_tokens"])
     if body.max_output_tokens is None and routed.limits.max_tokens is not None:  # unset: held to the limit
         max_tokens = min(max_tokens, routed.limits.max_tokens)
     params = make_params(state.sampling_defaults, max_tokens=max_tokens, temperature=chat.temperature,

@@ -28,6 +28,7 @@ from strataserve.api.app import build_app
 from strataserve.api.door import CORS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED_BYTES, Door, DoorConfig
 from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import MetricsGroup, ServerMetrics
+from strataserve.api.rate_metrics import CountingQuota
 from strataserve.api.serving import ServerState
 from strataserve.config import EngineConfig
 from strataserve.models.generation_defaults import describe, sampling_defaults
@@ -38,9 +39,10 @@ from strataserve.router.backends.tts import TTSBackend
 from strataserve.router.config import KServeUpstream, LocalModel, OpenAIUpstream, RouterConfig
 from strataserve.router.launch import (adopt_early_client, is_in_process_speech, is_speech_dir, load_engine,
                                        load_replicas, load_speech, start_model_server)
+from strataserve.router.aliases import AliasRouter
 from strataserve.router.local_replicas import ReplicatedEngine
 from strataserve.router.metrics import RouterMetrics
-from strataserve.router.quota import KeyQuota, RateLimits
+from strataserve.router.quota import RateLimits
 from strataserve.router.router import Router
 from strataserve.router.sla import SLA, SLAPolicy
 from strataserve.router.supervisor import EngineSupervisor, RestartMetrics
@@ -65,6 +67,7 @@ class LocalLLMSpec:
     ray_address: str | None = None
     num_gpus_per_replica: float | None = None
     generation_config: str = "auto"  # sampling defaults: the checkpoint's generation_config.json ("vllm": none)
+    aliases: tuple[str, ...] = ()  # more names it answers to (--served-model-name NAME ALIAS ...)
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
                        console: Console) -> Router:
     """Every backend the options declare, registered with one router (the model repository is started here).
     ``engines`` maps each local model's name to its ``AsyncLLM`` or, for a speech checkpoint, its ``AsyncTTS``."""
-    router = Router(options.sla, RouterMetrics(registry), KeyQuota(options.rate))
+    router = AliasRouter(options.sla, RouterMetrics(registry), CountingQuota(options.rate, registry, options.sla))
     group, speech_group = MetricsGroup(registry), MetricsGroup(registry)
     restarts = RestartMetrics(registry)
     for spec in options.llms:
@@ -190,6 +193,8 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
         if options.restart_engines:
             backend.supervisors = _supervisors(backend, spec, options, engines, restarts, console)
         router.add(backend)
+        for alias in spec.aliases:
+            router.add_alias(alias, spec.name)
     kserve: dict[str, KServeUpstreamBackend] = {}
     for up in options.upstreams:
         if isinstance(up, OpenAIUpstream):
@@ -299,7 +304,8 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
         if server.started:
             app.state.console.start()  # the dashboard's history begins with the server
             freeze_startup_heap()
-            _banner(console, options, router, getattr(grpc_handle, "port", None))
+            # the bound port, not the asked one: --port 0 lets the OS choose
+            _banner(console, options, router, sock.getsockname()[1], getattr(grpc_handle, "port", None))
             console.print(f"start-up: HTTP ready {process_age():.2f} s after the process started", soft_wrap=True)
         await serving
     finally:
@@ -315,9 +321,9 @@ async def _serve_async(options: ServeOptions, engines: dict[str, Any], console: 
             await router.tensors.local.stop()
 
 
-def _banner(console: Console, options: ServeOptions, router: Router, grpc_port: int | None) -> None:
+def _banner(console: Console, options: ServeOptions, router: Router, port: int, grpc_port: int | None) -> None:
     host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
-    url = f"{'https' if options.ssl_certfile else 'http'}://{host}:{options.port}"
+    url = f"{'https' if options.ssl_certfile else 'http'}://{host}:{port}"
     for card in router.cards():
         where = {"text": f"{url}/v1", "speech": f"{url}/v1/audio/speech", "tensors": f"{url}/v2"}[card.payload.value]
         note = "" if card.ready else " [yellow](not ready: see /v1/models)[/]"

@@ -279,7 +279,7 @@ async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[in
                         priority: int = 0, trace: RouteTrace | None = None) -> AsyncIterator[RequestOutput]:
     """Delta outputs of one engine request. Records metrics (the engine's, and the router's per-class ``trace``
     when given); aborts the request if not iterated to the end."""
-    timer = state.metrics.track(len(prompt_ids))
+    timer = state.metrics.track(len(prompt_ids), params.n)
     metrics = state.metrics
     finished = False
     ended = 0  # choices counted in request_success (one per choice, an abort's too)
@@ -293,7 +293,7 @@ async def engine_stream(state: ServerState, request_id: str, prompt_ids: list[in
                 if c.finish_reason is not None:
                     metrics.success(c.finish_reason)
                     ended += 1
-            timer.on_tokens(n)
+            timer.on_output(out)
             if trace is not None:
                 trace.on_tokens(n)
             last = out

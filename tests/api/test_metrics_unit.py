@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from strataserve.api.metrics import LoopHistogram, ServerMetrics, _token_buckets
+from strataserve.types.outputs import CompletionOutput, RequestOutput
 
 
 def _samples(registry: CollectorRegistry, name: str) -> dict:
@@ -39,8 +40,8 @@ def test_loop_histogram_matches_prometheus_histogram():
 def test_request_timer_feeds_counters_and_histograms():
     m = ServerMetrics("m", 100, lambda: None)
     t = m.track(7)
-    t.on_tokens(1)
-    t.on_tokens(2)
+    t.on_output(RequestOutput("r", None, [1] * 7, [CompletionOutput(0, "", [5])], False))
+    t.on_output(RequestOutput("r", None, [1] * 7, [CompletionOutput(0, "", [5, 6], finish_reason="length")], True))
     t.finish()
     m.success("length")
     s = {(x.name, tuple(sorted(x.labels.items()))): x.value
