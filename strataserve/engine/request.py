@@ -106,8 +106,9 @@ class Request:
         self.grammar = None
         #: prompt logprobs gathered so far, for prompt positions 1, 2, ... (None: not asked)
         self.prompt_logprobs: list | None = [] if sampling_params.prompt_logprobs is not None else None
-        self.sync_only = (sampling_params.uses_penalties or sampling_params.min_tokens > 0
-                          or sampling_params.seed is not None or sampling_params.logprobs is not None
+        # the runner's sampler reads a longer bad word's head from the host's output list, one token behind
+        # while a step is in flight; everything else it needs travels with the step (runner/sampler.py)
+        self.sync_only = (any(len(w) > 1 for w in sampling_params.bad_words_token_ids or ())
                           or self.prompt_logprobs is not None)
 
     @classmethod

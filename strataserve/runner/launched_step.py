@@ -10,7 +10,7 @@ import threading
 
 import torch
 
-from strataserve.runner.sampler import SamplingRequest
+from strataserve.runner.sampler import DeferredLogprobs, SamplingRequest, resolve_logprobs
 from strataserve.types.outputs import ModelRunnerOutput
 
 
@@ -38,6 +38,8 @@ class LaunchedStep:
             return  # ``result`` reads the tensor itself
         self._host = torch.empty(self.tokens.shape, dtype=self.tokens.dtype, pin_memory=True)
         self._host.copy_(self.tokens, non_blocking=True)
+        if isinstance(self.logprobs, DeferredLogprobs):
+            self.logprobs.copy_to_host()
         self._event = torch.cuda.Event(enable_timing=True)  # the engine times steps between these (StepBudget)
         self._event.record()
 
@@ -64,4 +66,4 @@ class LaunchedStep:
             ids = self.tokens.tolist()  # type: ignore[union-attr]
         for req, tok in zip(self.reqs, ids):
             req.output_token_ids.append(tok)
-        return ModelRunnerOutput(self.req_ids, ids, self.logprobs, self.prompt_logprobs)
+        return ModelRunnerOutput(self.req_ids, ids, resolve_logprobs(self.logprobs), self.prompt_logprobs)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from strataserve.runner.sampling_filters import to_device
+
 _BYTE_BITS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -17,7 +19,8 @@ def _byte_bits(device: torch.device) -> torch.Tensor:
     t = _BYTE_BITS.get(device)
     if t is None:
         b = torch.arange(256, dtype=torch.int32)
-        t = _BYTE_BITS[device] = ((b.unsqueeze(1) >> torch.arange(8, dtype=torch.int32)) & 1).bool().to(device)
+        bits = ((b.unsqueeze(1) >> torch.arange(8, dtype=torch.int32)) & 1).bool()
+        t = _BYTE_BITS[device] = bits.to(device, non_blocking=True)
     return t
 
 
@@ -60,7 +63,7 @@ def apply_token_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Te
     if len(rows) == logits.shape[0] and rows == list(range(len(rows))):
         _mask_rows(logits, bitmask)
         return
-    idx = torch.tensor(rows, dtype=torch.long, device=dev)
+    idx = to_device(rows, torch.long, dev)
     sub = logits.index_select(0, idx)
     _mask_rows(sub, bitmask)
     logits[idx] = sub

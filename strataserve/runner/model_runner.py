@@ -20,6 +20,7 @@ tokens travel to pinned host memory behind an event, and the next step's chunks 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 
 import torch
@@ -40,7 +41,9 @@ from strataserve.runner.launched_step import LaunchedStep
 from strataserve.runner.kv_quant import calibrate_kv_scales, resolve_kv_cache_dtype
 from strataserve.runner.logits_mask import apply_token_bitmask
 from strataserve.runner.prompt_logprobs import PromptRows, prompt_logprobs, prompt_rows
+from strataserve.runner.pending_tokens import fill_placeholders
 from strataserve.runner.sampler import Sampler, SamplingRequest
+from strataserve.runner.token_history import TokenHistory
 from strataserve.runner.tp_worker import RankSetup, setup
 from strataserve.startup import Phases
 
@@ -128,6 +131,8 @@ class ModelRunner(ModelRunnerBase):
         self.requests: dict[str, SamplingRequest] = {}
         self._rows = BlockTableRows(config.scheduler.max_num_seqs, -(-self.max_model_len // self.block_size))
         self._last: tuple[torch.Tensor, dict[str, int]] | None = None  # last launch's token tensor, row per id
+        self.token_history: TokenHistory | None = None  # penalised requests' token counts (async, made on first use)
+        self._history_ok = "history" in inspect.signature(self.sampler.sample).parameters  # a custom sampler's may not
         #: all-greedy graph steps take the argmax captured in the graph (a custom sampler sees every step instead)
         self._graph_argmax = envs.STRATA_GRAPH_ARGMAX and type(self.sampler) is Sampler
         with self.startup.time("GEMV tuning"):
@@ -279,10 +284,11 @@ class ModelRunner(ModelRunnerBase):
         if self.tp_setup.workers is not None:
             self.tp_control.broadcast_step(scheduler_output)  # type: ignore[union-attr]
         for rid in scheduler_output.finished_req_ids:
-            self.requests.pop(rid, None)
+            self._drop(rid)
             self._rows.forget(rid)
         eos = self.model_config.eos_primary()
         for nr in scheduler_output.new_requests:
+            self._drop(nr.req_id)  # re-sent after preemption: its device history is rebuilt from these lists
             self.requests[nr.req_id] = SamplingRequest(nr.sampling_params, list(nr.prompt_token_ids),
                                                        list(nr.output_token_ids), eos)
         chunks = scheduler_output.chunks
@@ -290,7 +296,7 @@ class ModelRunner(ModelRunnerBase):
             return LaunchedStep([], [], None, [], [])
         batch = build_input_batch(chunks, self.block_size, self.device, self.dtype, self._torch_views, self._rows,
                                   self.sliding_window, tile_map=self.plan.ops.name == "triton")
-        self._fill_pending_tokens(batch, chunks)
+        fill_placeholders(batch, chunks, self._last, self.device)
         req_ids = [chunks[i].req_id for i in batch.sample_chunk_ids]
         reqs = [self.requests[r] for r in req_ids]
         prompt = prompt_rows(chunks, batch, self.requests)
@@ -307,8 +313,7 @@ class ModelRunner(ModelRunnerBase):
             return LaunchedStep([], [], None, [], [], prompt_lps)
         if tokens is not None:  # all plain greedy: the graph's argmax is the sampler's answer
             logprobs: list = [None] * len(reqs)
-            if not self.supports_async:
-                return LaunchedStep(req_ids, reqs, None, logprobs, tokens.tolist(), prompt_lps)
+            ids = None if self.supports_async else tokens.tolist()
         else:
             if structured is not None:  # wait for the grammar worker only now, after the forward
                 mask = structured.result()
@@ -316,8 +321,16 @@ class ModelRunner(ModelRunnerBase):
             if not self.supports_async:  # synchronous: the sampler's host lists, as any Sampler subclass returns them
                 with self.cpu_pool.torch_released() if self.cpu_pool is not None else contextlib.nullcontext():
                     ids, logprobs = self.sampler(logits, reqs)
-                return LaunchedStep(req_ids, reqs, None, logprobs, ids, prompt_lps)
-            tokens, logprobs = self.sampler.sample(logits, reqs)
+            elif self._history_ok and any(r.params.uses_penalties for r in reqs):  # counts kept on the device
+                self.token_history = self.token_history or TokenHistory(logits.shape[1], self.device)
+                tokens, logprobs = self.sampler.sample(logits, reqs, self.token_history)
+                self.token_history.record(reqs, tokens)
+            else:
+                tokens, logprobs = self.sampler.sample(logits, reqs)
+        for r in reqs:  # positions the next launch must not reuse, though these tokens are not back yet
+            r.num_sampled += 1
+        if not self.supports_async:
+            return LaunchedStep(req_ids, reqs, None, logprobs, ids, prompt_lps)
         if self.tp.size > 1:  # the workers fill the next step's placeholders from these too
             tokens = self.tp.send_tokens(tokens)
         self._last = (tokens, {rid: j for j, rid in enumerate(req_ids)})
@@ -325,23 +338,10 @@ class ModelRunner(ModelRunnerBase):
         step.copy_to_host()
         return step
 
-    def _fill_pending_tokens(self, batch: InputBatch, chunks) -> None:
-        """Replace the placeholder ids (< 0) of decode rows with the previous launch's sampled tokens."""
-        dst, src = [], []
-        row_of = self._last[1] if self._last is not None else {}
-        for r, ci in enumerate(batch.decode_chunk_ids):
-            c = chunks[ci]
-            if c.token_ids[0] < 0:
-                if c.req_id not in row_of:
-                    raise RuntimeError(f"{c.req_id}: its token is pending but the previous step did not sample it")
-                dst.append(r)
-                src.append(row_of[c.req_id])
-        if dst:
-            idx = torch.tensor(dst + src, dtype=torch.long)
-            if self.device.type == "cuda":
-                idx = idx.pin_memory().to(self.device, non_blocking=True)
-            n = len(dst)
-            batch.input_ids.index_copy_(0, idx[:n], self._last[0].index_select(0, idx[n:]))  # type: ignore[index]
+    def _drop(self, rid: str) -> None:
+        req = self.requests.pop(rid, None)
+        if req is not None and self.token_history is not None:
+            self.token_history.release(req)
 
     def _logits(self, batch: InputBatch, plain_greedy: bool = False, prompt: PromptRows | None = None, *,
                 graph_argmax: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None, dict | None]:

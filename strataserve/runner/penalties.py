@@ -6,7 +6,9 @@ Formulas (logits ``x`` of one row, vocabulary id ``t``):
   ``x[t] = x[t] / r`` if ``x[t] > 0`` else ``x[t] * r``;
 - frequency / presence (OpenAI): ``x[t] -= f * count_gen(t) + p * (count_gen(t) > 0)`` over generated tokens only.
 
-Repetition is applied first, then frequency/presence, as vLLM does.
+Repetition is applied first, then frequency/presence, as vLLM does. ``apply_penalties`` works on the (row, token)
+pairs that occur (cheap on CPU, but ``torch.unique`` waits for the device); ``apply_penalties_counts`` reads
+per-row counts kept on the device (``runner/token_history.py``, async scheduling) and never syncs.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from itertools import chain
 from typing import Iterable, Sequence
 
 import torch
+
+from strataserve.runner.sampling_filters import to_device
 
 
 def _flat_keys(rows: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
@@ -41,7 +45,7 @@ def apply_penalties(
     flat = logits.view(-1)
     out_keys = _flat_keys(output_ids, vocab, dev)
     if any(r != 1.0 for r in repetition):
-        rep = torch.tensor(repetition, dtype=torch.float32, device=dev)
+        rep = to_device(repetition, torch.float32, dev)
         seen = torch.unique(torch.cat([_flat_keys(prompt_ids, vocab, dev), out_keys]))
         vals = flat[seen]
         r = rep[seen // vocab]
@@ -49,9 +53,29 @@ def apply_penalties(
     if any(f != 0.0 for f in frequency) or any(p != 0.0 for p in presence):
         keys, counts = torch.unique(out_keys, return_counts=True)
         row = keys // vocab
-        freq = torch.tensor(frequency, dtype=torch.float32, device=dev)[row]
-        pres = torch.tensor(presence, dtype=torch.float32, device=dev)[row]
+        freq = to_device(frequency, torch.float32, dev)[row]
+        pres = to_device(presence, torch.float32, dev)[row]
         flat[keys] -= counts.to(torch.float32) * freq + pres
+
+
+def apply_penalties_counts(
+    logits: torch.Tensor,
+    counts: torch.Tensor,
+    seen: torch.Tensor,
+    repetition: Sequence[float],
+    frequency: Sequence[float],
+    presence: Sequence[float],
+) -> None:
+    """``apply_penalties`` from dense per-row state on the device (``runner/token_history.py``): ``counts`` [R, V]
+    how often each id was output, ``seen`` [R, V] whether it occurs in the prompt or the output. No host sync."""
+    dev = logits.device
+    if any(r != 1.0 for r in repetition):
+        rep = to_device(repetition, torch.float32, dev).unsqueeze(1)
+        logits.copy_(torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits))
+    if any(f != 0.0 for f in frequency) or any(p != 0.0 for p in presence):
+        freq = to_device(frequency, torch.float32, dev).unsqueeze(1)
+        pres = to_device(presence, torch.float32, dev).unsqueeze(1)
+        logits -= counts * freq + (counts > 0).to(torch.float32) * pres
 
 
 def _put(logits: torch.Tensor, rows: Sequence[int], per_row: Iterable[Iterable[tuple[int, float]]],
@@ -70,8 +94,8 @@ def _put(logits: torch.Tensor, rows: Sequence[int], per_row: Iterable[Iterable[t
                 vals.append(v)
     if r_idx:
         dev = logits.device
-        logits.index_put_((torch.tensor(r_idx, device=dev), torch.tensor(t_idx, device=dev)),
-                          torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=accumulate)
+        logits.index_put_((to_device(r_idx, torch.int64, dev), to_device(t_idx, torch.int64, dev)),
+                          to_device(vals, logits.dtype, dev), accumulate=accumulate)
 
 
 def ban_tokens(logits: torch.Tensor, rows: Sequence[int], token_ids: Sequence[Sequence[int]]) -> None:

@@ -21,7 +21,7 @@ the chosen token's logprob, its rank (1 + number of strictly more likely tokens)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -29,7 +29,11 @@ from strataserve import envs
 from strataserve.types.outputs import TokenLogprobs
 from strataserve.types.sampling import SamplingParams
 from strataserve.runner import cpu_kernel
-from strataserve.runner.penalties import add_bias, apply_penalties, ban_tokens
+from strataserve.runner.penalties import add_bias, apply_penalties, apply_penalties_counts, ban_tokens
+from strataserve.runner.sampling_filters import filtered_logits, to_device
+
+if TYPE_CHECKING:
+    from strataserve.runner.token_history import TokenHistory
 
 _MASK64 = (1 << 64) - 1
 
@@ -53,7 +57,9 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(slots=True)
 class SamplingRequest:
-    """What the sampler needs to know about one request. The runner owns it and appends each sampled token."""
+    """What the sampler needs to know about one request. The model runner owns it: ``num_sampled`` counts the rows
+    it has sampled for the request (bumped at launch), ``output_token_ids`` the tokens that have reached the host
+    (appended by ``LaunchedStep.result``), so under async scheduling the count may run one ahead of the list."""
 
     params: SamplingParams
     prompt_token_ids: list[int]
@@ -61,12 +67,23 @@ class SamplingRequest:
     eos_token_id: int | None = None
     #: greedy with nothing that reads the logits or past tokens otherwise: one argmax, no per-row host work
     plain_greedy: bool = field(init=False, default=False)
+    #: output positions sampled so far: the seeded draw's position and min_tokens' count
+    num_sampled: int = field(init=False, default=0)
+    #: its row in the runner's ``TokenHistory`` (penalties under async scheduling), -1 for none
+    history_slot: int = field(init=False, default=-1)
 
     def __post_init__(self) -> None:
         p = self.params
         self.plain_greedy = (p.greedy and not p.uses_penalties and p.logprobs is None and not p.logit_bias
                              and not p.allowed_token_ids and not p.bad_words_token_ids
                              and not (p.min_tokens and (p.stop_token_ids or not p.ignore_eos)))
+        self.num_sampled = len(self.output_token_ids)
+
+    @property
+    def position(self) -> int:
+        """The output position sampled next: the runner's count, or the list's length for a caller that only
+        appends (a standalone sampler)."""
+        return max(self.num_sampled, len(self.output_token_ids))
 
 
 def bad_word_bans(words: Sequence[Sequence[int]], output: Sequence[int]) -> list[int]:
@@ -82,12 +99,12 @@ def bad_word_bans(words: Sequence[Sequence[int]], output: Sequence[int]) -> list
 
 def _unban_dead_rows(x: torch.Tensor, raw: torch.Tensor, rows: list[int]) -> None:
     """min_tokens yields where its ban would leave a row nothing to sample: a grammar that is complete allows only
-    the stops (structured outputs end where the grammar does; the engine then finishes the request)."""
-    rows_t = torch.tensor(rows, device=x.device)
-    dead = ~torch.isfinite(x[rows_t]).any(dim=1)
-    if bool(dead.any()):
-        back = rows_t[dead]
-        x[back] = raw[back]
+    the stops (structured outputs end where the grammar does; the engine then finishes the request). Rows are
+    chosen on the device (no sync)."""
+    rows_t = to_device(rows, torch.int64, x.device)
+    sub = x[rows_t]
+    dead = ~torch.isfinite(sub).any(dim=1, keepdim=True)
+    x[rows_t] = torch.where(dead, raw[rows_t], sub)
 
 
 def row_seed(seed: int, step: int) -> int:
@@ -103,82 +120,28 @@ def uniform(seed: int, step: int) -> float:
     return (row_seed(seed, step) >> 39) / float(1 << 24)
 
 
-def _min_p(x: torch.Tensor, min_p: torch.Tensor) -> None:
-    """p[t] < min_p * p_max  <=>  x[t] < x_max + log(min_p); done in logit space, no softmax needed."""
-    thresh = x.amax(dim=-1, keepdim=True) + torch.log(min_p).unsqueeze(1)
-    x.masked_fill_(x < thresh, float("-inf"))
-
-
-def _top_k(x: torch.Tensor, k: torch.Tensor, k_max: int) -> None:
-    """Keep logits >= the row's k-th largest; ``k`` holds vocab_size for rows without top-k."""
-    kth = x.topk(k_max, dim=-1).values.gather(1, (k.clamp(max=k_max) - 1).unsqueeze(1))
-    kth.masked_fill_((k > k_max).unsqueeze(1), float("-inf"))
-    x.masked_fill_(x < kth, float("-inf"))
-
-
-def _top_k_top_p(x: torch.Tensor, ks: list[int], ps: list[float]) -> None:
-    """Top-k then top-p, in place, keeping logits >= each row's cut-off (ties at the cut-off are kept).
-
-    ``ks[i]`` is the vocabulary size for rows without top-k. A full vocabulary sort is slow (45 ms for 200 x 4096
-    on one CPU core, far more for 150k vocabularies), yet the nucleus is usually small: look for the cut-off among
-    the top 64 (then 1024 for large vocabularies) candidates, and sort only the rows whose cut-off lies further.
-    """
-    num_rows, vocab = x.shape
-    dev = x.device
-    active = [i for i in range(num_rows) if ks[i] < vocab or ps[i] < 1.0]
-    rows = torch.tensor(active, device=dev)
-    k = torch.tensor([ks[i] for i in active], dtype=torch.int64, device=dev).unsqueeze(1)
-    p = torch.tensor([ps[i] for i in active], dtype=torch.float32, device=dev).unsqueeze(1)
-    xa = x if len(active) == num_rows else x[rows]
-    lse = xa.logsumexp(dim=-1, keepdim=True)
-    thresh = torch.full((len(active), 1), float("-inf"), device=dev)
-    pending = torch.arange(len(active), device=dev)  # indices into ``active`` still without a cut-off
-    k_max = max((ks[i] for i in active if ks[i] < vocab), default=0)
-    # The 1024 step only pays when a sort would cost much more than a 1024-candidate top-k (large vocabularies).
-    sizes = sorted({min(vocab, max(64, k_max + 1)), vocab} | ({1024} if vocab >= 16 * 1024 else set()))
-    for n in sizes:
-        xr = xa if pending.numel() == len(active) else xa[pending]
-        vals = xr.sort(dim=-1, descending=True).values if n == vocab else xr.topk(n, dim=-1).values
-        kr, pr = k[pending], p[pending]
-        has_k = kr < vocab
-        kth = vals.gather(1, kr.clamp(max=n) - 1)
-        in_k = ~has_k | (vals >= kth)  # when k > n every candidate is >= the clamped kth
-        probs = torch.where(in_k, (vals - lse[pending]).exp(), 0.0)
-        # top-p acts on the top-k renormalised distribution: mass Z (1 without top-k; known once k <= n)
-        z = torch.where(has_k, probs.sum(dim=-1, keepdim=True), 1.0)
-        mass_before = probs.cumsum(dim=-1) - probs
-        keep = in_k & (mass_before < pr * z)  # a prefix; the first candidate always stays (p > 0)
-        # Resolved when the cut-off falls inside the candidates (and the top-k mass Z was fully seen).
-        done = (~keep[:, -1] & (~has_k[:, 0] | (kr[:, 0] <= n))) if n < vocab else torch.ones_like(keep[:, 0])
-        cut = vals.masked_fill(~keep, float("inf")).amin(dim=-1, keepdim=True)
-        thresh[pending[done]] = cut[done]
-        pending = pending[~done]
-        if pending.numel() == 0:
-            break
-    if len(active) == num_rows:
-        x.masked_fill_(x < thresh, float("-inf"))
-    else:
-        x[rows] = xa.masked_fill_(xa < thresh, float("-inf"))
-
-
 class Sampler:
-    """Stateless: every call depends only on its arguments (and the global torch RNG for unseeded rows)."""
+    """Stateless: every call depends only on its arguments (and the global torch RNG for unseeded rows). Nothing
+    in ``sample`` waits for the device, so an async runner keeps its overlap whatever the requests ask for."""
 
     def __call__(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: [len(reqs), vocab] float. Returns one token id per row and its logprobs (None if not asked)."""
         tokens, logprobs = self.sample(logits, reqs)
-        return tokens.tolist(), logprobs
+        return tokens.tolist(), resolve_logprobs(logprobs)
 
-    def sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
-        """Like ``__call__`` but the token ids stay a tensor on the logits' device (no host sync when every row is
-        plain greedy), so the caller may copy them back asynchronously."""
+    def sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest], history: TokenHistory | None = None
+               ) -> tuple[torch.Tensor, "list[TokenLogprobs | None] | DeferredLogprobs"]:
+        """Like ``__call__`` but the token ids stay a tensor on the logits' device and the logprobs may be a
+        ``DeferredLogprobs`` (``resolve_logprobs`` reads them once the step is done), so the caller may copy them
+        back asynchronously. ``history`` (async scheduling): the runner's per-request token counts on the device,
+        which penalties read instead of the host lists (those lack the token still in flight)."""
         if logits.dim() != 2 or logits.shape[0] != len(reqs):
             raise ValueError(f"logits must be [len(reqs)={len(reqs)}, vocab], got {tuple(logits.shape)}")
         if all(r.plain_greedy for r in reqs):  # argmax of bf16 and of its float32 copy agree: skip the copy
             return row_argmax(logits), [None] * len(reqs)
         raw = logits.float()
         params = [r.params for r in reqs]
-        x = self._processed(raw, reqs)
+        x = self._processed(raw, reqs, history)
 
         greedy_rows = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy_rows) == len(reqs):
@@ -187,15 +150,16 @@ class Sampler:
             sample_rows = [i for i, p in enumerate(params) if not p.greedy]
             if greedy_rows:
                 tokens = row_argmax(x)
-                rows_t = torch.tensor(sample_rows, device=x.device)
+                rows_t = to_device(sample_rows, torch.int64, x.device)
                 tokens[rows_t] = self._sample(x[rows_t], [reqs[i] for i in sample_rows])
             else:
                 tokens = self._sample(x, reqs)
-        return tokens, self._logprobs(raw, tokens, params)
+        return tokens, token_logprobs_deferred(raw, tokens, [p.logprobs for p in params])
 
     # ------------------------------------------------------------------ logits processing
     @staticmethod
-    def _processed(raw: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
+    def _processed(raw: torch.Tensor, reqs: Sequence[SamplingRequest], history: TokenHistory | None = None
+                   ) -> torch.Tensor:
         """Bans, biases, penalties; returns ``raw`` itself when nothing applies (the caller never writes to it)."""
         ban_rows: list[int] = []
         ban_ids: list[list[int]] = []
@@ -205,11 +169,11 @@ class Sampler:
         for i, r in enumerate(reqs):
             p = r.params
             ids = []
-            if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
+            if p.min_tokens and r.position < p.min_tokens:
                 ids = list(p.stop_token_ids)
                 if r.eos_token_id is not None and not p.ignore_eos:
                     ids.append(r.eos_token_id)
-            if p.bad_words_token_ids:
+            if p.bad_words_token_ids:  # a longer word reads the output: the engine keeps such requests synchronous
                 ids += bad_word_bans(p.bad_words_token_ids, r.output_token_ids)
             if ids:
                 ban_rows.append(i)
@@ -223,11 +187,10 @@ class Sampler:
         if not ban_rows and not pen_rows and not bias_rows and not allow_rows:
             return raw
         x = raw.clone()
-        for i in allow_rows:  # everything else is out: -inf
-            keep = torch.full_like(x[i], float("-inf"))
-            ids = [t for t in reqs[i].params.allowed_token_ids if t < x.shape[1]]
-            keep[torch.tensor(ids, dtype=torch.long, device=x.device)] = 0.0
-            x[i] += keep
+        if allow_rows:  # everything else is out: -inf
+            keep = allowed_mask(x.shape[1], [reqs[i].params.allowed_token_ids for i in allow_rows], x.device)
+            rows_t = to_device(allow_rows, torch.int64, x.device)
+            x[rows_t] = x[rows_t].masked_fill_(~keep, float("-inf"))
         if ban_rows:
             allowed = x.clone() if allow_rows else raw  # a ban that empties a row yields to the allowed ids only
             ban_tokens(x, ban_rows, ban_ids)
@@ -236,39 +199,24 @@ class Sampler:
             add_bias(x, bias_rows, [reqs[i].params.logit_bias for i in bias_rows])
         if pen_rows:
             whole = len(pen_rows) == len(reqs)
-            rows_t = None if whole else torch.tensor(pen_rows, device=x.device)
+            rows_t = None if whole else to_device(pen_rows, torch.int64, x.device)
             sub = x if whole else x[rows_t]
             sel = [reqs[i] for i in pen_rows]
-            apply_penalties(
-                sub,
-                [r.prompt_token_ids for r in sel],
-                [r.output_token_ids for r in sel],
-                [r.params.repetition_penalty for r in sel],
-                [r.params.frequency_penalty for r in sel],
-                [r.params.presence_penalty for r in sel],
-            )
+            args = ([r.prompt_token_ids for r in sel], [r.params.repetition_penalty for r in sel],
+                    [r.params.frequency_penalty for r in sel], [r.params.presence_penalty for r in sel])
+            if history is None:
+                apply_penalties(sub, args[0], [r.output_token_ids for r in sel], *args[1:])
+            else:
+                apply_penalties_counts(sub, *history.rows(sel), *args[1:])
             if not whole:
                 x[rows_t] = sub
         return x
 
     @staticmethod
     def filtered_logits(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-        """Temperature, min-p, top-k, top-p applied to (penalised) logits [R, V] of non-greedy rows; -inf = dropped.
-
-        Returns a new tensor; ``softmax`` of it is the distribution the row samples from.
-        """
-        vocab = x.shape[1]
-        dev = x.device
-        temps = [p.temperature for p in params]
-        x = x / torch.tensor(temps, dtype=torch.float32, device=dev).unsqueeze(1) if any(t != 1.0 for t in temps) else x.clone()
-        if any(p.min_p > 0.0 for p in params):
-            _min_p(x, torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev))
-        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        if any(p.top_p < 1.0 for p in params):
-            _top_k_top_p(x, ks, [p.top_p for p in params])
-        elif any(k < vocab for k in ks):
-            _top_k(x, torch.tensor(ks, dtype=torch.int64, device=dev), max(k for k in ks if k < vocab))
-        return x
+        """Temperature, min-p, top-k, top-p applied to (penalised) logits [R, V] of non-greedy rows; -inf = dropped
+        (``runner/sampling_filters.py``). Returns a new tensor; ``softmax`` of it is the row's distribution."""
+        return filtered_logits(x, params)
 
     # ------------------------------------------------------------------ drawing
     @classmethod
@@ -278,45 +226,87 @@ class Sampler:
         cdf = probs.cumsum_(dim=-1)
         total = cdf[:, -1:]
         u = torch.rand(len(reqs), 1, dtype=torch.float32, device=x.device)
-        seeded = [(i, uniform(r.params.seed, len(r.output_token_ids))) for i, r in enumerate(reqs) if r.params.seed is not None]
-        if seeded:
-            rows, vals = zip(*seeded)
-            u[list(rows), 0] = torch.tensor(vals, dtype=torch.float32).to(x.device)
+        if any(r.params.seed is not None for r in reqs):  # -1 = unseeded: keep the batched draw
+            vals = [uniform(r.params.seed, r.position) if r.params.seed is not None else -1.0 for r in reqs]
+            seeded = to_device(vals, torch.float32, x.device).unsqueeze(1)
+            u = torch.where(seeded >= 0, seeded, u)
         # Keep the target strictly below the total so it never lands on trailing zero-probability tokens; a
         # dropped token (p = 0) repeats its predecessor's cdf, so the strict search can never stop on it.
         target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
         # The clamp only matters for NaN logits, which must not turn into an out-of-vocabulary id.
         return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=x.shape[1] - 1)
 
-    # ------------------------------------------------------------------ logprobs
-    @staticmethod
-    def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, params: Sequence[SamplingParams]) -> list[TokenLogprobs | None]:
-        return token_logprobs(raw, tokens, [p.logprobs for p in params])
+
+def allowed_mask(vocab: int, allowed: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
+    """bool [len(allowed), vocab]: True at each row's allowed ids (ids outside the vocabulary are skipped)."""
+    rows = [i for i, ids in enumerate(allowed) for t in ids if 0 <= t < vocab]
+    cols = [t for ids in allowed for t in ids if 0 <= t < vocab]
+    keep = torch.zeros(len(allowed), vocab, dtype=torch.bool, device=device)
+    keep.index_put_((to_device(rows, torch.int64, device), to_device(cols, torch.int64, device)),
+                    torch.ones(len(rows), dtype=torch.bool, device=device))  # a Python True would sync
+    return keep
 
 
-def token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, top_ns: Sequence[int | None]) -> list[TokenLogprobs | None]:
+class DeferredLogprobs:
+    """A step's logprobs as device tensors, read into ``TokenLogprobs`` only by ``resolve`` (after the step is done,
+    so the read does not stall the host while the device still works)."""
+
+    __slots__ = ("rows", "size", "top_ns", "chosen", "chosen_lp", "ranks", "top_ids", "top_lps")
+
+    def __init__(self, size: int, rows: list[int], top_ns: Sequence[int | None]) -> None:
+        self.size, self.rows, self.top_ns = size, rows, top_ns
+        self.chosen = self.chosen_lp = self.ranks = self.top_ids = self.top_lps = None
+
+    def copy_to_host(self) -> None:
+        """Start the device -> pinned host copies, so ``resolve`` (after the step's event) reads host memory instead
+        of queueing a blocking copy behind whatever the device runs next."""
+        for name in ("chosen", "chosen_lp", "ranks", "top_ids", "top_lps"):
+            t = getattr(self, name)
+            if t is not None and t.is_cuda:
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                setattr(self, name, host)
+
+    def resolve(self) -> list[TokenLogprobs | None]:
+        out: list[TokenLogprobs | None] = [None] * self.size
+        if not self.rows:
+            return out
+        chosen, chosen_lp, ranks = self.chosen.tolist(), self.chosen_lp.tolist(), self.ranks.tolist()
+        top_ids = self.top_ids.tolist() if self.top_ids is not None else [[] for _ in self.rows]
+        top_lps = self.top_lps.tolist() if self.top_lps is not None else [[] for _ in self.rows]
+        for j, i in enumerate(self.rows):
+            n = self.top_ns[i] or 0
+            out[i] = TokenLogprobs(token_id=chosen[j], logprob=chosen_lp[j], rank=ranks[j],
+                                   top_token_ids=top_ids[j][:n], top_logprobs=top_lps[j][:n])
+        return out
+
+
+def resolve_logprobs(lps: "list[TokenLogprobs | None] | DeferredLogprobs") -> list[TokenLogprobs | None]:
+    return lps.resolve() if isinstance(lps, DeferredLogprobs) else lps
+
+
+def token_logprobs_deferred(raw: torch.Tensor, tokens: torch.Tensor, top_ns: Sequence[int | None]
+                            ) -> "list[TokenLogprobs | None] | DeferredLogprobs":
     """Per row: the logprob and rank of ``tokens[row]`` under log_softmax(raw[row]) plus the top ``top_ns[row]``
-    (None = no logprobs for that row)."""
-    out: list[TokenLogprobs | None] = [None] * len(top_ns)
+    (None = no logprobs for that row); computed now, read by ``resolve``. A plain list when no row asks."""
     rows = [i for i, n in enumerate(top_ns) if n is not None]
     if not rows:
-        return out
+        return [None] * len(top_ns)
+    out = DeferredLogprobs(len(top_ns), rows, top_ns)
     whole = len(rows) == len(top_ns)
-    rows_t = None if whole else torch.tensor(rows, device=raw.device)
+    rows_t = None if whole else to_device(rows, torch.int64, raw.device)
     lps = torch.log_softmax(raw if whole else raw[rows_t], dim=-1)
     chosen = (tokens if whole else tokens[rows_t]).unsqueeze(1)
     chosen_lp = lps.gather(1, chosen)
-    ranks = ((lps > chosen_lp).sum(dim=-1) + 1).tolist()
+    out.ranks = (lps > chosen_lp).sum(dim=-1) + 1
+    out.chosen, out.chosen_lp = chosen.squeeze(1), chosen_lp.squeeze(1)
     n_max = max(top_ns[i] or 0 for i in rows)
-    top_ids: list[list[int]] = [[] for _ in rows]
-    top_lps: list[list[float]] = [[] for _ in rows]
     if n_max > 0:
         top = lps.topk(min(n_max, lps.shape[1]), dim=-1)
-        top_ids, top_lps = top.indices.tolist(), top.values.tolist()
-    chosen_l = chosen.squeeze(1).tolist()
-    chosen_lp_l = chosen_lp.squeeze(1).tolist()
-    for j, i in enumerate(rows):
-        n = top_ns[i] or 0
-        out[i] = TokenLogprobs(token_id=chosen_l[j], logprob=chosen_lp_l[j], rank=ranks[j],
-                               top_token_ids=top_ids[j][:n], top_logprobs=top_lps[j][:n])
+        out.top_ids, out.top_lps = top.indices, top.values
     return out
+
+
+def token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, top_ns: Sequence[int | None]) -> list[TokenLogprobs | None]:
+    """``token_logprobs_deferred``, read at once."""
+    return resolve_logprobs(token_logprobs_deferred(raw, tokens, top_ns))

@@ -73,11 +73,11 @@ def test_stop_token_mid_flight_discards_the_extra_token():
 
 def test_sync_only_requests_disable_scheduling_ahead_while_unfinished():
     core, runner = make()
-    core.add_request(req("seeded", [5, 6, 7], 6, seed=3, ignore_eos=True))
+    core.add_request(req("bad", [5, 6, 7], 6, bad_words_token_ids=[[11, 12]], ignore_eos=True))
     outputs, finished = {}, {}
     run(core, outputs, finished)
     assert runner.num_pending_chunks == 0
-    assert outputs["seeded"] == reference_output([5, 6, 7], 6)
+    assert outputs["bad"] == reference_output([5, 6, 7], 6)
     core.add_request(req("plain", [5, 6, 7], 6, ignore_eos=True))
     run(core, outputs, finished)
     assert runner.num_pending_chunks > 0
@@ -90,7 +90,7 @@ def test_sync_only_request_arriving_mid_flight_stops_scheduling_ahead_until_it_f
     for _ in range(3):
         collect(core, outputs, finished)
     assert core.has_step_in_flight() and runner.num_pending_chunks > 0
-    core.add_request(req("pen", [8, 9], 4, ignore_eos=True, repetition_penalty=1.2))
+    core.add_request(req("pen", [8, 9], 4, ignore_eos=True, prompt_logprobs=1))
     before = runner.num_pending_chunks
     while "pen" not in finished:
         collect(core, outputs, finished)
@@ -99,6 +99,19 @@ def test_sync_only_request_arriving_mid_flight_stops_scheduling_ahead_until_it_f
     run(core, outputs, finished)
     assert outputs["plain"] == reference_output([5, 6, 7], 12)
     assert outputs["pen"] == reference_output([8, 9], 4)
+
+
+def test_seeds_logprobs_penalties_min_tokens_and_one_token_bad_words_keep_scheduling_ahead():
+    """What the runner's sampler takes from the step itself (positions, device-side pending tokens, deferred
+    logprobs) does not need the host to hold every past token: such requests stay asynchronous."""
+    for i, sp in enumerate([dict(seed=3), dict(logprobs=2), dict(repetition_penalty=1.2, frequency_penalty=0.5),
+                            dict(min_tokens=4), dict(bad_words_token_ids=[[11], [12]])]):
+        core, runner = make()
+        core.add_request(req(f"r{i}", [5, 6, 7], 6, ignore_eos=True, **sp))
+        outputs, finished = {}, {}
+        run(core, outputs, finished)
+        assert runner.num_pending_chunks > 0, sp
+        assert outputs[f"r{i}"] == reference_output([5, 6, 7], 6)
 
 
 def test_abort_and_reuse_of_the_id_while_a_step_is_in_flight():

@@ -10,7 +10,7 @@ DEVICE = os.environ.get("STRATA_TEST_DEVICE", "cpu")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
     # (CUDA graphs, PDL, pinned memory): the GPU run collects them
-    collect_ignore = ["test_cuda_graph_gpu.py", "test_pdl_gpu.py", "test_weight_stream_gpu.py"]
+    collect_ignore = ["test_cuda_graph_gpu.py", "test_pdl_gpu.py", "test_weight_stream_gpu.py", "test_sampler_sync_gpu.py"]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -8,6 +8,7 @@ import torch
 from strataserve.types.sampling import SamplingParams as SP
 from strataserve.runner.penalties import apply_penalties
 from strataserve.runner.sampler import Sampler, SamplingRequest, row_argmax
+from strataserve.runner.sampling_filters import filtered_logits
 
 V = 64
 
@@ -64,9 +65,10 @@ def test_greedy_is_argmax_of_raw_logits() -> None:
     assert lps == [None] * 7
 
 
-def test_filtered_distribution_matches_reference_in_one_mixed_batch() -> None:
+@pytest.mark.parametrize("sort_top_p", [False, True])  # the CPU's candidate search, the accelerators' full sort
+def test_filtered_distribution_matches_reference_in_one_mixed_batch(sort_top_p) -> None:
     x = _logits(len(FILTER_CASES), seed=2)
-    got = Sampler.filtered_logits(x, FILTER_CASES).softmax(-1).double().numpy()
+    got = filtered_logits(x, FILTER_CASES, sort_top_p).softmax(-1).double().numpy()
     for i, p in enumerate(FILTER_CASES):
         want = ref_filtered_probs(x[i].numpy(), p)
         np.testing.assert_allclose(got[i], want, atol=2e-6, err_msg=str(p))
@@ -74,7 +76,8 @@ def test_filtered_distribution_matches_reference_in_one_mixed_batch() -> None:
         assert ((want > 0).sum() < V) == (p.top_k not in (0, -1) or p.top_p < 1 or p.min_p > 0)
 
 
-def test_top_p_cutoff_search_over_large_vocab_matches_reference() -> None:
+@pytest.mark.parametrize("sort_top_p", [False, True])
+def test_top_p_cutoff_search_over_large_vocab_matches_reference(sort_top_p) -> None:
     """Peaky, medium and flat rows: the cut-off is found among 64 candidates, among 1024, or by a full sort."""
     vocab = 20_000
     cases = [
@@ -90,7 +93,7 @@ def test_top_p_cutoff_search_over_large_vocab_matches_reference() -> None:
     ]
     x = torch.cat([_logits(1, vocab=vocab, seed=20 + i, scale=sc) for i, (sc, _) in enumerate(cases)])
     params = [p for _, p in cases]
-    got = Sampler.filtered_logits(x, params).softmax(-1).double().numpy()
+    got = filtered_logits(x, params, sort_top_p).softmax(-1).double().numpy()
     sizes = []
     for i, p in enumerate(params):
         want = ref_filtered_probs(x[i].numpy(), p)
@@ -307,7 +310,8 @@ def test_nan_logits_and_out_of_vocab_ids_stay_in_range() -> None:
     assert changed == [3, 4]
 
 
-def test_random_parameter_sweep_matches_reference() -> None:
+@pytest.mark.parametrize("sort_top_p", [False, True])
+def test_random_parameter_sweep_matches_reference(sort_top_p) -> None:
     """100 rows with random filter settings in one batch (rows also differ in which search depth they need)."""
     rng = np.random.default_rng(11)
     vocab = 300
@@ -321,7 +325,7 @@ def test_random_parameter_sweep_matches_reference() -> None:
         for _ in range(100)
     ]
     x = torch.from_numpy(rng.normal(size=(100, vocab)) * rng.uniform(0.3, 6.0, size=(100, 1))).float()
-    got = Sampler.filtered_logits(x, params).softmax(-1).double().numpy()
+    got = filtered_logits(x, params, sort_top_p).softmax(-1).double().numpy()
     for i, p in enumerate(params):
         np.testing.assert_allclose(got[i], ref_filtered_probs(x[i].numpy(), p), atol=1e-5, err_msg=str(p))
 
