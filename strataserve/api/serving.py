@@ -238,6 +238,7 @@ async def forward(routed: Routed, request: Request, path: str, *, stream: bool, 
     per minute are charged as a local model's: the prompt (estimated at 4 characters a token: the router holds
     no tokenizer of the upstream's) and the most it may write."""
     body = msgspec.json.decode(await request.body())
+    _hold_to_limit(body, path, routed.limits)
     routed.check(1.0, _upstream_charge(body, path))
     trace = routed.trace(1.0)
     work = routed.backend.forward(path, body, stream=stream, prefix=prefix, trace=trace,  # type: ignore
@@ -248,6 +249,22 @@ async def forward(routed: Routed, request: Request, path: str, *, stream: bool, 
 
 
 UPSTREAM_DEFAULT_OUTPUT = 1024  # charged when a request to an upstream model sets no output limit
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) budget of a completions request that sets none
+
+
+def _hold_to_limit(body: Any, path: str, limits: RequestLimits) -> None:
+    """``--limit-max-tokens`` on a forwarded request that sets no output budget, as on a local model: the
+    upstream would otherwise write up to the rest of its context (chat, responses). A completions request keeps
+    the protocol's default of 16 unless the limit is lower. An explicit budget above the limit was refused at
+    admission."""
+    if limits.max_tokens is None or not isinstance(body, dict):
+        return
+    fields = ("max_output_tokens",) if path == "/v1/responses" else ("max_completion_tokens", "max_tokens")
+    if any(body.get(f) is not None for f in fields):
+        return
+    if path == "/v1/completions" and limits.max_tokens >= COMPLETIONS_DEFAULT_MAX_TOKENS:
+        return
+    body[fields[-1]] = limits.max_tokens
 
 
 def _upstream_charge(body: Any, path: str = "") -> float:
