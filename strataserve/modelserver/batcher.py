@@ -70,14 +70,13 @@ def batch_cut(rows: Sequence[int], preferred: Sequence[int], max_rows: int, dela
 class Pending:
     """One queued request; results flow to `events` as (outputs, error, final) tuples."""
 
-    __slots__ = ("request", "level", "enqueued_ns", "timer", "events", "cancelled", "shape_key", "queue_ns", "loop")
+    __slots__ = ("request", "level", "enqueued_ns", "timer", "events", "shape_key", "queue_ns", "loop")
 
     def __init__(self, request: BackendRequest, level: int, loop: asyncio.AbstractEventLoop):
         self.request, self.level, self.loop = request, level, loop
         self.enqueued_ns = time.monotonic_ns()
         self.timer: asyncio.TimerHandle | None = None
         self.events: asyncio.Queue = asyncio.Queue()
-        self.cancelled = False
         self.queue_ns = 0
         # Requests batch together only when every non-batch dim and dtype agree.
         self.shape_key = tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(request.inputs.items()))
@@ -141,6 +140,27 @@ class Scheduler:
         self.changed.set()
         return p
 
+    def cancel(self, p: Pending) -> None:
+        """The consumer of `p` went away (event-loop thread). A queued request leaves the queue now, not when a
+        busy instance next forms a batch: its max_queue_size slot, its timer and its tensors are freed at once, and
+        the batcher re-plans without it (what is left may already be a batch). A running one's model is told."""
+        p.request.cancel()
+        if self._unqueue(p):
+            self.changed.set()
+
+    def _unqueue(self, p: Pending) -> bool:
+        """Take `p` out of its queue and stop its timeout timer; False when it is not queued (executing)."""
+        for q in (self.queues[p.level - 1], self.delayed):
+            if p in q:
+                q.remove(p)
+                break
+        else:
+            return False
+        if p.timer:
+            p.timer.cancel()
+            p.timer = None
+        return True
+
     def _expire(self, p: Pending, action: str, timeout_us: int) -> None:
         p.timer = None
         q = self.queues[p.level - 1]
@@ -164,23 +184,12 @@ class Scheduler:
 
     def _take(self, batch: list[Pending]) -> list[Pending]:
         for p in batch:
-            (self.delayed if p in self.delayed else self.queues[p.level - 1]).remove(p)
-            if p.timer:
-                p.timer.cancel()
-                p.timer = None
+            self._unqueue(p)
         return batch
-
-    def _drop_cancelled(self) -> None:
-        for q in (*self.queues, self.delayed):
-            for p in [p for p in q if p.cancelled]:
-                q.remove(p)
-                if p.timer:
-                    p.timer.cancel()
 
     async def _next_batch(self) -> list[Pending]:
         while True:
             self.changed.clear()
-            self._drop_cancelled()
             first = next(self._ordered(), None)
             if first is None:
                 await self.changed.wait()

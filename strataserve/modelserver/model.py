@@ -226,9 +226,8 @@ class ModelVersion(ServedVersion):
         return pending, start
 
     def _done(self, pending, start: int, ok: bool, finished: bool) -> None:
-        if not finished:  # a consumer that left: drop the request if still queued, tell a running model
-            pending.cancelled = True
-            pending.request.cancel()
+        if not finished:  # a consumer that left: its request leaves the queue now, or its running model is told
+            self.scheduler.cancel(pending)
         self.stats.add_pending(-1)
         self.stats.request_done(ok, time.monotonic_ns() - start, pending.queue_ns)
 
