@@ -50,10 +50,6 @@ _PASS_THROUGH = (400, 413, 422, 429)
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _upstream_message(body: bytes) -> str:
-    return _upstream_error(body)[0]
-
-
 def _upstream_error(body: bytes) -> tuple[str, str | None, str | int | None, str | None]:
     """The upstream's error (message, param, code, type): OpenAI's body, or the text of any other."""
     try:
