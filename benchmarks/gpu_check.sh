@@ -2,7 +2,12 @@
 # GPU correctness: the kernel tests in fp32/fp16/bf16 on the device, then the end-to-end greedy check of every
 # runner mode against eager mode and HF transformers. Run from the repo root: bash benchmarks/gpu_check.sh
 set -u
-export PYTHONPATH=.:tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 STRATA_TEST_DEVICE=cuda
+# The device lacks the serving wheels (msgspec, pyzmq...): install the carried .whl/ aside when it is there.
+SITE=
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && SITE=/tmp/site:
+fi
+export PYTHONPATH=$SITE.:tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 STRATA_TEST_DEVICE=cuda
 OUTDIR=${OUT:-.}
 rc=0
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")  # Triton compiles are CPU-bound: spread them
