@@ -124,6 +124,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="poll mode: how often the repository is scanned for changes (Triton's flag; default: 1)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="explicit mode: load this repository model at start (repeat; '*' = all)")
+    # default None, so that a value given without --model-repository can be refused; it means on
+    p.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=None,
+                   help="/v2/health/ready and gRPC ServerReady: ready only while every repository model that "
+                        "should be loaded is READY; off: ready once started; Triton's flag (default: on)")
     p.add_argument("--grpc-port", type=port, default=8001, help="KServe v2 gRPC port (0 = no gRPC)")
     p.add_argument("--config", default=None, metavar="FILE.yaml",
                    help="serve what this router config declares (local models, upstream OpenAI / KServe servers, "
@@ -158,7 +162,8 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
                   max_body_bytes=int(args.max_request_body_mib * 2**20), uvicorn_log_level=args.uvicorn_log_level,
                   access_log=not args.disable_uvicorn_access_log, model_repository=args.model_repository,
                   model_control_mode=args.model_control_mode, load_models=tuple(args.load_model),
-                  repository_poll_s=poll_s, grpc_port=args.grpc_port or None)
+                  repository_poll_s=poll_s, strict_readiness=args.strict_readiness is not False,
+                  grpc_port=args.grpc_port or None)
     try:
         server.update(door_options(args))
     except ValueError as exc:

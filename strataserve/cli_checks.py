@@ -11,9 +11,12 @@ if TYPE_CHECKING:
 
 def _repository_flags(args: argparse.Namespace) -> list[str]:
     """The repository flags given on the command line (each means nothing without a model repository)."""
+    strict = getattr(args, "strict_readiness", None)  # None: not given
     return [flag for flag, given in (("--load-model", bool(args.load_model)),
                                      ("--model-control-mode", args.model_control_mode != "none"),
-                                     ("--repository-poll-secs", args.repository_poll_secs is not None)) if given]
+                                     ("--repository-poll-secs", args.repository_poll_secs is not None),
+                                     ("--strict-readiness" if strict else "--no-strict-readiness",
+                                      strict is not None)) if given]
 
 
 def _named(flags: list[str]) -> str:

@@ -95,6 +95,7 @@ class ServeOptions:
     model_control_mode: str = "none"
     load_models: tuple[str, ...] = ()  # explicit mode: load these at start ("*" = all)
     repository_poll_s: float = 1.0  # poll mode: --repository-poll-secs
+    strict_readiness: bool = True  # --[no-]strict-readiness: readiness waits for every repository model
     grpc_port: int | None = 8001
     startup_timeout_s: float | None = None
     graceful_shutdown_s: float = 10.0  # --shutdown-timeout: the drain's limit
@@ -207,7 +208,8 @@ async def build_router(options: ServeOptions, engines: dict[str, Any], registry:
     model_server = None
     if options.model_repository:
         model_server = await start_model_server(options.model_repository, options.model_control_mode, registry,
-                                                options.load_models, console, options.repository_poll_s)
+                                                options.load_models, console, options.repository_poll_s,
+                                                strict_readiness=options.strict_readiness)
     if model_server is not None or kserve:
         # the KServe fronts: the repository, KServe upstreams, and (as Triton's vLLM backend) every local text model
         router.tensors = TensorRouter(model_server, kserve, router.non_tensor_cards, router=router,

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from strataserve.modelserver.backends.base import Backend, BackendRequest
 from strataserve.modelserver.config import ConfigError, ModelSpec
-from strataserve.modelserver.stats import ModelStats
+from strataserve.modelserver.stats import BACKEND, OTHER, REJECTED, ModelStats
 from strataserve.types.tensors import ModelServerError
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,10 @@ def batch_cut(rows: Sequence[int], preferred: Sequence[int], max_rows: int, dela
 
 
 class Pending:
-    """One queued request; results flow to `events` as (outputs, error, final) tuples."""
+    """One queued request; results flow to `events` as (outputs, error, final) tuples. `failure`: the failure
+    reason (stats.py) an error delivered to it counts under: the model's fault unless the scheduler says else."""
 
-    __slots__ = ("request", "level", "enqueued_ns", "timer", "events", "shape_key", "queue_ns", "loop")
+    __slots__ = ("request", "level", "enqueued_ns", "timer", "events", "shape_key", "queue_ns", "loop", "failure")
 
     def __init__(self, request: BackendRequest, level: int, loop: asyncio.AbstractEventLoop):
         self.request, self.level, self.loop = request, level, loop
@@ -78,6 +79,7 @@ class Pending:
         self.timer: asyncio.TimerHandle | None = None
         self.events: asyncio.Queue = asyncio.Queue()
         self.queue_ns = 0
+        self.failure = BACKEND
         # Requests batch together only when every non-batch dim and dtype agree.
         self.shape_key = tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(request.inputs.items()))
 
@@ -170,6 +172,7 @@ class Scheduler:
         if action == "DELAY":  # keep it, but behind every request that has not timed out
             self.delayed.append(p)
             return
+        p.failure = REJECTED  # Triton: a request that times out in the queue was rejected, never ran
         p.push(None, ModelServerError("deadline_exceeded", f"model '{self.spec.name}' version {self.version}: "
                                       f"request timed out after {timeout_us} us in the queue"), True)
 
@@ -239,6 +242,7 @@ class Scheduler:
         except BaseException as e:  # noqa: BLE001 - one bad execution fails its requests, not the worker
             if isinstance(e, asyncio.CancelledError):
                 for p in batch:
+                    p.failure = OTHER  # the server stopped under it: not the model's fault
                     p.push(None, self._unloaded(), True)
                 raise
             err = e if isinstance(e, ModelServerError) else ModelServerError(

@@ -18,7 +18,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from strataserve.modelserver.config import ConfigError, ModelSpec
 from strataserve.modelserver.model import ModelVersion, ServedVersion
-from strataserve.modelserver.stats import ModelStats
+from strataserve.modelserver.stats import CANCELED, OTHER, REJECTED, ModelStats
 from strataserve.types.tensors import InferRequest, InferResponse, InferTensor, ModelServerError
 
 InferFn = Callable[[InferRequest], Awaitable[InferResponse]]
@@ -161,10 +161,12 @@ class EnsembleVersion(ServedVersion):
 
     async def infer(self, req: InferRequest) -> InferResponse:
         start = time.monotonic_ns()
-        ok = False
+        failure: str | None = REJECTED  # until its inputs pass
         self.stats.add_pending(1)
         try:
             breq = self._io._validate(req)
+            # a step failed (its model's own counter says why) or gave the wrong datatype: Triton's OTHER
+            failure = OTHER
             dtypes = {t.name: t.datatype for t in req.inputs}
             tensors = {name: (dtypes[name], arr) for name, arr in breq.inputs.items()}
             t0 = time.perf_counter_ns()
@@ -173,11 +175,14 @@ class EnsembleVersion(ServedVersion):
             self._check_datatypes(req, tensors)
             resp = self._io._response(req, {k: v[1] for k, v in tensors.items()}, partial=False)
             self.stats.execution_done(1, breq.rows, 0, infer_ns, 0)
-            ok = True
+            failure = None
             return resp
+        except asyncio.CancelledError:  # the client went away
+            failure = CANCELED
+            raise
         finally:
             self.stats.add_pending(-1)
-            self.stats.request_done(ok, time.monotonic_ns() - start)
+            self.stats.request_done(failure is None, time.monotonic_ns() - start, reason=failure or OTHER)
 
     def _check_datatypes(self, req: InferRequest, tensors: dict) -> None:
         """An output a step produced in another datatype than the ensemble declares is an error, never cast

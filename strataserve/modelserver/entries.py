@@ -73,6 +73,25 @@ class Entries(dict[str, Entry]):
             if not changed:
                 return
 
+    def not_ready(self) -> list[str]:
+        """The models that make the server not ready under strict readiness (Triton's rule: every version of
+        every model it knows is READY, except versions unloaded on request): one that failed to load (any
+        version), one loading, one that cannot serve now (an isolated process restarting), and an ensemble whose
+        steps are down for another reason than an unload (Triton unloads such an ensemble with its step)."""
+        return sorted(name for name, entry in self.items() if self._blocks(entry, frozenset()))
+
+    def _blocks(self, entry: Entry, seen: frozenset[str]) -> bool:
+        if entry.versions and entry.waiting:  # an ensemble waiting for its step models
+            down = [s for s in entry.steps if self.lookup_spec(s, -1) is None]
+            seen = seen | {entry.name}
+            # no step down: they are up but no longer fit its config, which only a new load can fix
+            return not down or any(s in seen or s not in self or self._blocks(self[s], seen) for s in down)
+        if not entry.states:  # being loaded (explicit), or never loaded (unloaded after a failed load)
+            return entry.explicit
+        if any(state != "READY" and not reason.startswith("unloaded") for state, reason in entry.states.values()):
+            return True
+        return not all(v.healthy() for v in entry.versions.values())
+
     def used_by_an_ensemble(self, name: str) -> bool:
         return any(e.versions and e.spec is not None and any(s.model_name == name for s in e.spec.ensemble_steps)
                    for e in self.values())

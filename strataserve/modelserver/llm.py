@@ -9,6 +9,7 @@ the whole text; `stream` with one response per new piece of text (the generate_s
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from strataserve.modelserver.config import ConfigError, ModelSpec
 from strataserve.modelserver.llm_io import TextResponder, parse_text_request, sampling_params
 from strataserve.modelserver.model import ModelVersion, ServedVersion
 from strataserve.modelserver.repository import ModelSource, is_hf_folder
-from strataserve.modelserver.stats import ModelStats
+from strataserve.modelserver.stats import BACKEND, CANCELED, REJECTED, ModelStats
 from strataserve.models.generation_defaults import sampling_defaults
 from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
 
@@ -45,8 +46,6 @@ class LLMVersion(ServedVersion):
 
     @classmethod
     async def load(cls, source: ModelSource, version: int, stats: ModelStats) -> "LLMVersion":
-        import asyncio
-
         from strataserve.config import EngineConfig, ModelConfig
         from strataserve.engine.async_llm import AsyncLLM
 
@@ -62,7 +61,7 @@ class LLMVersion(ServedVersion):
 
     async def _run(self, req: InferRequest, pieces: bool) -> AsyncIterator[InferResponse]:
         """The request's responses (llm_io.py reads it and shapes them, as for the router's text models)."""
-        start, ok = time.monotonic_ns(), False
+        start, failure = time.monotonic_ns(), REJECTED  # (failure reasons: stats.py) until the request is read
         self.stats.add_pending(1)
         try:
             text = parse_text_request(self._io._validate(req).inputs, req.parameters, self.spec.name)
@@ -71,21 +70,28 @@ class LLMVersion(ServedVersion):
                                       pieces and text.stream is not False)
             request_id = f"{self.spec.name}-{req.id or ''}-{next(_ids)}"
             t0 = time.perf_counter_ns()
+            failure = BACKEND
             gen = self.engine.generate(text.prompt, params, request_id)
             try:
                 async for out in gen:
                     response = responder.feed(out)
                     if response is not None:
+                        failure = CANCELED  # a consumer that stops reading here went away
                         yield response
+                        failure = BACKEND
             except ValueError as e:
+                failure = REJECTED  # the engine refused the request (a 400: bad input)
                 raise ModelServerError("invalid_argument", f"model '{self.spec.name}': {e}") from None
             finally:
                 await gen.aclose()  # a consumer that left aborts the engine request now
             self.stats.execution_done(1, 1, 0, time.perf_counter_ns() - t0, 0)
-            ok = True
+            failure = None
+        except (asyncio.CancelledError, GeneratorExit):
+            failure = CANCELED
+            raise
         finally:
             self.stats.add_pending(-1)
-            self.stats.request_done(ok, time.monotonic_ns() - start)
+            self.stats.request_done(failure is None, time.monotonic_ns() - start, reason=failure or BACKEND)
 
     def stream(self, req: InferRequest) -> AsyncIterator[InferResponse]:
         """One response per new piece of text (one in all when the request says stream false)."""

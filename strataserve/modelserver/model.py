@@ -16,7 +16,7 @@ from strataserve.modelserver.batcher import Scheduler
 from strataserve.modelserver.config import ModelSpec
 from strataserve.modelserver.pbtxt import config_to_json
 from strataserve.modelserver.repository import ModelSource
-from strataserve.modelserver.stats import ModelStats
+from strataserve.modelserver.stats import BACKEND, CANCELED, REJECTED, ModelStats
 from strataserve.types.tensors import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
 
 
@@ -86,6 +86,10 @@ class ServedVersion:
     def stop_admitting(self) -> None:
         """Refuse new requests from now on (unload); `close` then finishes the ones in flight."""
 
+    def healthy(self) -> bool:
+        """Whether it can serve now (strict readiness): False while one of its instances is restarting."""
+        return True
+
     async def close(self) -> None:
         """Stop serving; called once."""
 
@@ -118,6 +122,9 @@ class ModelVersion(ServedVersion):
     def stop_admitting(self) -> None:
         if self.scheduler is not None:
             self.scheduler.closing = True
+
+    def healthy(self) -> bool:
+        return self.scheduler is not None and all(i.ready() for i in self.scheduler.instances)
 
     async def close(self) -> None:
         if self.scheduler is not None:
@@ -218,18 +225,20 @@ class ModelVersion(ServedVersion):
         try:
             breq = self._validate(req)
             pending = self.scheduler.submit(breq, req.priority, req.timeout_us)
-        except ModelServerError:
-            self.stats.request_done(False, time.monotonic_ns() - start)
+        except ModelServerError:  # bad input, queue full, or the version is being unloaded: never queued
+            self.stats.request_done(False, time.monotonic_ns() - start, reason=REJECTED)
             raise
         breq.send = pending.push
         self.stats.add_pending(1)
         return pending, start
 
-    def _done(self, pending, start: int, ok: bool, finished: bool) -> None:
+    def _done(self, pending, start: int, failure: str | None, finished: bool) -> None:
+        """`failure`: None when the request succeeded, else its reason (stats.py)."""
         if not finished:  # a consumer that left: its request leaves the queue now, or its running model is told
             self.scheduler.cancel(pending)
         self.stats.add_pending(-1)
-        self.stats.request_done(ok, time.monotonic_ns() - start, pending.queue_ns)
+        self.stats.request_done(failure is None, time.monotonic_ns() - start, pending.queue_ns,
+                                reason=failure or CANCELED)
 
     async def _next(self, pending) -> tuple[dict | None, ModelServerError | None, bool]:
         outputs, error, final = await pending.events.get()
@@ -241,34 +250,40 @@ class ModelVersion(ServedVersion):
         """Every response of the request (one, unless the model is decoupled). A decoupled model's error
         response before its last one is yielded as an `ErrorResponse`; an error that ends the request raises."""
         pending, start = self._submit(req)
-        ok = final = False
+        failure, final = CANCELED, False  # a consumer that stops reading before the end cancelled the request
         try:
             while not final:
                 outputs, error, final = await self._next(pending)
                 if error is not None:
                     if final or not self.spec.decoupled:
+                        failure = pending.failure
                         raise error
                     yield ErrorResponse(self.spec.name, str(self.version), req.id, error=error)
                 elif outputs is not None:
-                    yield self._response(req, outputs, partial=self.spec.decoupled,
-                                         final=final if self.spec.decoupled else None)
-            ok = True
+                    failure = BACKEND  # outputs that do not fit the model's config
+                    response = self._response(req, outputs, partial=self.spec.decoupled,
+                                              final=final if self.spec.decoupled else None)
+                    failure = CANCELED
+                    yield response
+            failure = None
         finally:
-            self._done(pending, start, ok, final)
+            self._done(pending, start, failure, final)
 
     async def infer(self, req: InferRequest) -> InferResponse:
         if not self.spec.decoupled:  # the hot path: one response, no async generator
             pending, start = self._submit(req)
-            ok = final = False
+            failure, final = CANCELED, False  # cancelled (the client left) unless it ends below
             try:
                 outputs, error, final = await self._next(pending)
                 if error is not None:
+                    failure = pending.failure
                     raise error
+                failure = BACKEND  # outputs that do not fit the model's config
                 response = self._response(req, outputs, partial=False)
-                ok = True
+                failure = None
                 return response
             finally:
-                self._done(pending, start, ok, final)
+                self._done(pending, start, failure, final)
         responses = [r async for r in self.stream(req)]
         failed = next((r for r in responses if isinstance(r, ErrorResponse)), None)
         if failed is not None:

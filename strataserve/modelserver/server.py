@@ -3,7 +3,9 @@
 Control modes (Triton's): "none" loads every model at start; "explicit" loads only `load_models` and then
 what `load`/`unload` ask for; "poll" loads everything and a background task re-scans the repository every
 `poll_interval_s` (new, changed and removed models and versions). A model that fails to load is listed as
-UNAVAILABLE with the reason; every other model keeps serving.
+UNAVAILABLE with the reason; every other model keeps serving. With `strict_readiness` (Triton's
+--strict-readiness, on by default) the server is ready only while every model it should serve is
+(`Entries.not_ready`); off, it is ready once started.
 
 Ensembles follow their steps: loading one loads the step models it needs (not "explicitly" loaded); while a
 step model is not ready, or no longer fits the ensemble's config, the ensemble is UNAVAILABLE with the reason
@@ -47,6 +49,7 @@ class ModelServer:
         poll_interval_s: float = 1.0,
         registry: prometheus_client.CollectorRegistry | None = None,
         load_models: list[str] | None = None,
+        strict_readiness: bool = True,
     ):
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"model control mode {control_mode!r} is not one of {CONTROL_MODES}")
@@ -56,6 +59,7 @@ class ModelServer:
         self.control_mode = control_mode
         self.poll_interval_s = poll_interval_s
         self.load_models = list(load_models or [])
+        self.strict_readiness = strict_readiness
         self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
         self._collector = StatsCollector(self._all_stats)
         self.registry.register(self._collector)
@@ -109,7 +113,7 @@ class ModelServer:
         return True
 
     def ready(self) -> bool:
-        return self._started
+        return self._started and not (self.strict_readiness and self._entries.not_ready())
 
     # -- loading -----------------------------------------------------------------------------------------------
     async def _load_quietly(self, name: str) -> None:

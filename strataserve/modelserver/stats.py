@@ -4,6 +4,11 @@
 into Prometheus metrics with Triton's names under `strata:`. Triton exposes its counters without a `_total`
 suffix; prometheus_client would append one to a "counter" family, so the cumulative ones are exposed untyped
 (Prometheus treats them like counters for rate()) under exactly Triton's names.
+
+A failed request counts under one of Triton's failure reasons (`reason` label of the failure counter):
+REJECTED (refused before it ran: bad input, queue full, timed out in the queue), CANCELED (the client cancelled
+or went away), BACKEND (the model's code raised, timed out or answered wrongly), OTHER (anything else, e.g. an
+ensemble whose step failed). The statistics extension's `fail` stays the total, as in Triton.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from prometheus_client.core import Metric
 
 _CUMULATIVE = "unknown"  # exposed as "untyped", see the module docstring
 _PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
 
 
 class _Duration:
@@ -45,14 +52,20 @@ class ModelStats:
         self.restarts = 0  # model processes restarted after they died (EXECUTION_ISOLATION: process)
         self.success = _Duration()
         self.fail = _Duration()
+        self.fail_reasons = dict.fromkeys(FAILURE_REASONS, 0)  # each failure once, under its reason
         self.phases = {p: _Duration() for p in _PHASES}
         self.batch: dict[int, dict[str, _Duration]] = defaultdict(lambda: {p: _Duration() for p in _PHASES[1:]})
 
-    def request_done(self, ok: bool, duration_ns: int, queue_ns: int = 0) -> None:
+    def request_done(self, ok: bool, duration_ns: int, queue_ns: int = 0, reason: str = OTHER) -> None:
+        """One request ended; `reason` (one of FAILURE_REASONS) says why when it failed."""
+        if reason not in self.fail_reasons:
+            raise ValueError(f"unknown failure reason {reason!r}; use one of {FAILURE_REASONS}")
         with self._lock:
             (self.success if ok else self.fail).add(duration_ns)
             if ok:
                 self.phases["queue"].add(queue_ns)
+            else:
+                self.fail_reasons[reason] += 1
             self.last_inference_ms = int(time.time() * 1000)
 
     def execution_done(self, requests: int, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
@@ -68,6 +81,10 @@ class ModelStats:
     def restarted(self) -> None:
         with self._lock:
             self.restarts += 1
+
+    def failures(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.fail_reasons)
 
     def add_pending(self, delta: int) -> None:
         with self._lock:
@@ -94,10 +111,11 @@ class ModelStats:
 
 
 _METRICS = (
-    # name, help, type, value(stats)
+    # name, help, type, value(stats): a number, or {reason: number} for one sample per failure reason
     ("strata:inference_request_success", "Number of successful inference requests", _CUMULATIVE,
      lambda s: s.success.count),
-    ("strata:inference_request_failure", "Number of failed inference requests", _CUMULATIVE, lambda s: s.fail.count),
+    ("strata:inference_request_failure", "Number of failed inference requests, by reason (REJECTED, CANCELED, "
+     "BACKEND, OTHER)", _CUMULATIVE, lambda s: s.failures()),
     ("strata:inference_count", "Number of inferences performed (batch rows)", _CUMULATIVE, lambda s: s.inference_count),
     ("strata:inference_exec_count", "Number of model executions (batches)", _CUMULATIVE, lambda s: s.execution_count),
     ("strata:model_restarts", "Model processes restarted after they died", _CUMULATIVE, lambda s: s.restarts),
@@ -129,5 +147,10 @@ class StatsCollector:
         for name, doc, kind, value in _METRICS:
             m = Metric(name, doc, kind)
             for s in all_stats:
-                m.add_sample(name, {"model": s.name, "version": s.version}, float(value(s)))
+                labels, v = {"model": s.name, "version": s.version}, value(s)
+                if isinstance(v, dict):  # every reason, zeros included (Triton's too), so rate() sees the first one
+                    for reason, n in v.items():
+                        m.add_sample(name, {**labels, "reason": reason}, float(n))
+                else:
+                    m.add_sample(name, labels, float(v))
             yield m

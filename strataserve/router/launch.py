@@ -146,13 +146,14 @@ def adopt_early_client(started: dict, config: EngineConfig) -> Any:
 
 
 async def start_model_server(path: str, control_mode: str, registry: CollectorRegistry,
-                             load_models: Sequence[str], console: Console, poll_interval_s: float = 1.0) -> Any:
+                             load_models: Sequence[str], console: Console, poll_interval_s: float = 1.0,
+                             strict_readiness: bool = True) -> Any:
     """The model repository's server (the KServe tensor backend), started."""
     from strataserve.modelserver.server import ModelServer
 
     with console.status(f"[bold]Loading model repository[/] {path}…"):
         model_server = ModelServer(path, control_mode=control_mode, registry=registry, load_models=list(load_models),
-                                   poll_interval_s=poll_interval_s)
+                                   poll_interval_s=poll_interval_s, strict_readiness=strict_readiness)
         await model_server.start()
     every = f", scanned every {poll_interval_s:g} s" if control_mode == "poll" else ""
     console.print(f"[green]✓[/] model repository {path} (control mode {control_mode}{every})")

@@ -39,7 +39,8 @@ def _status(err: InferenceServerException) -> str:
 
 # ------------------------------------------------------------------------------------------ health + metadata
 def test_health_and_metadata(client):
-    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_server_live()
+    assert not client.is_server_ready()  # strict readiness (the default): 'broken' failed to load
     assert client.is_model_ready("onnx_mlp") and client.is_model_ready("onnx_mlp", "1")
     assert not client.is_model_ready("no_such_model")
     meta = client.get_server_metadata(as_json=True)

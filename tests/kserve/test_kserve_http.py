@@ -34,7 +34,8 @@ def _rows(n: int, d: int, seed: int) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------ health + metadata
 def test_health_and_server_metadata(client):
-    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_server_live()
+    assert not client.is_server_ready()  # strict readiness (the default): 'broken' failed to load
     meta = client.get_server_metadata()
     assert meta["name"] == "strataserve"
     assert {"binary_tensor_data", "statistics", "model_repository"} <= set(meta["extensions"])

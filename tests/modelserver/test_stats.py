@@ -27,10 +27,13 @@ def test_statistics_and_prometheus_metrics(tmp_path):
             one = server.statistics("onnx_mlp", "2")
             text = prometheus_client.generate_latest(registry).decode()
             samples = {(m.name, s.labels.get("version")): s.value for m in registry.collect() for s in m.samples
-                       if s.labels.get("model") == "onnx_mlp"}
-            return stats, one, text, samples
+                       if s.labels.get("model") == "onnx_mlp" and "reason" not in s.labels}
+            failures = {(s.labels["version"], s.labels["reason"]): s.value for m in registry.collect()
+                        for s in m.samples if s.name == "strata:inference_request_failure"
+                        and s.labels.get("model") == "onnx_mlp"}
+            return stats, one, text, samples, failures
 
-    stats, one, text, samples = run(main())
+    stats, one, text, samples, failures = run(main())
     by_key = {(s["name"], s["version"]): s for s in stats["model_stats"]}
     assert set(by_key) == {("onnx_mlp", "1"), ("onnx_mlp", "2"), ("py_scale", "1")}
     v2 = by_key[("onnx_mlp", "2")]
@@ -49,7 +52,9 @@ def test_statistics_and_prometheus_metrics(tmp_path):
         return samples.get((name, version))
 
     assert value("strata:inference_request_success") == 6
-    assert value("strata:inference_request_failure", "1") == 1
+    # the bad shape was refused before it ran: Triton's REJECTED; every reason has its series, zeros included
+    assert failures == {(v, r): float(v == "1" and r == "REJECTED") for v in ("1", "2")
+                        for r in ("REJECTED", "CANCELED", "BACKEND", "OTHER")}
     assert value("strata:inference_count") == 12
     assert value("strata:inference_exec_count") == v2["execution_count"]
     assert value("strata:inference_pending_request_count") == 0

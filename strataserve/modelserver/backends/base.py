@@ -85,6 +85,10 @@ class Backend(ABC):
     def wait_ready(self) -> None:
         """Block until the instance can execute (an isolated model's process may be restarting); bounded."""
 
+    def ready(self) -> bool:
+        """Whether the instance can execute now (False while an isolated model's process restarts)."""
+        return True
+
     def on_timeout(self) -> bool:
         """An execution passed the model's timeout and its thread is still inside ``infer``. Return True when
         the instance can end that execution (e.g. by killing its process) so the thread comes back; False

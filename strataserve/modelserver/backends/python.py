@@ -156,6 +156,9 @@ class PythonBackend(Backend):
         if self.isolated:
             self.model.wait_ready()
 
+    def ready(self) -> bool:
+        return not self.isolated or (self.model is not None and self.model.up)
+
     def on_timeout(self) -> bool:
         if not self.isolated:  # only an isolated model can be stopped mid-execution
             return False

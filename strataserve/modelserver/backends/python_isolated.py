@@ -234,6 +234,11 @@ class IsolatedModel:
         with self._lock:
             conn.close()
 
+    @property
+    def up(self) -> bool:
+        """A child process is running (False while it is being restarted)."""
+        return self._up.is_set()
+
     def wait_ready(self) -> None:
         self._up.wait(self.RESTART_WAIT_S)
 
