@@ -155,6 +155,9 @@ def encode_infer_response(resp: InferResponse, final: bool | None = None) -> Any
 # ---------------------------------------------------------------------------------------------- servicer
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     if isinstance(exc, ModelServerError):
+        retry = (getattr(exc, "headers", None) or {}).get("Retry-After")  # a router refusal's (a 429)
+        if retry:
+            context.set_trailing_metadata((("retry-after", retry),))  # as the door sends it
         await context.abort(grpc.StatusCode[exc.grpc_code], exc.message)
     logger.exception("KServe gRPC handler failed", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")

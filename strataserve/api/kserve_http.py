@@ -58,17 +58,18 @@ OFFLOAD_BYTES = 1 << 20  # bodies / outputs larger than this are (de)coded on a 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 async def _guard(fn: Callable[[], Response | Awaitable[Response]]) -> Response:
-    """Run a handler, mapping ModelServerError to its status and anything else to a logged 500."""
+    """Run a handler, mapping ModelServerError to its status (with the headers a router refusal carries: a
+    429's Retry-After) and anything else to a logged 500."""
     try:
         out = fn()
         return await out if inspect.isawaitable(out) else out
     except ModelServerError as exc:
-        return _error(exc.http_status, exc.message)
+        return _error(exc.http_status, exc.message, getattr(exc, "headers", None))
     except Exception as exc:  # a server bug: report it, keep serving
         logger.exception("KServe HTTP handler failed")
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")

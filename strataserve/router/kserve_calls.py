@@ -1,18 +1,31 @@
 """What a KServe call through the router shares with the ``/v1`` routes: the caller's SLA class and API key
-(``KSERVE_CALLER``, set per call by the HTTP and gRPC fronts), an OpenAI-side refusal in KServe's terms, the
-outcome a failed call counts under, and the router's admission and per-class trace around an upstream KServe
-model's infer (``/v1`` forwards an upstream OpenAI model the same way: one unit of work, traced until it ends).
+(``KSERVE_CALLER``, set per call by the HTTP and gRPC fronts), an OpenAI-side refusal in KServe's terms (its
+Retry-After kept), the outcome a failed call counts under, and the router's admission, tokens-per-minute charge
+and per-class trace around an upstream KServe model's infer (``/v1`` forwards an upstream OpenAI model the same
+way: one unit of work, traced until it ends).
+
+Tokens per minute of an upstream tensor call. A call with a BYTES ``text_input`` (Triton's LLM tensors) is charged
+as an upstream ``/v1`` request is (``api/serving.py``): its prompt at 4 characters a token (the router holds no
+tokenizer of the upstream's) plus ``n`` x the ``max_tokens`` it asks for (a request parameter, a field of its
+``sampling_parameters`` JSON, which wins as the model reads it, or a ``max_tokens`` input tensor as TensorRT-LLM's
+ensemble takes). A ``text_input`` call that names no output budget is charged its prompt alone: Python text
+models take ``text_input`` too and write no tokens, and an LLM left at its own default writes what the upstream
+decides (vLLM's default is 16 tokens), which the router cannot know. Any other tensor call holds no tokens and is
+not charged: its requests per minute are charged at the door. Nothing is refunded afterwards, as on ``/v1``.
 """
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from strataserve.api.errors import APIError
 from strataserve.api.limits import RequestLimits
 from strataserve.api.serving import Routed
+from strataserve.modelserver.autocomplete import TEXT_INPUT
+from strataserve.modelserver.llm_io import SAMPLING_PARAMETERS
 from strataserve.router.router import outcome_of
 from strataserve.router.sla import bearer_key
-from strataserve.types.tensors import KSERVE_CALLER, InferRequest, InferResponse, ModelServerError
+from strataserve.types.tensors import KSERVE_CALLER, InferRequest, InferResponse, InferTensor, ModelServerError
 
 if TYPE_CHECKING:
     from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
@@ -21,13 +34,25 @@ if TYPE_CHECKING:
 
 #: output tensor with the tokens an LLM wrote (Triton's vLLM backend, ours), when the caller asked for it
 NUM_OUTPUT_TOKENS = "num_output_tokens"
+MAX_TOKENS = "max_tokens"
 _CODES = {400: "invalid_argument", 403: "permission_denied", 404: "not_found", 413: "invalid_argument",
           429: "resource_exhausted", 499: "unavailable", 504: "deadline_exceeded", 502: "bad_gateway"}
+
+
+class KServeRefusal(ModelServerError):
+    """A refusal with the headers it is sent with (a 429's Retry-After): the HTTP front sends them, the gRPC
+    front sends Retry-After as ``retry-after`` trailing metadata (as the door does)."""
+
+    def __init__(self, code: str, message: str, headers: dict[str, str]) -> None:
+        super().__init__(code, message)
+        self.headers = headers
 
 
 def kserve_error(exc: APIError) -> ModelServerError:
     """An OpenAI-side refusal as the KServe fronts answer it (same status, the message naming the field)."""
     code = _CODES.get(exc.status, "unavailable" if exc.status >= 500 else "invalid_argument")
+    if exc.headers:
+        return KServeRefusal(code, exc.message, dict(exc.headers))
     return ModelServerError(code, exc.message)
 
 
@@ -39,6 +64,15 @@ def outcome(exc: BaseException) -> str:
     return outcome_of(exc)
 
 
+def count_refusal(router: Router, routed: Routed | None, exc: BaseException) -> None:
+    """Count a call that failed before its trace (a bad parameter, the key's tokens per minute, a dead engine)
+    under the outcome a traced one would get, as ``/v1``'s ``counts_outcome`` does; a call refused before its
+    class was known (``routed`` None) has no series to count in."""
+    if routed is not None and not routed.counted:
+        routed.counted = True
+        router.metrics.reject(routed.backend.name, routed.sla.name, outcome(exc))
+
+
 def caller_routed(router: Router, backend: Backend, limits: RequestLimits) -> Routed:
     """The call's route: its SLA class from the caller's ``x-sla-class`` and key (APIError 400 for an unknown
     class, 403 for one above the key's)."""
@@ -47,15 +81,61 @@ def caller_routed(router: Router, backend: Backend, limits: RequestLimits) -> Ro
     return Routed(router, backend, router.policy.resolve(header, key), key, limits)
 
 
+def tensor_call_tokens(request: InferRequest) -> float | None:
+    """The tokens per minute an upstream infer is charged (module doc); None: no text, no tokens."""
+    prompt = _input(request, TEXT_INPUT)
+    if prompt is None or prompt.datatype != "BYTES":
+        return None
+    chars = sum(len(_text(v)) for v in prompt.data.reshape(-1).tolist())
+    fields = dict(request.parameters or {})
+    budget = _input(request, MAX_TOKENS)
+    if budget is not None and budget.data.size == 1:
+        fields[MAX_TOKENS] = budget.data.reshape(-1)[0]
+    sampling = _input(request, SAMPLING_PARAMETERS)
+    if sampling is not None and sampling.data.size:
+        try:
+            extra = json.loads(_text(sampling.data.reshape(-1)[0]))
+        except ValueError:
+            extra = None  # the upstream answers it with its own 400
+        if isinstance(extra, dict):
+            fields.update(extra)
+    most, n = _count(fields.get(MAX_TOKENS)), _count(fields.get("n"))
+    return chars / 4 + (n or 1) * (most or 0)
+
+
+def _input(request: InferRequest, name: str) -> InferTensor | None:
+    return next((t for t in request.inputs if t.name == name), None)
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _count(value: object) -> int | None:
+    """A positive count as a client may send it (Triton's vLLM clients send strings, TensorRT-LLM an INT32
+    tensor); anything else None (the upstream answers a bad value with its own 400)."""
+    if isinstance(value, bytes):
+        value = _text(value)
+    try:
+        n = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return n if n >= 1 and not isinstance(value, bool) else None
+
+
 async def infer_upstream(router: Router, backend: KServeUpstreamBackend, request: InferRequest,
                          limits: RequestLimits) -> InferResponse:
-    """Forward one infer to an upstream KServe model with the class checks, admission and metrics of ``/v1``.
-    Output tokens (hence cost per 1k output tokens) are known only when the answer carries ``num_output_tokens``
-    (an LLM asked for it): a tensor answer has no token count to divide the cost by."""
+    """Forward one infer to an upstream KServe model with the class checks, admission, tokens-per-minute charge
+    and metrics of ``/v1``. Output tokens (hence cost per 1k output tokens) are known only when the answer
+    carries ``num_output_tokens`` (an LLM asked for it): a tensor answer has no token count to divide the cost
+    by."""
+    routed: Routed | None = None
     try:
         routed = caller_routed(router, backend, limits)
-        routed.check(1.0)  # the class's TTFT admission (429); an upstream's work is its outstanding requests
+        # the class's TTFT admission (429; an upstream's work is its outstanding requests), then the key's tokens
+        routed.check(1.0, tensor_call_tokens(request))
     except APIError as exc:
+        count_refusal(router, routed, exc)
         raise kserve_error(exc) from None
     trace = routed.trace(1.0)
     try:

@@ -5,9 +5,10 @@ The fronts call the same methods they would call on a ``ModelServer``; the per-m
 because an upstream answers over the network. The repository index lists every model the server fronts: the
 repository's, the upstream ones (READY or UNAVAILABLE by health) and the text / speech models (READY, with a
 reason naming the routes that serve them). An upstream model's infer takes the router's SLA class checks,
-admission and per-class metrics, as ``/v1`` does (``router/kserve_calls.py``). A local text model (command
-line or config) answers KServe too, as Triton's vLLM backend does (``router/text_tensors.py``); asking KServe
-to infer on a speech model is a 400.
+admission, tokens per minute (an LLM's text_input call) and per-class metrics, as ``/v1`` does
+(``router/kserve_calls.py``). A local text model (command line or config) answers KServe too, as Triton's vLLM
+backend does (``router/text_tensors.py``), and a repository LLM's calls take the same path
+(``router/repo_llm.py``); asking KServe to infer on a speech model is a 400.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from strataserve.router.types import ModelCard, Payload
 
 if TYPE_CHECKING:
     from strataserve.api.limits import RequestLimits
+    from strataserve.router.repo_llm import RepositoryLLMs, RepositoryTextModel
     from strataserve.router.router import Router
     from strataserve.router.text_tensors import TextTensorModel
 
@@ -39,6 +41,7 @@ class TensorRouter:
         self.router = router if router is not None else getattr(other_models, "__self__", None)
         self.limits = limits  # the OpenAI request limits (max_tokens, prompt tokens, stop strings) to apply
         self._text: dict[str, TextTensorModel] = {}
+        self._repo_llms: RepositoryLLMs | None = None
 
     # ------------------------------------------------------------------ server level
     def live(self) -> bool:
@@ -80,6 +83,16 @@ class TensorRouter:
 
             model = self._text[name] = TextTensorModel(self.router, backend, self.limits)
         return model
+
+    def repository_llm(self, name: str, version: str = "") -> RepositoryTextModel | None:
+        """The router's face of repository LLM ``name`` (None: not one, or no router to class its calls)."""
+        if self.local is None or self.router is None:
+            return None
+        if self._repo_llms is None:
+            from strataserve.router.repo_llm import RepositoryLLMs  # imports the API layer: not at load
+
+            self._repo_llms = RepositoryLLMs(self.router, self.local)
+        return self._repo_llms.get(name, version)
 
     def _not_tensor(self, name: str) -> None:
         for card in self.other_models():
@@ -211,13 +224,15 @@ class TensorRouter:
             from strataserve.router.kserve_calls import infer_upstream
 
             return await infer_upstream(self.router, up, request, self.limits or RequestLimits())
-        text = self.text_model(request.model_name)
+        text = self.text_model(request.model_name) or self.repository_llm(request.model_name,
+                                                                          request.model_version)
         if text is not None:
             return await text.infer(request)
         return await self._check_local(request.model_name).infer(request)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        text = self.text_model(request.model_name)
+        text = self.text_model(request.model_name) or self.repository_llm(request.model_name,
+                                                                          request.model_version)
         if text is not None:
             async for r in text.run(request, pieces=True):
                 yield r
@@ -232,14 +247,14 @@ class TensorRouter:
 
     async def generate(self, name: str, version: str, inputs: dict, parameters: dict) -> dict:
         self._no_generate(name)
-        text = self.text_model(name)
+        text = self.text_model(name) or self.repository_llm(name, version)
         if text is not None:
             return generate_response(await text.infer(generate_request(text.spec, version, inputs, parameters)))
         return await self._check_local(name).generate(name, version, inputs, parameters)
 
     async def generate_stream(self, name: str, version: str, inputs: dict, parameters: dict) -> AsyncIterator[dict]:
         self._no_generate(name)
-        text = self.text_model(name)
+        text = self.text_model(name) or self.repository_llm(name, version)
         if text is not None:
             request = generate_request(text.spec, version, inputs, parameters)
             async for r in text.run(request, pieces=True):

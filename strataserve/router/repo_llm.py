@@ -1,0 +1,109 @@
+"""A repository LLM (a bare HF folder or ``backend: "llm"``, ``modelserver/llm.py`` ``LLMVersion``) called through
+the router's KServe surface: its requests take the path of the command line's text models
+(``router/text_tensors.py``): the caller's SLA class (403 above the key's), admission (the class's TTFT 429, the
+waiting-queue 503), the key's tokens per minute (prompt + max_tokens), the class's priority in the engine, and
+the per-class metrics, under the model's name.
+
+What stays the repository's own: no ``--limit-*`` request limits (its unset max_tokens is its checkpoint's or
+16, as before), a budget past the context is clipped as its engine clips it rather than refused, its KServe
+statistics are the version's, and an ensemble's step or a BLS call reaches the version directly (inside the
+model server, not through the router). The router's state for a version (admission, in-flight count) lives as
+long as the model server serves that version and never keeps an unloaded version's engine alive.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from strataserve.api.limits import RequestLimits
+from strataserve.api.metrics import ServerMetrics
+from strataserve.api.request_params import resolve_max_tokens
+from strataserve.api.serving import ServerState
+from strataserve.modelserver.autocomplete import TEXT_INPUT
+from strataserve.modelserver.llm import LLMVersion
+from strataserve.router.admission import AdmissionController
+from strataserve.router.text_tensors import TextTensorModel
+from strataserve.router.types import Backend, ModelCard, Payload
+from strataserve.types.errors import EngineDeadError
+from strataserve.types.tensors import ModelServerError
+
+if TYPE_CHECKING:
+    from strataserve.router.router import Router
+
+
+class RepositoryLLMBackend(Backend):
+    """One served version's engine as the router's admission and metrics see it (not in the router's registry:
+    the model server lists and loads it)."""
+
+    payload = Payload.TENSORS
+
+    def __init__(self, name: str, engine: Any, defaults: dict[str, Any]) -> None:
+        super().__init__(name)
+        sched = engine.config.scheduler
+        max_len = int(engine.max_model_len)
+        # engine_stream records engine metrics; a repository LLM exposes none on /metrics, so these stay unregistered
+        metrics = ServerMetrics(name, max_len, lambda: getattr(engine, "stats", None), register=False)
+        self.state = ServerState(engine=engine, tokenizer=engine.tokenizer, model_name=name, max_model_len=max_len,
+                                 metrics=metrics, max_inflight_seqs=sched.max_num_seqs + sched.max_waiting_requests,
+                                 max_running_seqs=sched.max_num_seqs, sampling_defaults=dict(defaults))
+        self.admission = AdmissionController(name, sched.max_num_seqs)
+
+    def ready(self) -> bool:
+        try:
+            self.state.engine.check_health()
+        except EngineDeadError:
+            return False
+        return True
+
+    def card(self) -> ModelCard:
+        return ModelCard(self.name, Payload.TENSORS, "repository", self.ready())
+
+
+class RepositoryTextModel(TextTensorModel):
+    """The router's face of one repository LLM version. It holds the version's parts, never the version: the
+    model server's reference alone decides how long the version (and its engine) lives."""
+
+    def __init__(self, router: Router, mv: LLMVersion) -> None:
+        self.router = router
+        self.backend = RepositoryLLMBackend(mv.spec.name, mv.engine, mv.defaults)
+        self.limits = RequestLimits()  # no max_tokens or prompt limits: the repository takes no --limit-* flags
+        self.spec, self.stats, self._io = mv.spec, mv.stats, mv._io
+        self.version = str(mv.version)
+
+    def check_version(self, version: str) -> None:
+        if version and not (version.isdigit() and int(version) == int(self.version)):  # the server picked it
+            raise ModelServerError("not_found", f"model '{self.name}' has no ready version {version}")
+
+    def _hold_to_limits(self, params: Any, given: bool) -> None:
+        pass  # the repository's LLMs take no request limits (module doc)
+
+    def _budget(self, state: Any, num_prompt: int, max_tokens: int | None) -> int:
+        """The rest of the context bounds max_tokens (the engine's rule); an empty prompt, or one that leaves no
+        room, is refused before the key is charged."""
+        rest = state.max_model_len - num_prompt
+        if num_prompt == 0 or rest < 1:
+            return resolve_max_tokens(state, num_prompt, None, "max_tokens", TEXT_INPUT)  # raises the 400
+        return rest if max_tokens is None else min(max_tokens, rest)
+
+
+class RepositoryLLMs:
+    """The faces of the repository's served LLM versions, one per version object while the model server serves
+    it (a weak map: an unloaded or replaced version drops its face, and its engine with it)."""
+
+    def __init__(self, router: Router, local: Any) -> None:
+        self.router, self.local = router, local
+        self._faces: weakref.WeakKeyDictionary[LLMVersion, RepositoryTextModel] = weakref.WeakKeyDictionary()
+
+    def get(self, name: str, version: str = "") -> RepositoryTextModel | None:
+        """The face of LLM ``name`` at ``version`` (None: not an LLM of the repository, or not served now: the
+        model server's own call then answers, with its reason)."""
+        try:
+            mv = self.local._version(name, version)  # the model server's pick: latest ready, or the one asked
+        except ModelServerError:
+            return None
+        if not isinstance(mv, LLMVersion):
+            return None
+        face = self._faces.get(mv)
+        if face is None:
+            face = self._faces[mv] = RepositoryTextModel(self.router, mv)
+        return face
