@@ -76,6 +76,12 @@ if STRATA_MIXED_GRAPH_MAX_PREFILLS < 1:
     raise ValueError(f"STRATA_MIXED_GRAPH_MAX_PREFILLS={STRATA_MIXED_GRAPH_MAX_PREFILLS}: must be >= 1")
 #: greedy argmax inside the captured decode graph (all-greedy steps skip the logits gather and the sampler).
 STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
+#: how the sampler finds top-p cut-offs on accelerators: "sort" (default): a full sort of every row, the path
+#: verified on the H200; "kernel": each row searched without sorting it (``kernels/top_p.py``), tested under
+#: Triton's interpreter and compiled for sm_90 but not yet run on a GPU: the default once run 31 has measured it.
+STRATA_TOP_P: str = os.environ.get("STRATA_TOP_P", "sort")
+if STRATA_TOP_P not in ("kernel", "sort"):
+    raise ValueError(f"STRATA_TOP_P={STRATA_TOP_P!r}: use 'kernel' or 'sort'")
 #: tensor parallelism on CUDA: "symm_mem" sums small activations (decode steps) with PyTorch's one-shot
 #: symmetric-memory all-reduce (peer loads over NVLink, no multicast) instead of NCCL's; "nccl" (default): NCCL only.
 STRATA_TP_ALLREDUCE: str = os.environ.get("STRATA_TP_ALLREDUCE", "nccl")

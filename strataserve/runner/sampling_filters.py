@@ -4,9 +4,11 @@ need, all without a host sync on an accelerator.
 Why sync-free: under async scheduling the runner queues step N+1's sampling while step N's host work runs; any
 blocking copy or any Python branch on a device value (``bool(t.any())``, ``t.numel()`` of a masked tensor,
 ``torch.tensor(list, device="cuda")``, which copies and then waits for the stream) stalls the host until the
-forward pass is done and the overlap is lost. So per-row parameters travel as one non-blocking copy each, and the
-top-p cut-off is found with a full sort on accelerators, where the CPU path's candidate search would have to ask
-the device how many rows it resolved.
+forward pass is done and the overlap is lost. So per-row parameters travel as one non-blocking copy each, and on
+accelerators the top-p cut-off comes from a full sort of every row (``STRATA_TOP_P=sort``, the default) or is
+searched for inside one kernel per step without sorting (``STRATA_TOP_P=kernel``, ``kernels/top_p.py``, opt-in
+until measured on a GPU), where the CPU path's candidate search would have to ask the device how many rows it
+resolved.
 """
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ from typing import Sequence
 
 import torch
 
+from strataserve import envs
 from strataserve.types.sampling import SamplingParams
+
+#: how ``filtered_logits`` finds top-p cut-offs: the CPU's candidate search, a full sort, or the sort-free kernel
+TOP_P_PATHS = ("search", "sort", "kernel")
 
 
 def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -24,12 +30,13 @@ def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> tor
     return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
 
-def filtered_logits(x: torch.Tensor, params: Sequence[SamplingParams], sort_top_p: bool | None = None
+def filtered_logits(x: torch.Tensor, params: Sequence[SamplingParams], top_p_path: str | bool | None = None
                     ) -> torch.Tensor:
     """Temperature, min-p, top-k, top-p applied to (penalised) logits [R, V] of non-greedy rows; -inf = dropped.
 
-    Returns a new tensor; ``softmax`` of it is the distribution the row samples from. ``sort_top_p``: find top-p
-    cut-offs by a full sort (default on accelerators: no sync) instead of the candidate search (CPU)."""
+    Returns a new tensor; ``softmax`` of it is the distribution the row samples from. ``top_p_path``: one of
+    ``TOP_P_PATHS`` (True = "sort", False = "search"); None: "search" on CPU, else ``STRATA_TOP_P`` (both
+    accelerator paths are sync-free)."""
     vocab = x.shape[1]
     dev = x.device
     temps = [p.temperature for p in params]
@@ -38,12 +45,25 @@ def filtered_logits(x: torch.Tensor, params: Sequence[SamplingParams], sort_top_
         _min_p(x, to_device([p.min_p for p in params], torch.float32, dev))
     ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     if any(p.top_p < 1.0 for p in params):
-        if sort_top_p is None:
-            sort_top_p = dev.type != "cpu"
-        (_top_k_top_p_sorted if sort_top_p else _top_k_top_p)(x, ks, [p.top_p for p in params])
+        path = _top_p_path(top_p_path, dev)
+        ps = [p.top_p for p in params]
+        if path == "kernel":
+            _top_k_top_p_kernel(x, ks, ps)
+        else:
+            (_top_k_top_p_sorted if path == "sort" else _top_k_top_p)(x, ks, ps)
     elif any(k < vocab for k in ks):
         _top_k(x, to_device(ks, torch.int64, dev), max(k for k in ks if k < vocab))
     return x
+
+
+def _top_p_path(path: str | bool | None, dev: torch.device) -> str:
+    if path is None:
+        return "search" if dev.type == "cpu" else envs.STRATA_TOP_P
+    if isinstance(path, bool):
+        return "sort" if path else "search"
+    if path not in TOP_P_PATHS:
+        raise ValueError(f"top_p_path: expected one of {TOP_P_PATHS}, got {path!r}")
+    return path
 
 
 def _min_p(x: torch.Tensor, min_p: torch.Tensor) -> None:
@@ -85,6 +105,22 @@ def _top_k_top_p_sorted(x: torch.Tensor, ks: list[int], ps: list[float]) -> None
     p = to_device(ps, torch.float32, dev).unsqueeze(1)
     vals = x.sort(dim=-1, descending=True).values
     cut, _ = _cutoff(vals, x.logsumexp(dim=-1, keepdim=True), k, p, x.shape[1])
+    x.masked_fill_(x < cut, float("-inf"))
+
+
+def _top_k_top_p_kernel(x: torch.Tensor, ks: list[int], ps: list[float]) -> None:
+    """Top-k, then top-p from each row's cut-off found without a sort (``kernels/top_p.py``): the rows' top-k
+    masks first, so the kernel's softmax is already the top-k renormalised distribution. Sync-free as the sort."""
+    from strataserve.kernels.top_p import top_p_cutoff  # (imports triton: only where this path runs)
+
+    if x.dtype != torch.float32:  # (the sampler's logits are float32) the kernel reads float32 only
+        _top_k_top_p_sorted(x, ks, ps)
+        return
+    vocab = x.shape[1]
+    dev = x.device
+    if any(k < vocab for k in ks):
+        _top_k(x, to_device(ks, torch.int64, dev), max(k for k in ks if k < vocab))
+    cut = top_p_cutoff(x, to_device(ps, torch.float32, dev))
     x.masked_fill_(x < cut, float("-inf"))
 
 

@@ -70,3 +70,32 @@ def test_sampling_never_syncs_and_matches_the_cpu_sampler():
         if a is not None:
             assert a.token_id == b.token_id and a.rank == b.rank
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("path", ["kernel", "sort"])
+def test_top_p_paths_never_sync_and_agree(path):
+    """Both accelerator top-p paths (``STRATA_TOP_P``) queue their work without a host sync at the Qwen3 vocabulary,
+    with temperature, min-p and top-k in the same step; their kept tokens agree (boundary rows aside)."""
+    from strataserve.runner.sampling_filters import filtered_logits
+
+    from .test_top_p import _boundary_rows
+
+    vocab, g = 151_936, torch.Generator().manual_seed(2)
+    params = [SP(temperature=t, top_p=p, top_k=k, min_p=m) for t in (0.6, 1.0) for p in (0.5, 0.95, 0.999)
+              for k, m in ((0, 0.0), (50, 0.0), (0, 0.05))] + [SP(temperature=0.8, top_k=20)]
+    x = (torch.randn(len(params), vocab, generator=g) * 3).cuda()
+    filtered_logits(x, params, path)  # compiled / allocated before the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = filtered_logits(x, params, path)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    other = filtered_logits(x, params, "sort" if path == "kernel" else "kernel")
+    differ = (torch.isfinite(got) != torch.isfinite(other)).any(dim=-1)
+    if differ.any():
+        pre = filtered_logits(x, [SP(temperature=q.temperature, top_k=q.top_k, min_p=q.min_p) for q in params])
+        low = [torch.where(torch.isfinite(y), y, float("inf")).amin(dim=-1, keepdim=True) for y in (got, other)]
+        p = torch.tensor([q.top_p for q in params], device="cuda")
+        assert (~differ | _boundary_rows(pre, *low, p)).all()  # (a few rows at p 0.999 at this vocabulary)
+    assert torch.isfinite(got[-1]).sum().item() == 20
