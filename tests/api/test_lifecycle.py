@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from _model_repos import add_onnx_mlp, mlp_reference
 from api_server import MODEL, ROOT, free_port, launch
+
+# Waits end as soon as what they wait for happens; the limits are for a loaded CI machine, where start-up, a step
+# or a reply can take many times what it takes on an idle one (httpx's own default is 5 s).
+_LIMIT_S = 120.0
 
 
 def _children(pid: int) -> list[int]:
@@ -36,10 +42,28 @@ def _children(pid: int) -> list[int]:
 
 def _engine_pid(pid: int) -> int:
     for kid in _children(pid):
-        cmdline = Path(f"/proc/{kid}/cmdline").read_bytes()
+        try:
+            cmdline = Path(f"/proc/{kid}/cmdline").read_bytes()
+        except OSError:  # a short-lived child that has gone
+            continue
         if b"spawn_main" in cmdline:
             return kid
     raise AssertionError("no engine-core child process found")
+
+
+def _wait_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + _LIMIT_S
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _engine_requests(url: str) -> float:
+    """Sequences in the engine (running + waiting), from /metrics: the scheduler's stats of its latest step."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=_LIMIT_S).text.splitlines():
+        if line.startswith(("strata:num_requests_running{", "strata:num_requests_waiting{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def _alive(pid: int) -> bool:
@@ -60,8 +84,18 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
-    sockets_before = set(glob.glob("/tmp/strata-core-*"))
+def test_engine_death_then_sigterm(tiny_ckpt, tmp_path, monkeypatch):
+    # The server's engine socket dir goes in a TMPDIR of its own: other servers (other tests, other workers) add
+    # and remove theirs in /tmp meanwhile, so only this folder tells whether ours was removed.
+    sockets = tempfile.mkdtemp(prefix="strata-lc-")
+    monkeypatch.setenv("TMPDIR", sockets)
+    try:
+        _engine_death_then_sigterm(tiny_ckpt, tmp_path, sockets)
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+def _engine_death_then_sigterm(tiny_ckpt: Path, tmp_path: Path, sockets: str) -> None:
     repo = tmp_path / "repo"
     weights = add_onnx_mlp(repo, name="mlp")[1]
     grpc_port = free_port()
@@ -81,49 +115,54 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path):
     try:
         url = srv.url
         kserve_infer()
-        metrics = httpx.get(f"{url}/metrics").text  # one registry: LLM and repository metrics together
+        metrics = httpx.get(f"{url}/metrics", timeout=_LIMIT_S).text  # one registry: LLM and repository metrics
         assert "strata:num_requests_running" in metrics and 'model="mlp"' in metrics
+        assert glob.glob(f"{sockets}/strata-core-*"), "the engine's socket dir is not where TMPDIR points"
         engine = _engine_pid(srv.proc.pid)
         children = _children(srv.proc.pid)
-        assert httpx.get(f"{url}/health").status_code == 200
+        assert httpx.get(f"{url}/health", timeout=_LIMIT_S).status_code == 200
 
         body = {"model": MODEL, "prompt": "long story", "max_tokens": 480, "ignore_eos": True, "n": 4}
         result: dict = {}
 
         def non_stream() -> None:
-            result["r"] = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            result["r"] = httpx.post(f"{url}/v1/completions", json=body, timeout=_LIMIT_S)
 
-        with httpx.Client(timeout=60) as client:
+        with httpx.Client(timeout=_LIMIT_S) as client:
             with client.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as stream:
                 lines = stream.iter_lines()
                 next(line for line in lines if line.startswith("data:"))
+                streaming = _engine_requests(url)
                 waiter = threading.Thread(target=non_stream)
                 waiter.start()
-                time.sleep(0.1)
+                # the kill comes once the non-streamed request is in the engine too (not after a guessed delay)
+                deadline = time.monotonic() + _LIMIT_S
+                while _engine_requests(url) <= streaming and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert _engine_requests(url) > streaming, "the non-streamed request never reached the engine"
                 os.kill(engine, signal.SIGKILL)
                 rest = [line for line in lines if line.startswith("data:")]
-            waiter.join(30)
+            waiter.join(_LIMIT_S)
+        assert not waiter.is_alive(), "the non-streamed request never ended"
         # The stream ends with an OpenAI error event, then [DONE].
         assert rest[-1] == "data: [DONE]"
         assert '"error"' in rest[-2] and "engine" in rest[-2]
         r = result["r"]
         assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
-        health = httpx.get(f"{url}/health")
+        health = httpx.get(f"{url}/health", timeout=_LIMIT_S)
         assert health.status_code == 503 and health.json()["error"]["code"] == "engine_dead"
-        again = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 2})
+        again = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 2}, timeout=_LIMIT_S)
         assert again.status_code == 503 and again.json()["error"]["type"] == "service_unavailable"
         kserve_infer()  # the repository keeps serving without the LLM engine
 
         srv.proc.send_signal(signal.SIGTERM)
-        assert srv.proc.wait(timeout=30) == 0, srv.log_tail()
+        assert srv.proc.wait(timeout=_LIMIT_S) == 0, srv.log_tail()
     finally:
         srv.stop()
     assert _port_free(srv.port) and _port_free(grpc_port)
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_gone(children)
     assert not [p for p in children if _alive(p)], "child processes outlived the server"
-    assert set(glob.glob("/tmp/strata-core-*")) <= sockets_before, "engine socket files left behind"
+    assert not glob.glob(f"{sockets}/strata-core-*"), "engine socket files left behind"
 
 
 def test_sigterm_with_a_stream_in_flight_stops_everything(tmp_path):
@@ -135,20 +174,19 @@ def test_sigterm_with_a_stream_in_flight_stops_everything(tmp_path):
     try:
         engine = _engine_pid(srv.proc.pid)
         body = {"model": MODEL, "prompt": "keep going", "max_tokens": 1000, "n": 4, "ignore_eos": True, "stream": True}
-        with httpx.Client(timeout=60) as client, client.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
+        with httpx.Client(timeout=_LIMIT_S) as client, \
+                client.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
             lines = r.iter_lines()
             next(line for line in lines if line.startswith("data:"))
             srv.proc.send_signal(signal.SIGTERM)
             rest = [line for line in lines if line.startswith("data:")]
         # cut at the drain's end: a last error event and [DONE], not a cut connection and a logged traceback
         assert rest[-1] == "data: [DONE]" and '"code":"server_shutdown"' in rest[-2], rest[-3:]
-        assert srv.proc.wait(timeout=60) == 0, srv.log_tail()
+        assert srv.proc.wait(timeout=_LIMIT_S) == 0, srv.log_tail()
         assert "Traceback" not in srv.log.read_text()
     finally:
         srv.stop()
-    deadline = time.monotonic() + 10
-    while _alive(engine) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_gone([engine])
     assert not _alive(engine)
     assert _port_free(srv.port)
     assert "stopped" in srv.log_tail()
@@ -161,18 +199,17 @@ def test_sigterm_to_the_process_group_still_drains(tiny_ckpt, tmp_path):
     try:
         engine = _engine_pid(srv.proc.pid)
         body = {"model": MODEL, "prompt": "keep going", "max_tokens": 200, "ignore_eos": True, "stream": True}
-        with httpx.Client(timeout=60) as client, client.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
+        with httpx.Client(timeout=_LIMIT_S) as client, \
+                client.stream("POST", f"{srv.url}/v1/completions", json=body) as r:
             lines = r.iter_lines()
             events = [next(line for line in lines if line.startswith("data:"))]
             os.killpg(srv.proc.pid, signal.SIGTERM)
             events += [line for line in lines if line.startswith("data:")]
         assert events[-1] == "data: [DONE]" and '"finish_reason":"length"' in events[-2], events[-3:]
-        assert srv.proc.wait(timeout=60) == 0, srv.log_tail()
+        assert srv.proc.wait(timeout=_LIMIT_S) == 0, srv.log_tail()
     finally:
         srv.stop()
-    deadline = time.monotonic() + 10
-    while _alive(engine) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_gone([engine])
     assert not _alive(engine) and "died" not in srv.log_tail()
 
 
