@@ -269,9 +269,10 @@ class ModelServer:
             for name in sorted(names):
                 entry = self._entries.get(name)
                 if entry is None or entry.fingerprint != repo.fingerprint(name):
+                    # marked before loading, as load() does: under strict readiness a model the poll has just
+                    # found counts from now (Entries._blocks), not only once its load has ended
+                    self._entries.setdefault(name, Entry(name)).explicit = True
                     await self._load_quietly(name)
-                    if name in self._entries:
-                        self._entries[name].explicit = True
             for name in sorted(set(self._entries) - names):
                 self._close_versions(self._entries.pop(name), "removed from the repository")
             self._entries.refresh_ensembles()
