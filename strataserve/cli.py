@@ -162,8 +162,9 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
                   max_body_bytes=int(args.max_request_body_mib * 2**20), uvicorn_log_level=args.uvicorn_log_level,
                   access_log=not args.disable_uvicorn_access_log, model_repository=args.model_repository,
                   model_control_mode=args.model_control_mode, load_models=tuple(args.load_model),
-                  repository_poll_s=poll_s, strict_readiness=args.strict_readiness is not False,
-                  grpc_port=args.grpc_port or None)
+                  repository_poll_s=poll_s, grpc_port=args.grpc_port or None)
+    if args.strict_readiness is not None:  # given: it wins over a config file's key (unset: the file's, else on)
+        server["strict_readiness"] = args.strict_readiness
     try:
         server.update(door_options(args))
     except ValueError as exc:

@@ -126,6 +126,11 @@ class ServeOptions:
                                 ("repository_poll_secs", "repository_poll_s")):
                 if key in config.model_fields_set or option not in server:
                     server[option] = getattr(config, key)
+        if "strict_readiness" in config.model_fields_set:
+            if not server.get("model_repository"):  # as the flag without --model-repository: refused, not ignored
+                raise ValueError("strict_readiness applies to repository models: add model_repository to the config "
+                                 "(or --model-repository), or remove the key")
+            server.setdefault("strict_readiness", config.strict_readiness)  # an explicit flag (passed in) wins
         return cls(llms=llms, upstreams=ups, sla=SLAPolicy(classes, config.default_sla or "", keys),
                    extra_api_keys=tuple(keys), health_check_interval_s=config.health_check_interval_s,
                    affinity_chars=config.prefix_affinity_chars, affinity_slack=config.affinity_slack, **server)

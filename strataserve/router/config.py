@@ -208,6 +208,9 @@ class RouterConfig(_Strict):
     model_repository: str | None = None
     model_control_mode: Literal["none", "explicit", "poll"] = "none"
     repository_poll_secs: float = Field(1.0, gt=0)  # poll mode's scan interval
+    # Triton's --strict-readiness: /v2/health/ready only while every repository model is READY; the command
+    # line's --[no-]strict-readiness, when given, wins over it (``ServeOptions.from_config``)
+    strict_readiness: bool = True
     sla_classes: dict[str, SLAClass] = Field(default_factory=lambda: {"default": SLAClass()})
     default_sla: str | None = None
     api_keys: list[APIKey] = Field(default_factory=list)
@@ -216,6 +219,14 @@ class RouterConfig(_Strict):
                                        "(0 turns affinity off)")
     affinity_slack: int = Field(2, ge=0, description="how many more outstanding requests the affine replica "
                                 "may have than the least loaded one and still be chosen")
+
+    @field_validator("strict_readiness", mode="before")
+    @classmethod
+    def _true_or_false(cls, v: Any) -> Any:
+        # a real boolean only: pydantic would read "no", "off" or 0 as false, which an operator's typo should not be
+        if not isinstance(v, bool):
+            raise ValueError(f"must be true or false, got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "RouterConfig":

@@ -12,11 +12,17 @@ ensemble takes). A ``text_input`` call that names no output budget is charged it
 models take ``text_input`` too and write no tokens, and an LLM left at its own default writes what the upstream
 decides (vLLM's default is 16 tokens), which the router cannot know. Any other tensor call holds no tokens and is
 not charged: its requests per minute are charged at the door. Nothing is refunded afterwards, as on ``/v1``.
+
+``--limit-max-tokens`` holds a ``text_input`` call's budget, read from the same places, as ``/v1`` holds a forwarded
+request's (``hold_to_limit``): above the limit is a 400 (gRPC INVALID_ARGUMENT) before anything is charged.
 """
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from strataserve.api.errors import APIError
 from strataserve.api.limits import RequestLimits
@@ -35,6 +41,8 @@ if TYPE_CHECKING:
 #: output tensor with the tokens an LLM wrote (Triton's vLLM backend, ours), when the caller asked for it
 NUM_OUTPUT_TOKENS = "num_output_tokens"
 MAX_TOKENS = "max_tokens"
+#: what vLLM (Triton's vLLM backend) writes for a text_input call that names no max_tokens
+UPSTREAM_DEFAULT_MAX_TOKENS = 16
 _CODES = {400: "invalid_argument", 403: "permission_denied", 404: "not_found", 413: "invalid_argument",
           429: "resource_exhausted", 499: "unavailable", 504: "deadline_exceeded", 502: "bad_gateway"}
 
@@ -83,24 +91,76 @@ def caller_routed(router: Router, backend: Backend, limits: RequestLimits) -> Ro
 
 def tensor_call_tokens(request: InferRequest) -> float | None:
     """The tokens per minute an upstream infer is charged (module doc); None: no text, no tokens."""
-    prompt = _input(request, TEXT_INPUT)
-    if prompt is None or prompt.datatype != "BYTES":
+    prompt = _prompt(request)
+    if prompt is None:
         return None
     chars = sum(len(_text(v)) for v in prompt.data.reshape(-1).tolist())
+    fields = _budget_fields(request)
+    most, n = _count(fields.get(MAX_TOKENS)), _count(fields.get("n"))
+    return chars / 4 + (n or 1) * (most or 0)
+
+
+def hold_to_limit(request: InferRequest, limits: RequestLimits) -> None:
+    """``--limit-max-tokens`` on an upstream ``text_input`` call, as ``/v1`` applies it to a forwarded request
+    (``api/serving.py``): a budget above the limit is refused (APIError 400 naming max_tokens); a null one (the
+    model's "rest of the context") is set to the limit; an unset one keeps the upstream's default (vLLM's 16,
+    as /v1/completions keeps the protocol's 16) unless the limit is lower, when the limit is written where the
+    model reads it. A value that is not a count is left for the upstream's own 400."""
+    most = limits.max_tokens
+    if most is None or _prompt(request) is None:
+        return
+    fields = _budget_fields(request)
+    value = fields.get(MAX_TOKENS)
+    if value is not None:
+        asked = _count(value)
+        if asked is not None:  # the /v1 check and message; stop strings and logit_bias are not read here
+            limits.check(SimpleNamespace(n=1, max_tokens=asked, stop=None, logit_bias=None))
+        return
+    if MAX_TOKENS in fields or most < UPSTREAM_DEFAULT_MAX_TOKENS:
+        _set_budget(request, most)
+
+
+def _prompt(request: InferRequest) -> InferTensor | None:
+    """The call's BYTES ``text_input`` (an LLM's or a text model's prompt), if it has one."""
+    prompt = _input(request, TEXT_INPUT)
+    return prompt if prompt is not None and prompt.datatype == "BYTES" else None
+
+
+def _sampling(request: InferRequest) -> tuple[InferTensor, dict] | None:
+    """The ``sampling_parameters`` tensor and its JSON object (None: absent, empty or not an object; a bad one is
+    the upstream's to answer with its own 400)."""
+    sampling = _input(request, SAMPLING_PARAMETERS)
+    if sampling is None or not sampling.data.size:
+        return None
+    try:
+        doc = json.loads(_text(sampling.data.reshape(-1)[0]))
+    except ValueError:
+        return None
+    return (sampling, doc) if isinstance(doc, dict) else None
+
+
+def _set_budget(request: InferRequest, most: int) -> None:
+    """Write max_tokens where the model reads it: the sampling_parameters JSON (which wins), else a parameter."""
+    found = _sampling(request)
+    if found is None or found[0].data.size != 1:
+        request.parameters = {**(request.parameters or {}), MAX_TOKENS: most}
+        return
+    sampling, doc = found
+    sampling.data = np.array([json.dumps({**doc, MAX_TOKENS: most}).encode()], dtype=object).reshape(
+        sampling.data.shape)
+
+
+def _budget_fields(request: InferRequest) -> dict:
+    """The request's sampling fields as the model reads them: its parameters, a one-value ``max_tokens`` tensor
+    over them, the sampling_parameters JSON over both."""
     fields = dict(request.parameters or {})
     budget = _input(request, MAX_TOKENS)
     if budget is not None and budget.data.size == 1:
         fields[MAX_TOKENS] = budget.data.reshape(-1)[0]
-    sampling = _input(request, SAMPLING_PARAMETERS)
-    if sampling is not None and sampling.data.size:
-        try:
-            extra = json.loads(_text(sampling.data.reshape(-1)[0]))
-        except ValueError:
-            extra = None  # the upstream answers it with its own 400
-        if isinstance(extra, dict):
-            fields.update(extra)
-    most, n = _count(fields.get(MAX_TOKENS)), _count(fields.get("n"))
-    return chars / 4 + (n or 1) * (most or 0)
+    found = _sampling(request)
+    if found is not None:
+        fields.update(found[1])
+    return fields
 
 
 def _input(request: InferRequest, name: str) -> InferTensor | None:
@@ -132,6 +192,7 @@ async def infer_upstream(router: Router, backend: KServeUpstreamBackend, request
     routed: Routed | None = None
     try:
         routed = caller_routed(router, backend, limits)
+        hold_to_limit(request, limits)  # --limit-max-tokens (400), before the charge reads the budget
         # the class's TTFT admission (429; an upstream's work is its outstanding requests), then the key's tokens
         routed.check(1.0, tensor_call_tokens(request))
     except APIError as exc:

@@ -4,15 +4,19 @@ the router's KServe surface: its requests take the path of the command line's te
 waiting-queue 503), the key's tokens per minute (prompt + max_tokens), the class's priority in the engine, and
 the per-class metrics, under the model's name.
 
-What stays the repository's own: no ``--limit-*`` request limits (its unset max_tokens is its checkpoint's or
-16, as before), a budget past the context is clipped as its engine clips it rather than refused, its KServe
-statistics are the version's, and an ensemble's step or a BLS call reaches the version directly (inside the
-model server, not through the router). The router's state for a version (admission, in-flight count) lives as
-long as the model server serves that version and never keeps an unloaded version's engine alive.
+``--limit-max-tokens`` holds its calls as it holds every other LLM's: a max_tokens above the limit is a 400 (gRPC
+INVALID_ARGUMENT); an unset one is the default the model would use (its checkpoint's generation_config, else 16)
+held to the limit, and a null one (the rest of the context) the limit. What stays the repository's own: the other
+``--limit-*`` request limits (prompt tokens, stop strings, logit_bias) do not apply, a budget past the context is
+clipped as its engine clips it rather than refused, its KServe statistics are the version's, and an ensemble's
+step or a BLS call reaches the version directly (inside the model server, not through the router, so no limit).
+The router's state for a version (admission, in-flight count) lives as long as the model server serves that
+version and never keeps an unloaded version's engine alive.
 """
 from __future__ import annotations
 
 import weakref
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from strataserve.api.limits import RequestLimits
@@ -63,10 +67,10 @@ class RepositoryTextModel(TextTensorModel):
     """The router's face of one repository LLM version. It holds the version's parts, never the version: the
     model server's reference alone decides how long the version (and its engine) lives."""
 
-    def __init__(self, router: Router, mv: LLMVersion) -> None:
+    def __init__(self, router: Router, mv: LLMVersion, max_tokens: int | None = None) -> None:
         self.router = router
         self.backend = RepositoryLLMBackend(mv.spec.name, mv.engine, mv.defaults)
-        self.limits = RequestLimits()  # no max_tokens or prompt limits: the repository takes no --limit-* flags
+        self.limits = RequestLimits(max_tokens=max_tokens)  # --limit-max-tokens alone (module doc)
         self.spec, self.stats, self._io = mv.spec, mv.stats, mv._io
         self.version = str(mv.version)
 
@@ -75,7 +79,13 @@ class RepositoryTextModel(TextTensorModel):
             raise ModelServerError("not_found", f"model '{self.name}' has no ready version {version}")
 
     def _hold_to_limits(self, params: Any, given: bool) -> None:
-        pass  # the repository's LLMs take no request limits (module doc)
+        """--limit-max-tokens as the command line's models take it (the 400 above it; an unset budget is the
+        model's default, a null one the rest of the context, each held to the limit); stop strings and
+        logit_bias keep the repository's bounds, so they are not passed to the check."""
+        self.limits.check(SimpleNamespace(n=1, max_tokens=params.max_tokens if given else 0, stop=None,
+                                          logit_bias=None))
+        if not given:
+            params.max_tokens = self.limits.default_max_tokens(params.max_tokens)
 
     def _budget(self, state: Any, num_prompt: int, max_tokens: int | None) -> int:
         """The rest of the context bounds max_tokens (the engine's rule); an empty prompt, or one that leaves no
@@ -90,8 +100,9 @@ class RepositoryLLMs:
     """The faces of the repository's served LLM versions, one per version object while the model server serves
     it (a weak map: an unloaded or replaced version drops its face, and its engine with it)."""
 
-    def __init__(self, router: Router, local: Any) -> None:
+    def __init__(self, router: Router, local: Any, max_tokens: int | None = None) -> None:
         self.router, self.local = router, local
+        self.max_tokens = max_tokens  # --limit-max-tokens
         self._faces: weakref.WeakKeyDictionary[LLMVersion, RepositoryTextModel] = weakref.WeakKeyDictionary()
 
     def get(self, name: str, version: str = "") -> RepositoryTextModel | None:
@@ -105,5 +116,5 @@ class RepositoryLLMs:
             return None
         face = self._faces.get(mv)
         if face is None:
-            face = self._faces[mv] = RepositoryTextModel(self.router, mv)
+            face = self._faces[mv] = RepositoryTextModel(self.router, mv, self.max_tokens)
         return face

@@ -91,7 +91,8 @@ class TensorRouter:
         if self._repo_llms is None:
             from strataserve.router.repo_llm import RepositoryLLMs  # imports the API layer: not at load
 
-            self._repo_llms = RepositoryLLMs(self.router, self.local)
+            most = self.limits.max_tokens if self.limits is not None else None  # --limit-max-tokens
+            self._repo_llms = RepositoryLLMs(self.router, self.local, most)
         return self._repo_llms.get(name, version)
 
     def _not_tensor(self, name: str) -> None:

@@ -6,8 +6,8 @@ The request is read and its responses shaped by ``modelserver/llm_io.py`` (the r
 same code); the generation itself goes the way of ``/v1/completions``: the model's engine client, its admission
 (TTFT 429s, the waiting-queue 503), the request's SLA class and API key (``KSERVE_CALLER``), the engine and
 router metrics, and an abort in the engine when the consumer goes away (a closed stream, a cancelled call).
-A repository LLM's calls take this path too (``router/repo_llm.py``), with the repository's own request limits
-and output budget (``_hold_to_limits``, ``_budget``).
+A repository LLM's calls take this path too (``router/repo_llm.py``), with ``--limit-max-tokens`` alone of the
+request limits and its own output budget (``_hold_to_limits``, ``_budget``).
 """
 from __future__ import annotations
 
