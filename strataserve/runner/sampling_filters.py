@@ -5,9 +5,9 @@ Why sync-free: under async scheduling the runner queues step N+1's sampling whil
 blocking copy or any Python branch on a device value (``bool(t.any())``, ``t.numel()`` of a masked tensor,
 ``torch.tensor(list, device="cuda")``, which copies and then waits for the stream) stalls the host until the
 forward pass is done and the overlap is lost. So per-row parameters travel as one non-blocking copy each, and on
-accelerators the top-p cut-off comes from a full sort of every row (``STRATA_TOP_P=sort``, the default) or is
-searched for inside one kernel per step without sorting (``STRATA_TOP_P=kernel``, ``kernels/top_p.py``, opt-in
-until measured on a GPU), where the CPU path's candidate search would have to ask the device how many rows it
+accelerators the top-p cut-off is searched for inside one kernel per step without sorting
+(``STRATA_TOP_P=kernel``, the default, ``kernels/top_p.py``) or comes from a full sort of every row
+(``STRATA_TOP_P=sort``), where the CPU path's candidate search would have to ask the device how many rows it
 resolved.
 """
 from __future__ import annotations
@@ -91,7 +91,10 @@ def _cutoff(vals: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, p: torch.Ten
     # top-p acts on the top-k renormalised distribution: mass Z (1 without top-k; known once k <= n)
     z = torch.where(has_k, probs.sum(dim=-1, keepdim=True), 1.0)
     mass_before = probs.cumsum(dim=-1) - probs
-    keep = in_k & (mass_before < p * z)  # a prefix; the first candidate always stays (p > 0)
+    # a prefix; the first candidate always stays (p > 0). p >= 1 is no top-p at all (as in the kernel): the rounded
+    # cumsum could otherwise drop a top-k row's tiniest tail only when a batch-mate's top_p routes it through here,
+    # which made the row's distribution depend on its batch
+    keep = in_k & ((mass_before < p * z) | (p >= 1.0))
     # Resolved when the cut-off falls inside the candidates (and the top-k mass Z was fully seen).
     done = (~keep[:, -1] & (~has_k[:, 0] | (k[:, 0] <= n))) if n < vocab else torch.ones_like(keep[:, 0])
     return vals.masked_fill(~keep, float("inf")).amin(dim=-1, keepdim=True), done

@@ -21,6 +21,13 @@ the whole sampling pipeline (sort, two softmaxes, cumsums, search) for each of t
 the argmax for greedy rows, about a quarter of the step's kernels. Mixed steps (prefill chunks, recompute) run
 eagerly as above.
 
+Seeded requests: every draw is per request (codebook 0 from (seed, frame), the others from (seed, codebook,
+frame)), so a seeded request's frames depend on its batch only through float rounding: torch's CPU matmul picks
+its kernel by row count (one row vs several differ in the last bits), decode attention pads K/V to the batch's
+longest context, and a preempted request's hidden state comes from a prefill instead of a decode. That moves
+float32 logits by ~1e-6 and flips a draw only when it lands that close to a boundary (none in the tests); bitwise
+batch invariance would need batch-invariant matmul and attention kernels for every runner, not this one.
+
 Completed frames accumulate in each request's ``TTSRequestState.frames``, which the engine front reads; the state
 lives from ``register`` to ``release`` (it must outlive a preemption, when the scheduler makes the runner forget
 the request), so the front releases it once it has read the last frame.
