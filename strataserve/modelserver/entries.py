@@ -21,6 +21,7 @@ class Entry:
     states: dict[str, tuple[str, str]] = field(default_factory=dict)  # version ("" = whole model) -> state, reason
     fingerprint: tuple | None = None
     explicit: bool = False  # asked for by load() / load_models, not only loaded as an ensemble's step
+    loading: bool = False  # a load() of it is in progress (its states are still the old ones meanwhile)
     steps: tuple[str, ...] = ()  # an ensemble's step models (of the config it was last loaded with)
     waiting: str = ""  # an ensemble with versions that cannot serve: why (a step model is not ready)
 
@@ -77,10 +78,14 @@ class Entries(dict[str, Entry]):
         """The models that make the server not ready under strict readiness (Triton's rule: every version of
         every model it knows is READY, except versions unloaded on request): one that failed to load (any
         version), one loading, one that cannot serve now (an isolated process restarting), and an ensemble whose
-        steps are down for another reason than an unload (Triton unloads such an ensemble with its step)."""
+        steps are down for another reason than an unload (Triton unloads such an ensemble with its step). A model
+        that load() is loading counts while it serves no version: loaded again after an unload, it is listed
+        "unloaded" until its load ends, which alone would not count."""
         return sorted(name for name, entry in self.items() if self._blocks(entry, frozenset()))
 
     def _blocks(self, entry: Entry, seen: frozenset[str]) -> bool:
+        if entry.loading and not entry.versions:  # one that serves keeps serving until the new load replaces it
+            return True
         if entry.versions and entry.waiting:  # an ensemble waiting for its step models
             down = [s for s in entry.steps if self.lookup_spec(s, -1) is None]
             seen = seen | {entry.name}

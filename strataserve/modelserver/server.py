@@ -180,6 +180,12 @@ class ModelServer:
         """Stop admitting now; each version finishes its requests in flight in the background, then closes."""
         old, entry.versions, entry.waiting = entry.versions, {}, ""
         entry.states.pop("", None)
+        served = {str(v) for v in old}
+        for key, (state, _) in list(entry.states.items()):
+            # a version that failed to load is closed too: it takes this reason, so an unload releases strict
+            # readiness (Triton's "unloaded"); one still draining keeps UNLOADING until its drain ends
+            if key not in served and state != "UNLOADING":
+                entry.states[key] = ("UNAVAILABLE", reason)
         for v, mv in old.items():
             if mv.stats.pending:
                 state = ("UNLOADING", f"{reason}; finishing the requests in flight")
@@ -221,10 +227,14 @@ class ModelServer:
         if override is not None and not isinstance(override, str):
             raise ModelServerError("invalid_argument", "load parameter 'config' must be a JSON string")
         async with self._lock:
-            self._entries.setdefault(name, Entry(name)).explicit = True
+            entry = self._entries.setdefault(name, Entry(name))
+            # strict readiness counts it from now (Entries._blocks), also when an unload left it "unloaded"; a
+            # failed load then counts by its UNAVAILABLE state, until an unload or a load that succeeds
+            entry.explicit = entry.loading = True
             try:
                 await self._load_locked(name, override, set())
             finally:
+                entry.loading = False
                 self._entries.refresh_ensembles()
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
@@ -295,6 +305,15 @@ class ModelServer:
             raise ModelServerError("not_found", f"model '{name}' has no ready version {version} (ready versions: "
                                    f"{sorted(entry.versions)})")
         return entry.versions[int(version)]
+
+    def llm_version(self, name: str, version: str = "") -> LLMVersion | None:
+        """The LLM version that serves ``name`` now (``version``, or the latest ready one); None when the model is
+        not an LLM or that version is not served (the model's own calls then answer with the reason)."""
+        try:
+            mv = self._version(name, version)
+        except ModelServerError:
+            return None
+        return mv if isinstance(mv, LLMVersion) else None
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:

@@ -32,6 +32,7 @@ from strataserve.types.errors import EngineDeadError
 from strataserve.types.tensors import ModelServerError
 
 if TYPE_CHECKING:
+    from strataserve.modelserver.server import ModelServer
     from strataserve.router.router import Router
 
 
@@ -100,7 +101,7 @@ class RepositoryLLMs:
     """The faces of the repository's served LLM versions, one per version object while the model server serves
     it (a weak map: an unloaded or replaced version drops its face, and its engine with it)."""
 
-    def __init__(self, router: Router, local: Any, max_tokens: int | None = None) -> None:
+    def __init__(self, router: Router, local: ModelServer, max_tokens: int | None = None) -> None:
         self.router, self.local = router, local
         self.max_tokens = max_tokens  # --limit-max-tokens
         self._faces: weakref.WeakKeyDictionary[LLMVersion, RepositoryTextModel] = weakref.WeakKeyDictionary()
@@ -108,11 +109,8 @@ class RepositoryLLMs:
     def get(self, name: str, version: str = "") -> RepositoryTextModel | None:
         """The face of LLM ``name`` at ``version`` (None: not an LLM of the repository, or not served now: the
         model server's own call then answers, with its reason)."""
-        try:
-            mv = self.local._version(name, version)  # the model server's pick: latest ready, or the one asked
-        except ModelServerError:
-            return None
-        if not isinstance(mv, LLMVersion):
+        mv = self.local.llm_version(name, version)  # the model server's pick: latest ready, or the one asked
+        if mv is None:
             return None
         face = self._faces.get(mv)
         if face is None:

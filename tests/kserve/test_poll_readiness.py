@@ -9,95 +9,26 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import httpx
-import tritonclient.grpc as grpcclient
-from _kserve_launch import Launched, kserve_server
-from _model_repos import add_python_text, write_python_model
-
-GATED = """
-    import time
-    from pathlib import Path
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-
-    class TritonPythonModel:
-        def initialize(self, args):
-            Path({started!r}).touch()
-            deadline = time.monotonic() + 60  # bounded: a test that never opens the gate still ends
-            while not Path({gate!r}).exists():
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the gate never opened")
-                time.sleep(0.01)
-            if {fail!r}:
-                raise RuntimeError("initialize refused to load")
-
-        def execute(self, requests):
-            return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(
-                r, "X").as_numpy() + 1)]) for r in requests]
-"""
-CONFIG = """
-    backend: "python"
-    max_batch_size: 0
-    input [ { name: "X" data_type: TYPE_INT64 dims: [1] } ]
-    output [ { name: "Y" data_type: TYPE_INT64 dims: [1] } ]
-"""
-
-
-class Gate:
-    """Files outside the repository (a file inside a model folder would change its fingerprint: a reload)."""
-
-    def __init__(self, folder: Path, name: str):
-        folder.mkdir(parents=True, exist_ok=True)
-        self.started, self.open_file = folder / f"{name}.started", folder / f"{name}.open"
-
-    def open(self) -> None:
-        self.open_file.touch()
-
+from _gated_model import NOT_READY, READY, Gate
+from _gated_model import model_ready as _model_ready
+from _gated_model import server_ready as _ready
+from _gated_model import states as _states
+from _gated_model import wait_until as _wait
+from _kserve_launch import kserve_server
+from _model_repos import add_python_text
 
 def _add_gated(tmp: Path, repo: Path, name: str, fail: bool = False) -> Gate:
     """Build the model beside the repository, then move it in at once, so no poll sees it half written."""
     gate = Gate(tmp / "gates", name)
+    gate.fail(fail)
     staging = tmp / "staging"
     staging.mkdir(exist_ok=True)
-    write_python_model(staging, name, GATED.format(started=str(gate.started), gate=str(gate.open_file), fail=fail),
-                       CONFIG)
+    gate.write_model(staging, name)
     os.rename(staging / name, repo / name)
     return gate
-
-
-def _ready(server: Launched) -> tuple[bool, bool]:
-    """(HTTP, gRPC) readiness. Asked one after the other, so they may differ while readiness is changing."""
-    r = httpx.get(f"{server.base}/v2/health/ready", timeout=10)
-    assert (r.status_code == 200) == r.json()["ready"], (r.status_code, r.text)
-    client = grpcclient.InferenceServerClient(server.grpc)
-    try:
-        return r.status_code == 200, client.is_server_ready()
-    finally:
-        client.close()
-
-
-READY, NOT_READY = (True, True), (False, False)
-
-
-def _states(server: Launched) -> dict[str, str]:
-    index = httpx.post(f"{server.base}/v2/repository/index", json={}, timeout=10).json()
-    return {m["name"]: m["state"] for m in index}
-
-
-def _wait(predicate, what: str, server: Launched, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}:\n{server.log_tail()}")
-        time.sleep(0.02)
-
-
-def _model_ready(server: Launched, name: str) -> bool:
-    return httpx.get(f"{server.base}/v2/models/{name}/ready", timeout=10).status_code == 200
 
 
 def _serve_poll(tmp: Path, *flags: str):

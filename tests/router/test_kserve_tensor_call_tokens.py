@@ -134,7 +134,7 @@ def test_a_repository_llm_face_lives_as_long_as_its_version():
     from strataserve.router.router import Router
 
     served: dict[str, LLMVersion] = {}
-    local = SimpleNamespace(_version=lambda name, version="": served[name])
+    local = SimpleNamespace(llm_version=lambda name, version="": served.get(name))
     engine = _Engine()
     served["m"] = LLMVersion(text_model_spec("m"), 1, ModelStats("m", "1"), engine)
     faces = RepositoryLLMs(Router(), local)
