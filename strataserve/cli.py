@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
 from strataserve import envs
-from strataserve.cli_checks import flag_error, options_error
+from strataserve.cli_checks import flag_error, options_error, repository_override
 from strataserve.cli_door import add_door_args, door_options
 from strataserve.cli_types import api_key, port, positive_float, positive_int, positive_mib, step_ms
 from strataserve.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, RunnerConfig, SchedulerConfig
@@ -116,9 +116,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--disable-uvicorn-access-log", action="store_true")
     p.add_argument("--max-request-body-mib", type=positive_mib, default=16.0, help="larger bodies get 413")
     p.add_argument("--model-repository", default=None, help="serve this Triton-style model repository (KServe v2)")
-    p.add_argument("--model-control-mode", default="none", choices=["none", "explicit", "poll"],
+    # default None (it means none), so that a typed value wins over a config file's key and an untyped one not
+    p.add_argument("--model-control-mode", default=None, choices=["none", "explicit", "poll"],
                    help="repository models: none = load all at start; explicit = load / unload over the API; "
-                        "poll = follow the repository's changes (Triton's flag)")
+                        "poll = follow the repository's changes (Triton's flag; default: none)")
     # default None, so that a value given without --model-repository can be refused; it means 1 s
     p.add_argument("--repository-poll-secs", type=positive_float, default=None, metavar="S",
                    help="poll mode: how often the repository is scanned for changes (Triton's flag; default: 1)")
@@ -157,14 +158,17 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
     if error is not None:
         console.print(f"[red]error:[/] {error}", soft_wrap=True)
         return None
-    poll_s = 1.0 if args.repository_poll_secs is None else args.repository_poll_secs
     server = dict(host=args.host, port=args.port, api_key=args.api_key,
                   max_body_bytes=int(args.max_request_body_mib * 2**20), uvicorn_log_level=args.uvicorn_log_level,
-                  access_log=not args.disable_uvicorn_access_log, model_repository=args.model_repository,
-                  model_control_mode=args.model_control_mode, load_models=tuple(args.load_model),
-                  repository_poll_s=poll_s, grpc_port=args.grpc_port or None)
-    if args.strict_readiness is not None:  # given: it wins over a config file's key (unset: the file's, else on)
-        server["strict_readiness"] = args.strict_readiness
+                  access_log=not args.disable_uvicorn_access_log, load_models=tuple(args.load_model),
+                  grpc_port=args.grpc_port or None)
+    # the repository flags only where typed: each wins over a config file's key; untyped, the file's key applies,
+    # else ServeOptions' default
+    for option, value in (("model_repository", args.model_repository), ("model_control_mode", args.model_control_mode),
+                          ("repository_poll_s", args.repository_poll_secs),
+                          ("strict_readiness", args.strict_readiness)):
+        if value is not None:
+            server[option] = value
     try:
         server.update(door_options(args))
     except ValueError as exc:
@@ -179,6 +183,9 @@ def _serve_options(args: argparse.Namespace, console: Console) -> ServeOptions |
             return None
         try:
             config = load_config(args.config)
+            warning = repository_override(args, config.model_repository)
+            if warning is not None:
+                console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
             options = ServeOptions.from_config(config, lambda e: _entry_engine(args, e),
                                                (args.tool_call_parser, args.enable_auto_tool_choice),
                                                args.generation_config, **server)

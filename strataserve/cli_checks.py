@@ -3,6 +3,7 @@ missing one (as vLLM and Triton refuse them), rather than a server that ignores 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -13,7 +14,7 @@ def _repository_flags(args: argparse.Namespace) -> list[str]:
     """The repository flags given on the command line (each means nothing without a model repository)."""
     strict = getattr(args, "strict_readiness", None)  # None: not given
     return [flag for flag, given in (("--load-model", bool(args.load_model)),
-                                     ("--model-control-mode", args.model_control_mode != "none"),
+                                     ("--model-control-mode", args.model_control_mode not in (None, "none")),
                                      ("--repository-poll-secs", args.repository_poll_secs is not None),
                                      ("--strict-readiness" if strict else "--no-strict-readiness",
                                       strict is not None)) if given]
@@ -51,3 +52,13 @@ def options_error(args: argparse.Namespace, options: ServeOptions) -> str | None
     if flags and not options.model_repository:
         return f"{_named(flags)} repository models: give --model-repository too (or model_repository in the config)"
     return None
+
+
+def repository_override(args: argparse.Namespace, config_repository: str | None) -> str | None:
+    """A warning where --model-repository and the config's model_repository differ: the flag wins (a typed flag
+    wins over the file), but until that rule covered every repository key the file's won, so say which is served."""
+    flag = args.model_repository
+    if flag is None or config_repository is None or os.path.realpath(flag) == os.path.realpath(config_repository):
+        return None
+    return (f"serving --model-repository {flag}, not the config's model_repository {config_repository} (a flag "
+            "typed on the command line wins over the file)")

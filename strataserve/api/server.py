@@ -36,7 +36,7 @@ from strataserve.router.backends.kserve_upstream import KServeUpstreamBackend
 from strataserve.router.backends.local_llm import LocalLLMBackend
 from strataserve.router.backends.openai_upstream import OpenAIUpstreamBackend
 from strataserve.router.backends.tts import TTSBackend
-from strataserve.router.config import KServeUpstream, LocalModel, OpenAIUpstream, RouterConfig
+from strataserve.router.config import KServeUpstream, LocalModel, OpenAIUpstream, RouterConfig, merge_repository_keys
 from strataserve.router.launch import (adopt_early_client, is_in_process_speech, is_speech_dir, load_engine,
                                        load_replicas, load_speech, start_model_server)
 from strataserve.router.aliases import AliasRouter
@@ -119,18 +119,7 @@ class ServeOptions:
         ups = tuple(m for m in config.models if not isinstance(m, LocalModel))
         classes = {k: SLA(k, v.priority, v.ttft_ms, v.tpot_ms) for k, v in config.sla_classes.items()}
         keys = config.key_classes()
-        if config.model_repository:  # the file's repository wins over --model-repository
-            server["model_repository"] = config.model_repository
-            # and the keys it sets win over their flags; a key it leaves out keeps the flag's value
-            for key, option in (("model_control_mode", "model_control_mode"),
-                                ("repository_poll_secs", "repository_poll_s")):
-                if key in config.model_fields_set or option not in server:
-                    server[option] = getattr(config, key)
-        if "strict_readiness" in config.model_fields_set:
-            if not server.get("model_repository"):  # as the flag without --model-repository: refused, not ignored
-                raise ValueError("strict_readiness applies to repository models: add model_repository to the config "
-                                 "(or --model-repository), or remove the key")
-            server.setdefault("strict_readiness", config.strict_readiness)  # an explicit flag (passed in) wins
+        merge_repository_keys(config, server)
         return cls(llms=llms, upstreams=ups, sla=SLAPolicy(classes, config.default_sla or "", keys),
                    extra_api_keys=tuple(keys), health_check_interval_s=config.health_check_interval_s,
                    affinity_chars=config.prefix_affinity_chars, affinity_slack=config.affinity_slack, **server)

@@ -205,11 +205,11 @@ class APIKey(_Strict):
 
 class RouterConfig(_Strict):
     models: list[ModelEntry] = Field(default_factory=list)
+    # The repository keys: a flag typed on the command line wins over each (``merge_repository_keys``)
     model_repository: str | None = None
     model_control_mode: Literal["none", "explicit", "poll"] = "none"
     repository_poll_secs: float = Field(1.0, gt=0)  # poll mode's scan interval
-    # Triton's --strict-readiness: /v2/health/ready only while every repository model is READY; the command
-    # line's --[no-]strict-readiness, when given, wins over it (``ServeOptions.from_config``)
+    # Triton's --strict-readiness: /v2/health/ready only while every repository model is READY
     strict_readiness: bool = True
     sla_classes: dict[str, SLAClass] = Field(default_factory=lambda: {"default": SLAClass()})
     default_sla: str | None = None
@@ -255,6 +255,31 @@ class RouterConfig(_Strict):
 
     def key_classes(self) -> dict[str, str]:
         return {k.value(): k.sla for k in self.api_keys}
+
+
+# The config's repository keys and the ServeOptions fields they set (their --flags' names, but --repository-poll-secs).
+_REPOSITORY_KEYS = (("model_repository", "model_repository"), ("model_control_mode", "model_control_mode"),
+                    ("repository_poll_secs", "repository_poll_s"), ("strict_readiness", "strict_readiness"))
+
+
+def merge_repository_keys(config: RouterConfig, server: dict[str, Any]) -> None:
+    """Fill ``server`` (ServeOptions fields from the flags typed on the command line; None or absent: not typed)
+    with the file's repository keys. One rule, as with vLLM's --config: a typed flag wins over the file's key, which
+    wins over ServeOptions' default; the file's keys apply whether the repository comes from the file or from
+    --model-repository. A key that needs a repository, set where there is none, is refused (as its flag is)."""
+    for key, option in _REPOSITORY_KEYS:
+        if server.get(option) is None and key in config.model_fields_set:
+            server[option] = getattr(config, key)
+    if server.get("model_repository"):
+        return
+    # model_control_mode: none asks for nothing a missing repository could fail to give
+    orphans = [key for key, _ in _REPOSITORY_KEYS[1:] if key in config.model_fields_set
+               and not (key == "model_control_mode" and config.model_control_mode == "none")]
+    if orphans:
+        listed = orphans[0] if len(orphans) == 1 else f"{', '.join(orphans[:-1])} and {orphans[-1]}"
+        raise ValueError(f"{listed} {'applies' if len(orphans) == 1 else 'apply'} to repository models: add "
+                         f"model_repository to the config (or --model-repository), or remove the "
+                         f"{'key' if len(orphans) == 1 else 'keys'}")
 
 
 class ConfigError(ValueError):

@@ -32,13 +32,15 @@ def test_bad_interval_is_refused(value, capsys):
     assert err.value.code == 2 and "--repository-poll-secs" in capsys.readouterr().err
 
 
-def test_control_flags_apply_to_a_config_files_repository_unless_it_sets_them(tmp_path):
+def test_control_flags_apply_to_a_config_files_repository_and_win_over_its_keys(tmp_path):
     """A config naming a repository but no control mode keeps --model-control-mode / --load-model (they were
-    dropped for the file's default "none", so unload refused with advice the user had already followed)."""
+    dropped for the file's default "none", so unload refused with advice the user had already followed); a typed
+    flag also wins over the file's own key (the file's used to win)."""
     (tmp_path / "repo").mkdir()
     cfg = tmp_path / "router.yaml"
     cfg.write_text(f"model_repository: {tmp_path / 'repo'}\n")
     opts = _options(["--config", str(cfg), "--model-control-mode", "explicit", "--load-model", "m"])
     assert opts.model_control_mode == "explicit" and opts.load_models == ("m",)
     cfg.write_text(f"model_repository: {tmp_path / 'repo'}\nmodel_control_mode: poll\n")
-    assert _options(["--config", str(cfg), "--model-control-mode", "explicit"]).model_control_mode == "poll"
+    assert _options(["--config", str(cfg), "--model-control-mode", "explicit"]).model_control_mode == "explicit"
+    assert _options(["--config", str(cfg)]).model_control_mode == "poll"
