@@ -6,13 +6,13 @@ its engine or SIGTERM it). A uniquely named module, so imports never pick up ano
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
+import _ports
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,9 +34,8 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "pattern"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """For the tests' own ports (tests/_ports.py, looked up there at each call so a test can replace it)."""
+    return _ports.free_port()
 
 
 @dataclass
@@ -45,10 +44,14 @@ class Server:
     port: int
     log: Path
     api_key: str | None = API_KEY
+    grpc_port: int | None = None  # launch(..., grpc=True)
+    verify: Any = None  # launch(..., verify=ctx): the server speaks TLS, checked against ctx
+    respawn: Callable[[], None] | None = field(default=None, repr=False)  # a fresh try on fresh ports
+    offset: int = 0  # where this try's output begins in the log
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://localhost:{self.port}" if self.verify is not None else f"http://127.0.0.1:{self.port}"
 
     @property
     def headers(self) -> dict[str, str]:
@@ -68,41 +71,50 @@ class Server:
 
 
 def launch(ckpt: Path, log: Path, *extra: str, api_key: str | None = API_KEY, wait: bool = True,
-           new_session: bool = False) -> Server:
+           new_session: bool = False, grpc: bool = False, verify: Any = None) -> Server:
     """``new_session``: the server leads a process group of its own (so a test can signal the whole group, as
-    systemd does, without signalling itself)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "strataserve", "serve", str(ckpt), "--host", "127.0.0.1", "--port", str(port),
-           "--device", "cpu", "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache-memory-gib", "0.01",
-           "--max-model-len", "512", "--uvicorn-log-level", "warning", *extra]
-    if api_key:
-        cmd += ["--api-key", api_key]
+    systemd does, without signalling itself). ``grpc``: serve KServe gRPC on a port of its own (``grpc_port``).
+    ``verify``: an SSLContext for a server given TLS flags in ``extra``. The ports are provisional until the
+    server is ready: a collision starts it again on fresh ones (tests/_ports.py)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                                start_new_session=new_session)
-    server = Server(proc, port, log, api_key)
+    log.write_text("")
+    server = Server(None, 0, log, api_key, verify=verify)  # type: ignore[arg-type]  # spawn() sets proc
+
+    def spawn() -> None:
+        server.port = _ports.free_port()
+        server.grpc_port = _ports.free_port() if grpc else None
+        cmd = [sys.executable, "-m", "strataserve", "serve", str(ckpt), "--host", "127.0.0.1", "--port",
+               str(server.port), "--device", "cpu", "--dtype", "float32", "--served-model-name", MODEL,
+               "--kv-cache-memory-gib", "0.01", "--max-model-len", "512", "--uvicorn-log-level", "warning"]
+        if grpc:
+            cmd += ["--grpc-port", str(server.grpc_port)]
+        cmd += [*extra, *(["--api-key", api_key] if api_key else [])]
+        server.proc, server.offset = _ports.spawn(cmd, log, cwd=ROOT, env=env, new_session=new_session)
+
+    server.respawn = spawn
+    spawn()
     if wait:
         wait_ready(server)
     return server
 
 
 def wait_ready(server: Server) -> Server:
-    """Block until ``server`` answers /health (a launch(..., wait=False) server); stops it on failure."""
-    proc = server.proc
-    deadline = time.monotonic() + 300  # generous: a shared, busy CI box can be slow to import torch
+    """Block until ``server`` answers /health (a launch(..., wait=False) server), starting it again on fresh ports
+    if one was taken under it; stops it on failure."""
+    def probe() -> bool:
+        try:
+            verify = True if server.verify is None else server.verify
+            return httpx.get(f"{server.url}/health", timeout=2, verify=verify).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait() -> None:
+        _ports.wait_up(server.proc, server.log, server.offset, server.port, probe,
+                       300)  # generous: a shared, busy CI box can be slow to import torch
+
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log_tail()}")
-            try:
-                if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                    return server
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not ready after 300 s:\n{server.log_tail()}")
-            time.sleep(0.2)
+        _ports.ready_or_respawn(wait, server.respawn or (lambda: None))
     except BaseException:
         server.stop()
         raise
+    return server

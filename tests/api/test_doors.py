@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from _model_repos import write_python_model
-from api_server import MODEL, free_port, launch
+from api_server import MODEL, launch
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -75,39 +75,21 @@ def door(tiny_ckpt, tmp_path_factory):
     write_python_model(repo, "echo", ECHO, CONFIG)
     (tmp / "outside").mkdir()
     (repo / "link_out").symlink_to(tmp / "outside")
-    grpc_port = free_port()
-    srv = launch(tiny_ckpt, tmp / "server.log", "--model-repository", str(repo), "--grpc-port", str(grpc_port),
+    ctx = ssl.create_default_context(cafile=str(cert))
+    srv = launch(tiny_ckpt, tmp / "server.log", "--model-repository", str(repo),
                  "--model-control-mode", "explicit", "--load-model", "echo",
                  "--ssl-certfile", str(cert), "--ssl-keyfile", str(key), "--metrics-require-key",
                  "--requests-per-minute", "60", "--tokens-per-minute", "600", "--limit-n", "2",
                  "--limit-max-tokens", "64", "--limit-prompt-tokens", "100", "--limit-stop", "2",
                  "--limit-logit-bias", "2", "--max-request-body-mib", "0.015", "--max-queued-mib", "0.012",
                  "--grpc-max-message-mib", "0.01", "--allowed-origins", '["https://ui.example"]', api_key=KEY,
-                 wait=False)
-    url = f"https://localhost:{srv.port}"
-    ctx = ssl.create_default_context(cafile=str(cert))
-    client = httpx.Client(base_url=url, verify=ctx, timeout=60)
+                 grpc=True, verify=ctx)
+    client = httpx.Client(base_url=srv.url, verify=ctx, timeout=60)
     try:
-        _wait_healthy(client, srv)
-        yield srv, client, cert, grpc_port
+        yield srv, client, cert, srv.grpc_port
     finally:
         client.close()
         srv.stop()
-
-
-def _wait_healthy(client: httpx.Client, srv) -> None:
-    import time
-
-    deadline = time.monotonic() + 300
-    while True:
-        assert srv.proc.poll() is None, srv.log_tail()
-        try:
-            if client.get("/health").status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, srv.log_tail()
-        time.sleep(0.2)
 
 
 AUTH = {"Authorization": f"Bearer {KEY}"}

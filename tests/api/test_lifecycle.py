@@ -98,10 +98,10 @@ def test_engine_death_then_sigterm(tiny_ckpt, tmp_path, monkeypatch):
 def _engine_death_then_sigterm(tiny_ckpt: Path, tmp_path: Path, sockets: str) -> None:
     repo = tmp_path / "repo"
     weights = add_onnx_mlp(repo, name="mlp")[1]
-    grpc_port = free_port()
     # Without the supervisor: the dead engine stays dead (test_self_healing.py covers the restart).
-    srv = launch(tiny_ckpt, tmp_path / "server.log", "--model-repository", str(repo), "--grpc-port",
-                 str(grpc_port), "--no-engine-restart", api_key=None)
+    srv = launch(tiny_ckpt, tmp_path / "server.log", "--model-repository", str(repo), "--no-engine-restart",
+                 api_key=None, grpc=True)
+    grpc_port = srv.grpc_port
     x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
 
     def kserve_infer() -> None:  # the repository's model, over the same HTTP port and over gRPC

@@ -3,55 +3,27 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
+from _ports import start_serve
 from _tiny_models import make_tiny_checkpoint
 
 from strataserve.bench.datasets import random_requests
 from strataserve.bench.serve import add_cli_args, run
 from strataserve.bench.tokenizer import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
     ckpt = make_tiny_checkpoint("llama", tmp_path_factory.mktemp("bench_ckpt"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     log = tmp_path_factory.mktemp("bench_server") / "server.log"
-    cmd = [sys.executable, "-m", "strataserve", "serve", str(ckpt), "--host", "127.0.0.1", "--port", str(port),
-           "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny", "--kv-cache-memory-gib", "0.01",
-           "--max-model-len", "512", "--uvicorn-log-level", "warning"]
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
+    served = start_serve([str(ckpt), "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny",
+                          "--kv-cache-memory-gib", "0.01", "--max-model-len", "512", "--uvicorn-log-level", "warning"],
+                         log, timeout_s=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server not ready:\n" + log.read_text()[-3000:]
-            time.sleep(0.2)
-        yield url, ckpt
+        yield f"http://127.0.0.1:{served.port}", ckpt
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        served.stop()
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -4,10 +4,6 @@ on every KServe route: over HTTP with the slashes as they are (tritonclient's ``
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -16,12 +12,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from _model_repos import add_onnx_mlp
+from _ports import start_serve
 from _tiny_models import make_tiny_checkpoint
 from strataserve.api.kserve_http import make_kserve_router
 from strataserve.api.kserve_paths import ModelPath, split_model_path
 from strataserve.types.tensors import ModelServerError
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("rest, want", [
@@ -106,36 +101,16 @@ def slash_server(tmp_path_factory):
     llama = tmp / "models" / "llama"
     make_tiny_checkpoint("llama", llama)
     add_onnx_mlp(tmp / "repo")
-    ports = []
-    for _ in range(2):
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
     log = tmp / "server.log"
-    cmd = [sys.executable, "-m", "strataserve", "serve", str(llama), "--model-repository", str(tmp / "repo"),
-           "--host", "127.0.0.1", "--port", str(ports[0]), "--grpc-port", str(ports[1]), "--device", "cpu",
-           "--dtype", "float32", "--kv-cache-memory-gib", "0.01", "--max-model-len", "256",
-           "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"]
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    served = start_serve([str(llama), "--model-repository", str(tmp / "repo"), "--device", "cpu",
+                          "--dtype", "float32", "--kv-cache-memory-gib", "0.01", "--max-model-len", "256",
+                          "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"], log,
+                         ready_path="/v2/health/ready", grpc=True, timeout_s=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        yield f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}", str(llama)
+        yield f"127.0.0.1:{served.port}", f"127.0.0.1:{served.grpc_port}", str(llama)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        served.stop(timeout_s=30)
 
 
 def test_tritonclient_http_and_grpc_reach_every_name_the_index_lists(slash_server):

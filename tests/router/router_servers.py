@@ -7,10 +7,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import _ports
 import httpx
 import yaml
 
@@ -18,19 +18,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """For the tests' own ports (tests/_ports.py, looked up there at each call so a test can replace it)."""
+    return _ports.free_port()
 
 
 @dataclass
 class Proc:
+    """``port`` and ``grpc_port`` are provisional until the first ``start()`` returns: a collision starts the
+    server again on fresh ports (tests/_ports.py). After that they are kept (a restart serves the same ports)."""
     args: list[str]
     port: int
     log: Path
     grpc_port: int | None = None
     proc: subprocess.Popen | None = None
+    offset: int = 0  # where this try's output begins in the log
     headers: dict[str, str] = field(default_factory=dict)
+    pinned: bool = False  # started once: others may know the ports now
 
     @property
     def url(self) -> str:
@@ -48,25 +51,36 @@ class Proc:
         return self.log.read_text(errors="replace")[-4000:]
 
     def start(self, ready_path: str = "/health", timeout: float = 300) -> "Proc":
-        cmd = [sys.executable, "-m", "strataserve", "serve", *self.args, "--host", "127.0.0.1", "--port",
-               str(self.port), "--grpc-port", str(self.grpc_port or 0), "--uvicorn-log-level", "warning",
-               "--disable-uvicorn-access-log"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
-        with open(self.log, "a") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+        def spawn() -> None:
+            cmd = [sys.executable, "-m", "strataserve", "serve", *self.args, "--host", "127.0.0.1", "--port",
+                   str(self.port), "--grpc-port", str(self.grpc_port or 0), "--uvicorn-log-level", "warning",
+                   "--disable-uvicorn-access-log"]
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+            self.proc, self.offset = _ports.spawn(cmd, self.log, cwd=ROOT, env=env)
+
+        def respawn() -> None:
+            if self.pinned:  # the ports are promised to others: fail rather than move
+                raise RuntimeError(f"a port of {self.url} (gRPC {self.grpc}) was taken while it was stopped:\n"
+                                   f"{self.log_tail()}")
+            self.port = _ports.free_port()
+            self.grpc_port = _ports.free_port() if self.grpc_port else self.grpc_port
+            spawn()
+
+        def probe() -> bool:
             try:
-                if httpx.get(self.url + ready_path, timeout=2, headers=self.headers).status_code == 200:
-                    return self
+                return httpx.get(self.url + ready_path, timeout=2, headers=self.headers).status_code == 200
             except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"server not ready after {timeout} s:\n{self.log_tail()}")
-            time.sleep(0.2)
+                return False
+
+        spawn()
+        try:
+            _ports.ready_or_respawn(lambda: _ports.wait_up(self.proc, self.log, self.offset, self.port, probe,
+                                                           timeout), respawn)
+        except BaseException:
+            self.stop()
+            raise
+        self.pinned = True
+        return self
 
     def stop(self) -> None:
         p = self.proc
@@ -87,8 +101,8 @@ async def serve_aiohttp(handler) -> tuple:
     app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()  # port 0, read back: no window for another to take it
+    port = runner.addresses[0][1]
     return runner, f"http://127.0.0.1:{port}"
 
 
