@@ -9,6 +9,10 @@ each is run again alone, so only the culprits fail (not done for decoupled model
 already). With ``parameters { key: "EXECUTION_TIMEOUT_MS" ... }`` an execution that runs longer fails its
 requests with DEADLINE_EXCEEDED; an isolated Python model's process is then killed (and restarted), an
 in-process one's thread is abandoned and the instance gets a fresh thread, so later requests are not blocked.
+
+An execution runs with its requests' caller bound (``KSERVE_CALLER``), so the BLS calls a Python model makes are
+checked and charged as that caller's (``router/repo_llm.py``); a Python model's batch therefore holds one
+caller's requests.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, Sequence
 from strataserve.modelserver.backends.base import Backend, BackendRequest
 from strataserve.modelserver.config import ConfigError, ModelSpec
 from strataserve.modelserver.stats import BACKEND, OTHER, REJECTED, ModelStats
-from strataserve.types.tensors import ModelServerError
+from strataserve.types.tensors import KSERVE_CALLER, ModelServerError
 
 log = logging.getLogger(__name__)
 TIMEOUT_KEY = "EXECUTION_TIMEOUT_MS"
@@ -109,6 +113,7 @@ class Scheduler:
         self.delayed: deque[Pending] = deque()
         self.changed = asyncio.Event()
         self.timeout_s = execution_timeout_s(spec)
+        self.per_caller = spec.backend == "python"  # its BLS calls are one caller's (module doc)
         self.executors = [self._executor() for _ in instances]
         self.workers = [asyncio.create_task(self._worker(i)) for i in range(len(instances))]
         self.running = 0
@@ -129,6 +134,8 @@ class Scheduler:
             raise ModelServerError("unavailable", f"model '{self.spec.name}' version {self.version}: queue full "
                                    f"(max_queue_size {policy.max_queue_size} at priority level {level})")
         p = Pending(request, level, loop)
+        if self.per_caller:
+            p.shape_key += (request.caller,)
         timeout = policy.default_timeout_us if policy else 0
         if timeout_us and (policy is None or not policy.configured):
             timeout = timeout_us  # no queue policy in the config: the request's own timeout holds
@@ -290,13 +297,17 @@ class Scheduler:
 
     @staticmethod
     def _run(instance: Backend, requests: list[BackendRequest]):
-        t0 = time.perf_counter_ns()
-        prepared = instance.prepare(requests)
-        t1 = time.perf_counter_ns()
-        result = instance.infer(prepared)
-        t2 = time.perf_counter_ns()
-        results = instance.finish(result, requests)
-        t3 = time.perf_counter_ns()
+        caller = KSERVE_CALLER.set(requests[0].caller)  # the model's BLS calls are its caller's (module doc)
+        try:
+            t0 = time.perf_counter_ns()
+            prepared = instance.prepare(requests)
+            t1 = time.perf_counter_ns()
+            result = instance.infer(prepared)
+            t2 = time.perf_counter_ns()
+            results = instance.finish(result, requests)
+            t3 = time.perf_counter_ns()
+        finally:
+            KSERVE_CALLER.reset(caller)
         return results, (t1 - t0, t2 - t1, t3 - t2)
 
     def _unloaded(self) -> ModelServerError:

@@ -6,7 +6,9 @@ ensemble tensor has one datatype and compatible shapes wherever it appears (the 
 each step's mapped inputs and outputs; -1 matches any size, and a batching side's implicit batch dim is
 accounted for), and no step model allows a smaller max_batch_size than the ensemble. Errors name the config
 file, the step, the tensor and both types and shapes. The server re-runs it whenever a step model changes.
-At run time a failing step's error names the ensemble, the step index and the model.
+At run time a failing step's error names the ensemble, the step index and the model. A step runs as a task of
+the ensemble's request, in its context: behind the router an LLM step is checked and charged as the caller's
+own call (``ModelServer.infer``, ``router/repo_llm.py``).
 """
 
 from __future__ import annotations
@@ -232,9 +234,9 @@ class EnsembleVersion(ServedVersion):
                            parameters=dict(req.parameters), priority=req.priority, timeout_us=req.timeout_us)
         try:
             return await self._infer(sub)
-        except ModelServerError as e:
+        except ModelServerError as e:  # its headers kept: an LLM step's 429 from the router keeps its Retry-After
             raise ModelServerError(e.code, f"ensemble '{self.spec.name}' step {i} (model '{step.model_name}'): "
-                                   f"{e.message}") from e
+                                   f"{e.message}", e.headers) from e
         except Exception as e:  # noqa: BLE001
             raise ModelServerError("internal", f"ensemble '{self.spec.name}' step {i} (model '{step.model_name}'): "
                                    f"{type(e).__name__}: {e}") from e

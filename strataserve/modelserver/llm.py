@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Protocol
 
 from strataserve.modelserver.config import ConfigError, ModelSpec
 from strataserve.modelserver.llm_io import TextResponder, parse_text_request, sampling_params
@@ -35,6 +35,16 @@ def _checkpoint(source: ModelSource, version: int) -> Path:
         return Path(explicit)
     raise ConfigError(source.spec.source, "parameters.model", f"no HF checkpoint (config.json + *.safetensors) in "
                       f"{source.versions[version]} or {source.model_dir}; set parameters {{ key: \"model\" }}")
+
+
+class LLMCalls(Protocol):
+    """Who serves the calls that reach an LLM version from inside the model server (an ensemble's step, a BLS
+    call) when a router fronts it (``router/repo_llm.py``): the caller's class, admission, tokens per minute and
+    ``--limit-max-tokens``, as for a direct call."""
+
+    def infer(self, mv: "LLMVersion", req: InferRequest) -> Awaitable[InferResponse]: ...
+
+    def stream(self, mv: "LLMVersion", req: InferRequest) -> AsyncIterator[InferResponse]: ...
 
 
 class LLMVersion(ServedVersion):

@@ -17,7 +17,8 @@ from strataserve.modelserver.config import ModelSpec
 from strataserve.modelserver.pbtxt import config_to_json
 from strataserve.modelserver.repository import ModelSource
 from strataserve.modelserver.stats import BACKEND, CANCELED, REJECTED, ModelStats
-from strataserve.types.tensors import KSERVE_DTYPES, InferRequest, InferResponse, InferTensor, ModelServerError
+from strataserve.types.tensors import (KSERVE_CALLER, KSERVE_DTYPES, InferRequest, InferResponse, InferTensor,
+                                       ModelServerError)
 
 
 @dataclass
@@ -172,7 +173,8 @@ class ModelVersion(ServedVersion):
                 raise ModelServerError("invalid_argument", f"{where} has no outputs {unknown}; its outputs are "
                                        f"{[o.name for o in spec.outputs]}")
         return BackendRequest(inputs, rows or 1, send=None, request_id=req.id,  # type: ignore[arg-type]
-                              requested_outputs=req.requested_outputs, parameters=dict(req.parameters))
+                              requested_outputs=req.requested_outputs, parameters=dict(req.parameters),
+                              caller=KSERVE_CALLER.get())
 
     @staticmethod
     def _array(t: InferTensor, shape: list[int], where: str) -> np.ndarray:

@@ -4,7 +4,9 @@ management calls (`pb_utils.is_model_ready`, `load_model`, `unload_model`).
 Model code runs on its own threads; every call here runs on the server's event loop
 (`run_coroutine_threadsafe`) and the model's thread waits for it, or awaits it from its instance loop.
 A failed call comes back as an error response carrying the Triton code of the server's error (NOT_FOUND for
-an unknown model, ...), as in Triton; a decoupled call gives an iterator over the callee's responses.
+an unknown model, ...), as in Triton; a decoupled call gives an iterator over the callee's responses. A call runs
+in the context of the model's thread, which holds the caller of the requests it executes (``batcher.py``): behind
+the router, a call that reaches an LLM is checked and charged as that caller's (``router/repo_llm.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import queue
 from typing import Any, AsyncIterator, Callable
 
 from strataserve.modelserver import pb_runtime
-from strataserve.modelserver.pb_errors import TritonError, TritonModelException, triton_code_of
+from strataserve.modelserver.pb_errors import TritonModelException, bls_error
 from strataserve.types.tensors import InferRequest, InferResponse, InferTensor, ModelServerError, kserve_dtype_of
 
 _DONE = object()
@@ -51,17 +53,17 @@ def response_of(resp: InferResponse) -> Any:
 
     error = getattr(resp, "error", None)  # a decoupled callee's error response mid-stream
     if isinstance(error, ModelServerError):
-        return error_response(error)
+        return error_response(error, resp.model_name)
     return pb_utils.InferenceResponse([pb_utils.Tensor(o.name, o.data) for o in resp.outputs],
                                       parameters=dict(resp.parameters) or None)
 
 
-def error_response(exc: BaseException) -> Any:
+def error_response(exc: BaseException, callee: str) -> Any:
     from strataserve.modelserver import pb_utils
 
     if not isinstance(exc, ModelServerError):
         raise exc
-    return pb_utils.InferenceResponse(error=TritonError(exc.message, triton_code_of(exc)))
+    return pb_utils.InferenceResponse(error=bls_error(exc, callee))
 
 
 def _timeout_s(req: Any) -> float | None:
@@ -87,9 +89,9 @@ async def _pump(server: Any, req: Any, put: Callable[[Any], None]) -> None:
             async for resp in server.infer_stream(_request(req)):
                 put(response_of(resp))
     except TimeoutError:
-        put(error_response(_timed_out(req)))
+        put(error_response(_timed_out(req), req.model_name()))
     except ModelServerError as e:
-        put(error_response(e))
+        put(error_response(e, req.model_name()))
     finally:
         put(_DONE)
 
@@ -101,7 +103,7 @@ def exec_request(req: Any, decoupled: bool) -> Any:
     try:
         return response_of(asyncio.run_coroutine_threadsafe(_infer(server, req), loop).result())
     except ModelServerError as e:
-        return error_response(e)
+        return error_response(e, req.model_name())
 
 
 async def async_exec_request(req: Any, decoupled: bool) -> Any:
@@ -111,7 +113,7 @@ async def async_exec_request(req: Any, decoupled: bool) -> Any:
     try:
         return response_of(await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_infer(server, req), loop)))
     except ModelServerError as e:
-        return error_response(e)
+        return error_response(e, req.model_name())
 
 
 class ResponseIterator:

@@ -2,7 +2,9 @@
 
 A Python model's error response keeps its Triton code up to the client: HTTP status and gRPC status follow
 Triton's own mapping (server `http_server.cc` HttpCodeFromError, `grpc_utils.cc` TritonCodeToGrpcCode). A BLS
-call that fails comes back to the calling model with the Triton code of the server's error.
+call that fails comes back to the calling model with the Triton code of the server's error; the router's refusals,
+which Triton has no code for (an API key's 403, a 429 with its Retry-After), reach the client as they were when
+the model returns the error as it got it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ class TritonModelException(Exception):
 class TritonError:
     # TRITONSERVER_Error_Code values, as pb_utils exposes them
     UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+
+    _refusal: ModelServerError | None = None  # the router's refusal of a BLS call (bls_error)
 
     def __init__(self, message: str, code: int = 1):
         self._message, self._code = message, code
@@ -69,9 +73,26 @@ class TritonStatusError(ModelServerError):
         return self._grpc
 
 
+_REFUSALS = ("permission_denied", "resource_exhausted")  # the router's (router/kserve_calls.py); not Triton codes
+
+
+def bls_error(exc: ModelServerError, callee: str) -> TritonError:
+    """A failed BLS call's error as the calling model reads it; the router's refusal (whose message names no
+    model) names the model called and is kept beside it."""
+    if exc.code not in _REFUSALS:
+        return TritonError(exc.message, triton_code_of(exc))
+    refusal = ModelServerError(exc.code, f"BLS call to model '{callee}': {exc.message}", exc.headers)
+    err = TritonError(refusal.message, triton_code_of(refusal))
+    err._refusal = refusal
+    return err
+
+
 def error_from_triton(err: object, model: str) -> ModelServerError:
     """A model's error response (a TritonError, or anything else it put there) -> the client's error."""
     if isinstance(err, TritonError):
+        refusal = err._refusal
+        if refusal is not None and err.message() == refusal.message:  # passed on as it came: its status, headers
+            return ModelServerError(refusal.code, f"model '{model}': {err.message()}", refusal.headers)
         return TritonStatusError(err.code(), f"model '{model}': {err.message()}")
     return ModelServerError("internal", f"model '{model}': {err}")
 

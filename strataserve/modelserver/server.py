@@ -28,7 +28,7 @@ import prometheus_client
 from strataserve.modelserver.entries import Entries, Entry
 from strataserve.modelserver.ensemble import EnsembleVersion, validate_ensemble
 from strataserve.modelserver.generate import generate_request, generate_response
-from strataserve.modelserver.llm import LLMVersion
+from strataserve.modelserver.llm import LLMCalls, LLMVersion
 from strataserve.modelserver.model import ErrorResponse, ModelVersion, ServedVersion
 from strataserve.modelserver.pb_metrics import CustomMetrics
 from strataserve.modelserver.repository import Repository
@@ -71,6 +71,7 @@ class ModelServer:
         self._drains: set[asyncio.Task] = set()  # unloaded versions finishing their requests
         self._started = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._llm_calls: LLMCalls | None = None  # the router's, when one fronts this server
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -363,14 +364,24 @@ class ModelServer:
         return out
 
     # -- inference ---------------------------------------------------------------------------------------------
+    def route_llm_calls(self, calls: LLMCalls) -> None:
+        """At start-up, by the router in front: the calls that reach an LLM version through this server (an
+        ensemble's step, a BLS call; the router serves direct ones itself) go through ``calls``, so they are
+        classed, admitted, charged and limited as the caller's own (``router/repo_llm.py``)."""
+        self._llm_calls = calls
+
     async def infer(self, request: InferRequest) -> InferResponse:
-        return await self._version(request.model_name, request.model_version).infer(request)
+        mv = self._version(request.model_name, request.model_version)
+        if self._llm_calls is not None and isinstance(mv, LLMVersion):
+            return await self._llm_calls.infer(mv, request)
+        return await mv.infer(request)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response of the request; a decoupled model's error response that is not its last comes as an
         `ErrorResponse` item (Triton sends it and goes on), an error that ends the request is raised."""
         mv = self._version(request.model_name, request.model_version)
-        async for response in mv.stream(request):
+        calls = self._llm_calls if isinstance(mv, LLMVersion) else None
+        async for response in (calls.stream(mv, request) if calls is not None else mv.stream(request)):
             yield response
 
     async def generate(self, name: str, version: str, inputs: dict, parameters: dict) -> dict:

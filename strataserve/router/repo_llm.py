@@ -8,16 +8,26 @@ the per-class metrics, under the model's name.
 INVALID_ARGUMENT); an unset one is the default the model would use (its checkpoint's generation_config, else 16)
 held to the limit, and a null one (the rest of the context) the limit. What stays the repository's own: the other
 ``--limit-*`` request limits (prompt tokens, stop strings, logit_bias) do not apply, a budget past the context is
-clipped as its engine clips it rather than refused, its KServe statistics are the version's, and an ensemble's
-step or a BLS call reaches the version directly (inside the model server, not through the router, so no limit).
-The router's state for a version (admission, in-flight count) lives as long as the model server serves that
-version and never keeps an unloaded version's engine alive.
+clipped as its engine clips it rather than refused, and its KServe statistics are the version's. The router's
+state for a version (admission, in-flight count) lives as long as the model server serves that version and never
+keeps an unloaded version's engine alive.
+
+Calls that reach the version from inside the model server take the same path (``RepositoryLLMs`` is the model
+server's ``LLMCalls``): an ensemble's LLM step and a BLS call (``InferenceRequest.exec`` / ``async_exec``) of an
+in-process Python model are classed, admitted, charged to the outer request's key and held to
+``--limit-max-tokens`` as a direct call, and counted in the per-class metrics under the LLM's name; a refusal is
+the outer request's error (an ensemble names its step; a 429 keeps its Retry-After). The caller travels as
+``KSERVE_CALLER``: into an ensemble's step tasks with the request's context, and onto the thread that executes a
+Python model's requests (``modelserver/batcher.py``: a Python model's dynamic batch holds one caller's requests).
+What it cannot reach: a thread or process the model starts itself, where a BLS call is classed as a call
+without key (the default class, the keyless tokens-per-minute bucket); an isolated Python model
+(``EXECUTION_ISOLATION: process``) has no BLS at all.
 """
 from __future__ import annotations
 
 import weakref
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from strataserve.api.limits import RequestLimits
 from strataserve.api.metrics import ServerMetrics
@@ -29,7 +39,7 @@ from strataserve.router.admission import AdmissionController
 from strataserve.router.text_tensors import TextTensorModel
 from strataserve.router.types import Backend, ModelCard, Payload
 from strataserve.types.errors import EngineDeadError
-from strataserve.types.tensors import ModelServerError
+from strataserve.types.tensors import InferRequest, InferResponse, ModelServerError
 
 if TYPE_CHECKING:
     from strataserve.modelserver.server import ModelServer
@@ -110,9 +120,17 @@ class RepositoryLLMs:
         """The face of LLM ``name`` at ``version`` (None: not an LLM of the repository, or not served now: the
         model server's own call then answers, with its reason)."""
         mv = self.local.llm_version(name, version)  # the model server's pick: latest ready, or the one asked
-        if mv is None:
-            return None
+        return None if mv is None else self.face(mv)
+
+    def face(self, mv: LLMVersion) -> RepositoryTextModel:
         face = self._faces.get(mv)
         if face is None:
             face = self._faces[mv] = RepositoryTextModel(self.router, mv, self.max_tokens)
         return face
+
+    # the model server's LLMCalls: an ensemble's step or a BLS call that reached version ``mv``
+    async def infer(self, mv: LLMVersion, req: InferRequest) -> InferResponse:
+        return await self.face(mv).infer(req)
+
+    def stream(self, mv: LLMVersion, req: InferRequest) -> AsyncIterator[InferResponse]:
+        return self.face(mv).run(req, pieces=True)

@@ -8,7 +8,8 @@ reason naming the routes that serve them). An upstream model's infer takes the r
 admission, tokens per minute (an LLM's text_input call) and per-class metrics, as ``/v1`` does
 (``router/kserve_calls.py``). A local text model (command line or config) answers KServe too, as Triton's vLLM
 backend does (``router/text_tensors.py``), and a repository LLM's calls take the same path
-(``router/repo_llm.py``); asking KServe to infer on a speech model is a 400.
+(``router/repo_llm.py``), also those an ensemble's step or a BLS call makes inside the model server; asking
+KServe to infer on a speech model is a 400.
 """
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ class TensorRouter:
         self.limits = limits  # the OpenAI request limits (max_tokens, prompt tokens, stop strings) to apply
         self._text: dict[str, TextTensorModel] = {}
         self._repo_llms: RepositoryLLMs | None = None
+        if local is not None and self.router is not None:
+            # the repository's LLMs reached inside the model server (an ensemble's step, a BLS call) take the
+            # direct call's class checks, admission, tokens per minute and --limit-max-tokens too
+            local.route_llm_calls(self._llms())
 
     # ------------------------------------------------------------------ server level
     def live(self) -> bool:
@@ -88,12 +93,15 @@ class TensorRouter:
         """The router's face of repository LLM ``name`` (None: not one, or no router to class its calls)."""
         if self.local is None or self.router is None:
             return None
+        return self._llms().get(name, version)
+
+    def _llms(self) -> RepositoryLLMs:
         if self._repo_llms is None:
             from strataserve.router.repo_llm import RepositoryLLMs  # imports the API layer: not at load
 
             most = self.limits.max_tokens if self.limits is not None else None  # --limit-max-tokens
             self._repo_llms = RepositoryLLMs(self.router, self.local, most)
-        return self._repo_llms.get(name, version)
+        return self._repo_llms
 
     def _not_tensor(self, name: str) -> None:
         for card in self.other_models():

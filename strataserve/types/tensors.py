@@ -112,14 +112,16 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
 
 
 class ModelServerError(Exception):
-    """An error for the client: `code` is one of ERROR_CODES, `message` names the model/input and the fault."""
+    """An error for the client: `code` is one of ERROR_CODES, `message` names the model/input and the fault;
+    `headers` go with it (a router refusal's Retry-After: HTTP headers, gRPC ``retry-after`` metadata)."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, headers: dict[str, str] | None = None):
         if code not in ERROR_CODES:
             raise ValueError(f"unknown ModelServerError code {code!r}; use one of {sorted(ERROR_CODES)}")
         super().__init__(message)
         self.code = code
         self.message = message
+        self.headers = dict(headers or {})
 
     @property
     def http_status(self) -> int:

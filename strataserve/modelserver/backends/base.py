@@ -33,6 +33,8 @@ class BackendRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     cancelled: bool = False  # the client cancelled the request or went away
     on_cancel: Callable[[], None] | None = None  # set by a backend that must pass the cancel on (a child process)
+    # who sent it (``KSERVE_CALLER``): bound while it executes, so a Python model's BLS calls are the caller's
+    caller: tuple[str | None, str | None] = (None, None)
 
     def cancel(self) -> None:
         """Event-loop thread: mark the request cancelled (models poll the flag) and tell the backend."""
