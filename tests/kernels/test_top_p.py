@@ -184,7 +184,8 @@ from triton.compiler import ASTSource
 from strataserve.kernels import top_p
 
 fn = top_p._top_p_cutoff_kernel
-for S, BLOCK, CAP, warps, stats in ((16, 1024, 16384, 16, False), (16, 1024, 16384, 16, True), (4, 128, 16, 4, False)):
+for S, BLOCK, CAP, warps, stats in ((16, 1024, 16384, 8, False), (16, 1024, 16384, 8, True),
+                                   (16, 1024, 16384, 16, False), (4, 128, 16, 4, False)):
     const = dict(S=S, BLOCK=BLOCK, CAP=CAP, MAX_PASSES=64, STATS=stats)
     types = dict(stats_ptr="*i32" if stats else "*fp32", V="i32", x_sr="i32")
     sig = {n: "constexpr" if n in const else types.get(n, "*fp32") for n in fn.arg_names}
