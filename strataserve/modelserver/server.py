@@ -13,7 +13,9 @@ step model is not ready, or no longer fits the ensemble's config, the ensemble i
 call). `unload(ensemble, unload_dependents=True)` also unloads its steps that were not explicitly loaded and
 that no other loaded ensemble uses (Triton's meaning). Unloading (or reloading) stops admitting at once and
 returns; the old version finishes its queued and running requests in the background (listed UNLOADING
-meanwhile), so other control calls never wait for a drain. `stop` waits for every drain.
+meanwhile), so other control calls never wait for a drain. `stop` waits for every drain. An explicit load
+runs to its end even when its caller stops waiting (a gRPC deadline or cancel); only `stop` cancels one.
+Read-only lookups (versions, metadata, index, statistics) are in ``lookup.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from strataserve.modelserver.entries import Entries, Entry
 from strataserve.modelserver.ensemble import EnsembleVersion, validate_ensemble
 from strataserve.modelserver.generate import generate_request, generate_response
 from strataserve.modelserver.llm import LLMCalls, LLMVersion
+from strataserve.modelserver.lookup import ServedModels
 from strataserve.modelserver.model import ErrorResponse, ModelVersion, ServedVersion
 from strataserve.modelserver.pb_metrics import CustomMetrics
 from strataserve.modelserver.repository import Repository
@@ -37,11 +40,9 @@ from strataserve.types.tensors import InferRequest, InferResponse, ModelServerEr
 
 log = logging.getLogger(__name__)
 CONTROL_MODES = ("none", "explicit", "poll")
-EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
-              "binary_tensor_data", "parameters", "statistics", "generate"]
 
 
-class ModelServer:
+class ModelServer(ServedModels):
     def __init__(
         self,
         repository: str | os.PathLike | None,
@@ -69,6 +70,7 @@ class ModelServer:
         self._lock: asyncio.Lock | None = None
         self._poller: asyncio.Task | None = None
         self._drains: set[asyncio.Task] = set()  # unloaded versions finishing their requests
+        self._loads: set[asyncio.Task] = set()  # explicit loads, which outlive a caller that stops waiting
         self._started = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self._llm_calls: LLMCalls | None = None  # the router's, when one fronts this server
@@ -100,6 +102,9 @@ class ModelServer:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
             self._poller = None
+        for task in list(self._loads):
+            task.cancel()
+        await asyncio.gather(*list(self._loads), return_exceptions=True)
         for entry in list(self._entries.values()):
             self._close_versions(entry, "server stopped")
         while self._drains:  # shutdown waits for every in-flight request to finish
@@ -227,6 +232,16 @@ class ModelServer:
             raise ModelServerError("invalid_argument", f"load parameters {files}: file overrides are not supported")
         if override is not None and not isinstance(override, str):
             raise ModelServerError("invalid_argument", "load parameter 'config' must be a JSON string")
+        # A caller that goes away (a gRPC deadline or cancel, a closed connection) stops waiting, not the load: it
+        # runs to its end, so the model ends READY or UNAVAILABLE with its reason, never half loaded with an
+        # initialize() still running unowned (Triton's load is not cancelled by its client either).
+        task = asyncio.get_running_loop().create_task(self._load_explicit(name, override))
+        self._loads.add(task)
+        task.add_done_callback(self._loads.discard)
+        task.add_done_callback(_retrieve)
+        await asyncio.shield(task)
+
+    async def _load_explicit(self, name: str, override: str | None) -> None:
         async with self._lock:
             entry = self._entries.setdefault(name, Entry(name))
             # strict readiness counts it from now (Entries._blocks), also when an unload left it "unloaded"; a
@@ -234,6 +249,9 @@ class ModelServer:
             entry.explicit = entry.loading = True
             try:
                 await self._load_locked(name, override, set())
+            except asyncio.CancelledError:  # only stop() cancels a load
+                entry.states[""] = ("UNAVAILABLE", "the load was cancelled: the server stopped")
+                raise
             finally:
                 entry.loading = False
                 self._entries.refresh_ensembles()
@@ -288,81 +306,6 @@ class ModelServer:
                 self._close_versions(self._entries.pop(name), "removed from the repository")
             self._entries.refresh_ensembles()
 
-    # -- lookup ------------------------------------------------------------------------------------------------
-    def _version(self, name: str, version: str = "") -> ServedVersion:
-        entry = self._entries.get(name)
-        if entry is None or not entry.versions:
-            if entry is not None and entry.states:
-                reasons = "; ".join(r for s, r in entry.states.values() if r)
-                raise ModelServerError("unavailable", f"model '{name}' is not ready: {reasons or 'not loaded'}")
-            raise ModelServerError("not_found", f"unknown model '{name}'")
-        if entry.waiting:
-            raise ModelServerError("unavailable", f"model '{name}' is not ready: {entry.waiting}")
-        if not version:
-            return entry.versions[max(entry.versions)]
-        if not version.isdigit():
-            raise ModelServerError("invalid_argument", f"model '{name}': version {version!r} is not a number")
-        if int(version) not in entry.versions:
-            raise ModelServerError("not_found", f"model '{name}' has no ready version {version} (ready versions: "
-                                   f"{sorted(entry.versions)})")
-        return entry.versions[int(version)]
-
-    def llm_version(self, name: str, version: str = "") -> LLMVersion | None:
-        """The LLM version that serves ``name`` now (``version``, or the latest ready one); None when the model is
-        not an LLM or that version is not served (the model's own calls then answer with the reason)."""
-        try:
-            mv = self._version(name, version)
-        except ModelServerError:
-            return None
-        return mv if isinstance(mv, LLMVersion) else None
-
-    def model_ready(self, name: str, version: str = "") -> bool:
-        try:
-            self._version(name, version)
-            return True
-        except ModelServerError:
-            return False
-
-    def is_decoupled(self, name: str, version: str = "") -> bool:
-        return self._version(name, version).spec.decoupled
-
-    def streams(self, name: str, version: str = "") -> bool:
-        """Whether a streaming call (ModelStreamInfer, SSE infer) should get the model's answer in pieces although
-        it is not decoupled: an LLM's text, as Triton's vLLM backend streams it."""
-        return isinstance(self._version(name, version), LLMVersion)
-
-    def server_metadata(self) -> dict:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            v = version("strataserve")
-        except PackageNotFoundError:
-            v = "0.0.0"
-        return {"name": "strataserve", "version": v, "extensions": list(EXTENSIONS)}
-
-    def model_metadata(self, name: str, version: str = "") -> dict:
-        mv = self._version(name, version)
-        versions = [str(v) for v in sorted(self._entries[name].versions)]
-        return {"name": name, "versions": versions, "platform": mv.spec.platform or mv.spec.backend,
-                **mv.metadata()}
-
-    def model_config(self, name: str, version: str = "") -> dict:
-        return self._version(name, version).config_json()
-
-    def repository_index(self, ready_only: bool = False) -> list[dict]:
-        names = set(self.repository.model_names()) if self.repository else set()
-        out = []
-        for name in sorted(names | set(self._entries)):
-            entry = self._entries.get(name)
-            if entry is None or not entry.states:
-                if not ready_only:
-                    out.append({"name": name, "version": "", "state": "", "reason": ""})
-                continue
-            for version, (state, reason) in sorted(entry.states.items()):
-                if not ready_only or state == "READY":
-                    out.append({"name": name, "version": version, "state": state, "reason": reason})
-        return out
-
     # -- inference ---------------------------------------------------------------------------------------------
     def route_llm_calls(self, calls: LLMCalls) -> None:
         """At start-up, by the router in front: the calls that reach an LLM version through this server (an
@@ -396,19 +339,11 @@ class ModelServer:
                 raise response.error
             yield generate_response(response)
 
-    # -- statistics --------------------------------------------------------------------------------------------
-    def _all_stats(self) -> list[ModelStats]:
-        return [mv.stats for e in list(self._entries.values()) for mv in list(e.versions.values())]
-
-    def statistics(self, name: str = "", version: str = "") -> dict:
-        if not name:
-            if version:
-                raise ModelServerError("invalid_argument", "a version needs a model name")
-            return {"model_stats": [s.as_dict() for s in self._all_stats()]}
-        if version:
-            return {"model_stats": [self._version(name, version).stats.as_dict()]}
-        self._version(name)
-        return {"model_stats": [mv.stats.as_dict() for _, mv in sorted(self._entries[name].versions.items())]}
-
 
 __all__ = ["ModelServer", "ModelServerError"]
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """A finished explicit load's error is its caller's to read, and nobody's once the caller has left."""
+    if not task.cancelled():
+        task.exception()  # marks it retrieved: no "exception was never retrieved" log for a caller that left

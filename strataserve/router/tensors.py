@@ -62,15 +62,9 @@ class TensorRouter:
     def server_metadata(self) -> dict:
         if self.local is not None:
             return self.local.server_metadata()
-        from strataserve.modelserver.server import EXTENSIONS
+        from strataserve.modelserver.lookup import server_metadata
 
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            v = version("strataserve")
-        except PackageNotFoundError:
-            v = "0.0.0"
-        return {"name": "strataserve", "version": v, "extensions": list(EXTENSIONS)}
+        return server_metadata()
 
     # ------------------------------------------------------------------ dispatch
     def _upstream(self, name: str) -> KServeUpstreamBackend | None:
