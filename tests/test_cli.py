@@ -47,8 +47,9 @@ def test_interrupted_start_up_exits_as_the_signal_says(monkeypatch):
         parsed = argparse.Namespace(func=load_then(sig))
         monkeypatch.setattr(cli, "build_parser", lambda argv, a=parsed: argparse.Namespace(parse_args=lambda _: a))
         previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-        # Ctrl-C as a fresh `strata` process has it: an earlier test of the suite may have run a child's set-up
-        # (startup.py ignores SIGINT in engine children) in this process, and CI then got "not reached"
+        # Ctrl-C as a `strata` started from a terminal has it: a test run started as a background command of a
+        # non-interactive shell (`sh -c 'make test &'`) inherits SIGINT ignored, which Python keeps, and CI then
+        # got "not reached"
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             assert cli.main(["generate"]) == code
