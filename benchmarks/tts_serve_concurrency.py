@@ -14,14 +14,11 @@ Prints one ``TTSCONC {...}`` line per wave and a final ``RESULT {...}``.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -30,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from _server import Server  # noqa: E402
+from _speech_waves import Bodies, fps_by_concurrency, run_waves  # noqa: E402
 
 
 def stand_in_audio_io() -> None:
@@ -65,33 +63,15 @@ def texts(n: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(14)) + "." for _ in range(n)]
 
 
-async def one(client: httpx.AsyncClient, url: str, model: str, text: str) -> tuple[float, int]:
-    body = dict(model=model, input=text, voice="ryan", language="english", response_format="pcm",
-                stream_format="audio", temperature=0.0, max_new_frames=FRAMES)
-    t0, first, n = time.perf_counter(), None, 0
-    async with client.stream("POST", f"{url}/v1/audio/speech", json=body) as r:
-        if r.status_code != 200:
-            raise SystemExit(f"speech request failed: {r.status_code} {(await r.aread())[:500]!r}")
-        async for chunk in r.aiter_bytes():
-            if chunk and first is None:
-                first = time.perf_counter() - t0
-            n += len(chunk)
-    if first is None:
-        raise SystemExit("a stream ended without audio")
-    return first, n
-
-
-async def wave(url: str, model: str, batch: list[str]) -> tuple[float, list[tuple[float, int]]]:
-    limits = httpx.Limits(max_connections=len(batch) + 4, max_keepalive_connections=len(batch) + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        t0 = time.perf_counter()
-        got = await asyncio.gather(*(one(client, url, model, t) for t in batch))
-        return time.perf_counter() - t0, got
+def bodies(model: str) -> Bodies:
+    def make(c: int, seed: int) -> list[dict]:
+        return [dict(model=model, input=t, voice="ryan", language="english", response_format="pcm",
+                     stream_format="audio", temperature=0.0, max_new_frames=FRAMES) for t in texts(c, seed)]
+    return make
 
 
 def main() -> None:
     out = Path(os.environ.get("OUT", tempfile.mkdtemp()))
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_checkpoint(Path(tmp) / f"qwen3-tts-{SHAPE}")
         cfg = json.loads((folder / "speech_tokenizer" / "config.json").read_text())
@@ -99,23 +79,10 @@ def main() -> None:
         srv = Server([str(folder), "--max-num-seqs", str(max(CONC))], out / "tts_serve_concurrency.log")
         try:
             model = httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"]
-            for c in dict.fromkeys([1, *CONC]):  # warm-up: each batch size's graphs, the codec's shapes
-                asyncio.run(wave(srv.url, model, texts(c, 10_000 + c)))
-            for rnd in range(ROUNDS):
-                for c in (CONC if rnd % 2 == 0 else CONC[::-1]):
-                    dt, got = asyncio.run(wave(srv.url, model, texts(c, rnd * 1000 + c)))
-                    frames = [n // 2 / samples_per_frame for _, n in got]
-                    firsts = [f for f, _ in got]
-                    row = dict(shape=SHAPE, round=rnd, concurrency=c, s=round(dt, 3), frames=round(sum(frames), 1),
-                               fps=round(sum(frames) / dt, 1), frames_min=round(min(frames), 1),
-                               frames_max=round(max(frames), 1),
-                               ttfa_p50_ms=round(statistics.median(firsts) * 1e3, 1),
-                               ttfa_max_ms=round(max(firsts) * 1e3, 1))
-                    rows.append(row)
-                    print("TTSCONC " + json.dumps(row), flush=True)
+            rows = run_waves(srv.url, CONC, ROUNDS, bodies(model), samples_per_frame, dict(shape=SHAPE))
         finally:
             srv.stop()
-    summary = {str(c): [r["fps"] for r in rows if r["concurrency"] == c] for c in CONC}
+    summary = fps_by_concurrency(rows, CONC)
     print("RESULT " + json.dumps(dict(shape=SHAPE, frames=FRAMES, fps_by_concurrency=summary)), flush=True)
 
 
