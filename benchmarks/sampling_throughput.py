@@ -25,6 +25,7 @@ WORKLOADS = {
     "topp_seeded": dict(temperature=0.8, top_p=0.95, seeded=True),
     "topk_minp": dict(temperature=0.8, top_k=50, min_p=0.05),
     "logprobs": dict(temperature=0.0, logprobs=1),
+    "logprobs5": dict(temperature=0.0, logprobs=5),
     "penalties": dict(temperature=0.6, repetition_penalty=1.1, frequency_penalty=0.2),
 }
 

@@ -82,6 +82,12 @@ STRATA_GRAPH_ARGMAX: bool = os.environ.get("STRATA_GRAPH_ARGMAX", "1") != "0"
 STRATA_TOP_P: str = os.environ.get("STRATA_TOP_P", "kernel")
 if STRATA_TOP_P not in ("kernel", "sort"):
     raise ValueError(f"STRATA_TOP_P={STRATA_TOP_P!r}: use 'kernel' or 'sort'")
+#: how the sampler computes token logprobs on accelerators: "kernel" (default): one read of each row for the chosen
+#: token's log-prob, rank and the top n (``kernels/token_logprobs.py``); "torch": log_softmax + gather + rank count
+#: + topk over a full copy, the earlier path, kept as the A/B control.
+STRATA_LOGPROBS: str = os.environ.get("STRATA_LOGPROBS", "kernel")
+if STRATA_LOGPROBS not in ("kernel", "torch"):
+    raise ValueError(f"STRATA_LOGPROBS={STRATA_LOGPROBS!r}: use 'kernel' or 'torch'")
 #: tensor parallelism on CUDA: "symm_mem" sums small activations (decode steps) with PyTorch's one-shot
 #: symmetric-memory all-reduce (peer loads over NVLink, no multicast) instead of NCCL's; "nccl" (default): NCCL only.
 STRATA_TP_ALLREDUCE: str = os.environ.get("STRATA_TP_ALLREDUCE", "nccl")

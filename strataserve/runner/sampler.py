@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from strataserve.runner.token_history import TokenHistory
 
 _MASK64 = (1 << 64) - 1
+#: how ``token_logprobs_deferred`` computes logprobs: log_softmax + gather + count + topk, or the one-read kernel
+LOGPROBS_PATHS = ("torch", "kernel")
 
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
@@ -285,26 +287,53 @@ def resolve_logprobs(lps: "list[TokenLogprobs | None] | DeferredLogprobs") -> li
     return lps.resolve() if isinstance(lps, DeferredLogprobs) else lps
 
 
-def token_logprobs_deferred(raw: torch.Tensor, tokens: torch.Tensor, top_ns: Sequence[int | None]
-                            ) -> "list[TokenLogprobs | None] | DeferredLogprobs":
+def token_logprobs_deferred(raw: torch.Tensor, tokens: torch.Tensor, top_ns: Sequence[int | None],
+                            path: str | None = None) -> "list[TokenLogprobs | None] | DeferredLogprobs":
     """Per row: the logprob and rank of ``tokens[row]`` under log_softmax(raw[row]) plus the top ``top_ns[row]``
-    (None = no logprobs for that row); computed now, read by ``resolve``. A plain list when no row asks."""
+    (None = no logprobs for that row); computed now, read by ``resolve``. A plain list when no row asks.
+
+    ``path``: one of ``LOGPROBS_PATHS``; None: "torch" on CPU, else ``STRATA_LOGPROBS`` (default "kernel": one read
+    of each row, ``kernels/token_logprobs.py``). Neither path syncs the host."""
     rows = [i for i, n in enumerate(top_ns) if n is not None]
     if not rows:
         return [None] * len(top_ns)
+    path = _logprobs_path(path, raw)
     out = DeferredLogprobs(len(top_ns), rows, top_ns)
     whole = len(rows) == len(top_ns)
     rows_t = None if whole else to_device(rows, torch.int64, raw.device)
+    chosen = tokens if whole else tokens[rows_t]
+    n_max = max(top_ns[i] or 0 for i in rows)
+    if path == "kernel":
+        from strataserve.kernels.token_logprobs import MAX_TOP_N, row_logprob_stats  # (Triton only where used)
+
+        n_kernel = max(1, min(n_max, raw.shape[1])) if n_max <= MAX_TOP_N else 1
+        _, out.chosen_lp, out.ranks, top_ids, top_lps = row_logprob_stats(raw, chosen, rows_t, top_n=n_kernel)
+        out.chosen = chosen
+        if 0 < n_max <= MAX_TOP_N:
+            out.top_ids, out.top_lps = top_ids, top_lps
+        elif n_max > MAX_TOP_N:  # topk of the raw rows, no log_softmax copy: (v - max) + top-1 log-prob
+            top = (raw if whole else raw[rows_t]).topk(min(n_max, raw.shape[1]), dim=-1)
+            out.top_ids = top.indices
+            out.top_lps = (top.values.float() - top.values[:, :1].float()) + top_lps[:, :1]
+        return out
     lps = torch.log_softmax(raw if whole else raw[rows_t], dim=-1)
-    chosen = (tokens if whole else tokens[rows_t]).unsqueeze(1)
+    chosen = chosen.unsqueeze(1)
     chosen_lp = lps.gather(1, chosen)
     out.ranks = (lps > chosen_lp).sum(dim=-1) + 1
     out.chosen, out.chosen_lp = chosen.squeeze(1), chosen_lp.squeeze(1)
-    n_max = max(top_ns[i] or 0 for i in rows)
     if n_max > 0:
         top = lps.topk(min(n_max, lps.shape[1]), dim=-1)
         out.top_ids, out.top_lps = top.indices, top.values
     return out
+
+
+def _logprobs_path(path: str | None, raw: torch.Tensor) -> str:
+    if path is None:  # (the kernel reads rows with a contiguous last dim; anything else keeps the torch path)
+        usable = raw.dim() == 2 and (raw.stride(-1) == 1 or raw.shape[-1] == 1)
+        return envs.STRATA_LOGPROBS if raw.device.type != "cpu" and usable else "torch"
+    if path not in LOGPROBS_PATHS:
+        raise ValueError(f"path: expected one of {LOGPROBS_PATHS}, got {path!r}")
+    return path
 
 
 def token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, top_ns: Sequence[int | None]) -> list[TokenLogprobs | None]:
