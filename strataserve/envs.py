@@ -101,7 +101,8 @@ STRATA_SERVE_EARLY_SPAWN: bool = os.environ.get("STRATA_SERVE_EARLY_SPAWN", "1")
 #: idles (``RunnerConfig.defer_cuda_graphs``, run 21); "0": every bucket before ready.
 STRATA_SERVE_DEFER_GRAPHS: bool = os.environ.get("STRATA_SERVE_DEFER_GRAPHS", "1") != "0"
 #: "0": leave the start-up heap in the garbage collector's generations (``startup.freeze_startup_heap``: the API
-#: process, the engine core and tensor-parallel worker ranks freeze it once ready, so full collections skip it).
+#: process, the engine core and tensor-parallel worker ranks freeze it once ready, so full collections skip it;
+#: the offline ``LLM`` sets it aside while a generate loop runs, ``startup.heap_set_aside``).
 STRATA_GC_FREEZE: bool = os.environ.get("STRATA_GC_FREEZE", "1") != "0"
 #: a file the engine core appends one line to per step: "wall-time decodes prefill-tokens device-ms" (the load
 #: benchmarks' breakdown, ``benchmarks/serve_load_gpu.py``); unset: no log.

@@ -21,6 +21,7 @@ from strataserve.models.generation_defaults import sampling_defaults
 from strataserve.types.outputs import RequestOutput
 from strataserve.types.sampling import SamplingParams
 from strataserve.runner.base import ModelRunnerBase
+from strataserve.startup import heap_set_aside
 
 # vLLM arguments that mean nothing here; accepted (with a warning when they ask for something we lack).
 _IGNORED = {"trust_remote_code": None, "pipeline_parallel_size": 1,
@@ -163,7 +164,8 @@ class LLM:
                     raise ValueError(f"prompt {i}: {exc}") from None
                 ids.append(rid)
             results: dict[str, RequestOutput] = {}
-            with _Progress(len(ids), enabled=use_tqdm and len(ids) >= _PROGRESS_MIN_PROMPTS) as bar:
+            with _Progress(len(ids), enabled=use_tqdm and len(ids) >= _PROGRESS_MIN_PROMPTS) as bar, \
+                    heap_set_aside():  # full collections walk only what the loop allocates
                 while engine.has_unfinished_requests():
                     for ro in engine.step():
                         if ro.finished:
