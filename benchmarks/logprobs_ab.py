@@ -1,5 +1,5 @@
 """The sampler's token logprobs on the GPU: ``STRATA_LOGPROBS=torch`` (log_softmax + gather + rank count + topk over a
-full copy) against ``kernel`` (one read of each row, ``kernels/token_logprobs.py``; topk of the raw rows for n > 1),
+full copy) against ``kernel`` (one read of each row, ``kernels/token_logprobs.py``, the top n included),
 both through ``runner/sampler.py: token_logprobs_deferred`` (its ``path`` argument, which the env var sets).
 
 Cases: rows 1, 16, 64, 256 at the Qwen3 vocabulary (151,936), float32 logits ``torch.randn * 4`` (fixed seed),

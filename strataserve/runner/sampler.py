@@ -304,17 +304,14 @@ def token_logprobs_deferred(raw: torch.Tensor, tokens: torch.Tensor, top_ns: Seq
     chosen = tokens if whole else tokens[rows_t]
     n_max = max(top_ns[i] or 0 for i in rows)
     if path == "kernel":
-        from strataserve.kernels.token_logprobs import MAX_TOP_N, row_logprob_stats  # (Triton only where used)
+        from strataserve.kernels.token_logprobs import row_logprob_stats  # (Triton only where used)
 
-        n_kernel = max(1, min(n_max, raw.shape[1])) if n_max <= MAX_TOP_N else 1
-        _, out.chosen_lp, out.ranks, top_ids, top_lps = row_logprob_stats(raw, chosen, rows_t, top_n=n_kernel)
+        # (top n up to the kernel's MAX_TOP_N, which covers SamplingParams' MAX_LOGPROBS)
+        top_n = max(1, min(n_max, raw.shape[1]))
+        _, out.chosen_lp, out.ranks, top_ids, top_lps = row_logprob_stats(raw, chosen, rows_t, top_n=top_n)
         out.chosen = chosen
-        if 0 < n_max <= MAX_TOP_N:
+        if n_max > 0:
             out.top_ids, out.top_lps = top_ids, top_lps
-        elif n_max > MAX_TOP_N:  # topk of the raw rows, no log_softmax copy: (v - max) + top-1 log-prob
-            top = (raw if whole else raw[rows_t]).topk(min(n_max, raw.shape[1]), dim=-1)
-            out.top_ids = top.indices
-            out.top_lps = (top.values.float() - top.values[:, :1].float()) + top_lps[:, :1]
         return out
     lps = torch.log_softmax(raw if whole else raw[rows_t], dim=-1)
     chosen = chosen.unsqueeze(1)

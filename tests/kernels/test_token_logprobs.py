@@ -169,12 +169,11 @@ def _same(a, b) -> None:
     assert a.top_logprobs == pytest.approx(b.top_logprobs, abs=1e-5)
 
 
-@pytest.mark.parametrize("top_ns", [[None, 0, 1, 5, None], [1, 1, None], [0, 3], [2, None, 0, 20, 1],
-                                    [40, None, 1]])  # (40 > MAX_TOP_N: topk of the raw rows)
+@pytest.mark.parametrize("top_ns", [[None, 0, 1, 5, None], [1, 1, None], [0, 3], [2, None, 0, 20, 1]])
 @pytest.mark.parametrize("pick", ["argmax", "random"])
 def test_deferred_kernel_path_matches_torch_path(device, top_ns, pick):
-    """Mixed requests in one step: no logprobs, the chosen token only, top-1 (the kernel's), top-n (topk of the raw
-    rows); a subset of the rows or all of them."""
+    """Mixed requests in one step: no logprobs, the chosen token only, top-1, top-n up to MAX_LOGPROBS; a subset of
+    the rows or all of them."""
     x = torch.randn(len(top_ns), 5003, device=device) * 4
     tokens = x.argmax(dim=-1) if pick == "argmax" else torch.randint(0, 5003, (len(top_ns),), device=device)
     got = resolve_logprobs(token_logprobs_deferred(x, tokens, top_ns, path="kernel"))
@@ -224,3 +223,10 @@ def test_deferred_path_choice(monkeypatch, device):
     assert token_logprobs_deferred(x, tokens, [None, None], path="kernel") == [None, None]
     with pytest.raises(ValueError, match="path: expected one of"):
         token_logprobs_deferred(x, tokens, [1, 1], path="triton")
+
+
+def test_the_kernel_covers_every_top_n_a_request_may_ask():
+    from strataserve.kernels.token_logprobs import MAX_TOP_N
+    from strataserve.types.sampling import MAX_LOGPROBS
+
+    assert MAX_TOP_N >= MAX_LOGPROBS
