@@ -9,6 +9,7 @@ binary, the all-JSON forms (SSE, decoupled) as base64 with ``content_type: "base
 from __future__ import annotations
 
 import base64
+import json
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,12 +82,26 @@ def decompress(body: bytes, content_encoding: str | None) -> bytes:
     return out
 
 
+def _decode_non_finite(body: bytes) -> Any | None:
+    """A body msgspec refused, parsed again when it holds ``NaN`` / ``Infinity`` tokens: Triton's JSON parser
+    takes them and tritonclient writes them for non-finite floats sent as JSON (binary_data=False). None: still
+    not JSON (msgspec's error then says where). Only bodies that already failed pay for this second parse."""
+    if b"NaN" not in body and b"Infinity" not in body:
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
 def decode_json_object(body: bytes) -> dict:
     """A request body that must be one JSON object (every KServe HTTP route's)."""
     try:
         doc = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
-        raise invalid(f"request body is not valid JSON: {exc}") from None
+        doc = _decode_non_finite(body)
+        if doc is None:
+            raise invalid(f"request body is not valid JSON: {exc}") from None
     except RecursionError:  # msgspec recurses per nesting level
         raise invalid("request body is nested too deeply") from None
     if not isinstance(doc, dict):
@@ -100,6 +115,17 @@ def _int_param(params: dict, key: str) -> int | None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise invalid(f"request parameter '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _bool_param(params: dict, key: str, default: bool, where: str) -> bool:
+    """A boolean parameter (binary_data, binary_data_output). Triton refuses other JSON types; truthiness would
+    read the string "false" as true and answer binary to a client that asked for JSON."""
+    value = params.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"{where}parameter '{key}' must be true or false, got {value!r}")
     return value
 
 
@@ -185,7 +211,7 @@ def decode_http_request(
     if pos != len(blob):
         raise invalid(f"{len(blob) - pos} bytes of binary data are not claimed by any input's binary_data_size")
 
-    binary_default = bool(params.get("binary_data_output", False))
+    binary_default = _bool_param(params, "binary_data_output", False, "request ")
     requested: list[str] | None = None
     binary_outputs: dict[str, bool] = {}
     if doc.get("outputs") is not None:
@@ -198,7 +224,8 @@ def decode_http_request(
             oparams = parameters_of(out, f"output '{out['name']}': ")
             check_tensor_parameters(oparams, f"output '{out['name']}': ")
             requested.append(out["name"])
-            binary_outputs[out["name"]] = bool(oparams.get("binary_data", binary_default))
+            where = f"output '{out['name']}': "
+            binary_outputs[out["name"]] = _bool_param(oparams, "binary_data", binary_default, where)
         requested = check_requested_outputs(requested)
     priority, timeout_us = split_request_parameters(params)
     rid = doc.get("id")

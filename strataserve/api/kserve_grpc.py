@@ -28,6 +28,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from strataserve.api.kserve_codec import check_requested_outputs, check_tensor_parameters, split_request_parameters
+from strataserve.api.kserve_grpc_missing import MissingExtensions
 from strataserve.api.kserve_tensors import check_shape, tensor_from_raw, tensor_to_raw
 from strataserve.api.proto import grpc_service_pb2 as pb
 from strataserve.api.proto import grpc_service_pb2_grpc as pb_grpc
@@ -349,6 +350,7 @@ async def start_grpc_server(model_server: Any, host: str = "0.0.0.0", port: int 
         interceptors.append(DoorInterceptor(door))
     server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(model_server), server)
+    server.add_generic_rpc_handlers((MissingExtensions(),))  # shared memory, trace, log: a clear UNIMPLEMENTED
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         if tls is not None:

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import struct
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from strataserve.types.tensors import KSERVE_DTYPES, InferTensor, ModelServerError
 
 _INT_KINDS = "iu"
+_FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64", "BF16"})
 
 
 def invalid(message: str) -> ModelServerError:
@@ -176,11 +179,18 @@ def tensor_from_json(name: str, datatype: str, shape: Any, data: Any, parameters
     return InferTensor(name, datatype, dims, arr.reshape(dims), params)
 
 
-def tensor_to_json_data(tensor: InferTensor) -> list | None:
-    """Flattened JSON data, or None when a BYTES element is not UTF-8 (the caller then sends it binary)."""
+def tensor_to_json_data(tensor: InferTensor) -> list | msgspec.Raw | None:
+    """Flattened JSON data, or None when a BYTES element is not UTF-8 (the caller then sends it binary).
+
+    A float tensor holding NaN or +-inf comes back as pre-encoded JSON with the tokens ``NaN``, ``Infinity`` and
+    ``-Infinity`` (what Triton writes, and what tritonclient's JSON reader takes): msgspec would write ``null``,
+    which a client reads as NaN, so an infinity would silently turn into NaN."""
     flat = np.asarray(tensor.data).reshape(-1)
     if tensor.datatype != "BYTES":
-        return flat.tolist()
+        values = flat.tolist()
+        if tensor.datatype in _FLOAT_TYPES and not np.isfinite(flat).all():
+            return msgspec.Raw(json.dumps(values, allow_nan=True).encode())
+        return values
     out = []
     for item in flat:
         if isinstance(item, bytes):
