@@ -8,15 +8,21 @@ next from the callback of one that finished (``omnivoice_tts.OmniVoiceStream``):
 and what it submits is waiting before the worker collects its next batch, so other requests interleave between
 pieces instead of queueing behind the whole clip.
 
+The audio decode runs on a second thread (on its own CUDA stream on a GPU), so a batch's clips are decoded while
+the next batch unmasks: on one thread the device sat idle between batches for the codec's many small launches (one
+clip per forward, ~8 ms per 10 s clip), and 32 clips put ~0.25 s between two batches. One decoded batch may wait
+behind the one decoding (a bounded hand-over), so unmasking never runs far ahead of the audio.
+
 Invariants: a request's callback is called exactly once (result or exception), unless it was cancelled while
 still waiting; a running batch runs its ``num_step`` forwards unless every request in it is cancelled, when it
-stops at the next step; ``shutdown`` fails the waiting requests with ``EngineDeadError`` and joins the thread,
-and a ``submit`` after that raises instead of waiting forever. A request's tokens depend on its seed, never on its
+stops at the next step; ``shutdown`` lets the batches already unmasked finish decoding, fails the waiting requests
+with ``EngineDeadError`` and joins both threads, and a ``submit`` after that raises instead of waiting forever. A request's tokens depend on its seed, never on its
 batch (the runner's per-request generators); the audio decode must not depend on it either: give ``decode`` one
 clip per forward (``_OmniVoiceBase`` does), as a batched convolution can round differently from a lone one.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -54,7 +60,13 @@ class NARScheduler:
         self.dead_error: BaseException | None = None
         self._stop = False
         self._closed = False  # set by _fail_waiting: no submit is accepted after it
+        # unmasked batches -> the decode thread (None: stop); maxsize 1: one waits while one decodes
+        self._decoding: queue.Queue[tuple[list[_Job], list[torch.Tensor], object] | None] = queue.Queue(maxsize=1)
+        self._decoder = threading.Thread(target=self._decode_loop, name="strata-nar-decode", daemon=True) \
+            if decode is not None else None
         self._thread = threading.Thread(target=self._loop, name="strata-nar", daemon=True)
+        if self._decoder is not None:
+            self._decoder.start()
         self._thread.start()
 
     @property
@@ -62,7 +74,8 @@ class NARScheduler:
         return self._queue.qsize()
 
     def check_health(self) -> None:
-        if self.dead_error is not None or self._stop or not self._thread.is_alive():
+        if self.dead_error is not None or self._stop or not self._thread.is_alive() or \
+                (self._decoder is not None and not self._decoder.is_alive()):
             raise EngineDeadError(f"the speech scheduler stopped: {self.dead_error or 'shut down'}")
 
     def submit(self, request: NARRequest, done: Done) -> None:
@@ -121,19 +134,57 @@ class NARScheduler:
         try:
             # every request of the batch cancelled (its clients hung up): the rest of its steps are not run
             tokens = self.runner.generate([j.request for j in batch], lambda: all(j.cancelled for j in batch))
-            if tokens is None:
-                for j in batch:
-                    self._finish(j, None, None, None)
-                return
-            wavs = self.decode(tokens) if self.decode is not None else [None] * len(batch)
         except Exception as exc:  # noqa: BLE001 -- one bad batch fails its requests, not the server
             for j in batch:
                 self._finish(j, None, None, exc)
             return
         finally:
             self.num_running = 0
-        for j, tok, wav in zip(batch, tokens, wavs):
-            self._finish(j, tok, wav, None)
+        if tokens is None or self._decoder is None:
+            for j, tok in zip(batch, tokens or [None] * len(batch)):
+                self._finish(j, tok, None, None)
+            return
+        ready = None
+        if tokens and tokens[0].is_cuda:  # the decode stream waits for the unmasking's last kernels, not for all
+            ready = torch.cuda.Event()
+            ready.record()
+        while True:  # (a decode thread that died takes nothing more: then this thread stops too)
+            try:
+                self._decoding.put((batch, tokens, ready), timeout=0.5)
+                return
+            except queue.Full:
+                if not self._decoder.is_alive():
+                    raise EngineDeadError(f"the speech decode thread stopped: {self.dead_error}") from None
+
+    def _decode_loop(self) -> None:
+        try:
+            self._decode_batches()
+        except BaseException as exc:  # noqa: BLE001 -- recorded; check_health reports it, waiting requests fail
+            self.dead_error = exc
+
+    def _decode_batches(self) -> None:
+        stream: torch.cuda.Stream | None = None
+        while (item := self._decoding.get()) is not None:
+            batch, tokens, ready = item
+            try:
+                if all(j.cancelled for j in batch):
+                    wavs: list = [None] * len(batch)
+                else:
+                    if ready is not None and stream is None:
+                        stream = torch.cuda.Stream(tokens[0].device)
+                    with torch.cuda.stream(stream) if ready is not None else contextlib.nullcontext():
+                        if ready is not None:
+                            stream.wait_event(ready)
+                        assert self.decode is not None
+                        wavs = self.decode(tokens)
+                    if stream is not None:
+                        stream.synchronize()  # callbacks read the samples on the host, from any stream
+            except Exception as exc:  # noqa: BLE001 -- a failed decode fails its batch's requests only
+                for j in batch:
+                    self._finish(j, None, None, exc)
+                continue
+            for j, tok, wav in zip(batch, tokens, wavs):
+                self._finish(j, tok, wav, None)
 
     def _finish(self, job: _Job, tokens, wav, err) -> None:
         with self._lock:
@@ -152,6 +203,9 @@ class NARScheduler:
         except BaseException as exc:  # noqa: BLE001 -- recorded; check_health reports it
             self.dead_error = exc
         finally:
+            if self._decoder is not None and self._decoder.is_alive():  # unmasked batches get their audio first
+                self._decoding.put(None)
+                self._decoder.join()
             self._fail_waiting()
 
     def _fail_waiting(self) -> None:
