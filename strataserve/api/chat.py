@@ -62,6 +62,18 @@ def render_chat(state: ServerState, messages: list[ChatMessage], add_generation_
     return list(ids)
 
 
+def _refuse_legacy_functions(body: ChatCompletionRequest) -> None:
+    """``functions`` / ``function_call`` (OpenAI's deprecated function calling) are a 400: dropped, the model would
+    answer in plain text and the caller would never learn why no call came. ``None``, an empty list and the
+    no-op choices ("none", "auto" with no functions) are what some clients send by default, and pass."""
+    if body.functions:
+        raise bad_request("functions is deprecated and not supported: give the functions in tools, as "
+                          '[{"type": "function", "function": {...}}]', param="functions")
+    if body.function_call not in (None, "none", "auto"):
+        raise bad_request('function_call is deprecated and not supported: use tool_choice, e.g. {"type": '
+                          '"function", "function": {"name": ...}}, with the functions in tools', param="function_call")
+
+
 def _top_n(body: ChatCompletionRequest) -> int | None:
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
@@ -94,6 +106,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return await forward(routed, request, "/v1/chat/completions", stream=body.stream,
                              prefix=_prefix(body.messages), first_events=body.n)
     state = routed.state
+    _refuse_legacy_functions(body)
     plan, guided = tools_and_guided(state, body)
     top_n = _top_n(body)
     check_prompt_logprobs(body)

@@ -177,6 +177,9 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False  # vLLM / transformers: the prompt ends inside the last message (prefill)
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM: extra template variables (enable_thinking, ...)
     return_token_ids: bool = False  # vLLM extra: prompt_token_ids (response) + token_ids per choice / chunk
+    # OpenAI's deprecated function calling, declared so that it is refused (api/chat.py), not silently dropped
+    functions: list[Any] | None = None
+    function_call: str | dict | None = None
 
 
 class TokenizeRequest(_Base):

@@ -49,9 +49,9 @@ def truncated(state: ServerState, ids: list[int], keep: int | None, param: str =
 
 def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | None, param: str,
                        prompt_param: str = "prompt") -> int:
-    """Check the prompt fits the context and return the output budget, by vLLM's ``get_max_tokens`` rule: a
-    request's value as given (a 400 when it does not fit); an unset one (``None``) the checkpoint's
-    ``max_new_tokens`` (generation_config.json), else the rest of the context, whichever is less. The
+    """Check the prompt fits the context (and the whole KV cache) and return the output budget, by vLLM's
+    ``get_max_tokens`` rule: a request's value as given (a 400 when it does not fit); an unset one (``None``) the
+    checkpoint's ``max_new_tokens`` (generation_config.json), else the rest of the context, whichever is less. The
     checkpoint's value is a default only, never a ceiling on a value the request gave (vLLM #34063). A ``Capped``
     budget (``--limit-max-tokens`` standing in for an unset one) is unset too, with the limit as one more bound.
     ``prompt_param``: the field the prompt came in (chat's is ``messages``), named in the errors."""
@@ -61,6 +61,11 @@ def resolve_max_tokens(state: ServerState, num_prompt: int, max_tokens: int | No
     if num_prompt >= limit:
         raise bad_request(f"This model's maximum context length is {limit} tokens, but the prompt has {num_prompt} "
                           "tokens; shorten the prompt.", param=prompt_param, code="context_length_exceeded")
+    pool = getattr(state, "max_pool_tokens", None)  # a duck-typed state (tests, tools) may not say
+    if pool is not None and num_prompt > pool:  # else the engine refuses it, and a stream's 200 has gone out
+        raise bad_request(f"the prompt has {num_prompt} tokens but this server's whole KV cache holds {pool}: "
+                          "shorten the prompt (or start the server with more KV cache memory).",
+                          param=prompt_param, code="context_length_exceeded")
     if max_tokens is None or isinstance(max_tokens, Capped):
         bounds = (limit - num_prompt, state.sampling_defaults.get("max_tokens"), max_tokens)
         return int(min(b for b in bounds if b is not None))  # a plain int: msgpack / msgspec refuse int subclasses

@@ -50,6 +50,16 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     inflight_seqs: int = 0
 
+    @property
+    def max_pool_tokens(self) -> int | None:
+        """The whole KV cache in tokens (the smallest replica's): a longer prompt can never run, even where
+        ``max_model_len`` allows it. None when the engine does not say. Read from the engine each time, since a
+        restart replaces it."""
+        engine = self.engine
+        sizes = [getattr(getattr(e, "inputs", None), "max_pool_tokens", None)
+                 for e in getattr(engine, "engines", None) or [engine]]
+        return min(sizes) if sizes and all(isinstance(s, int) for s in sizes) else None
+
     def check_alive(self) -> None:
         try:
             self.engine.check_health()
